@@ -1,0 +1,1 @@
+"""Data preparation (prepare.py) and tokenizers (tokenizer.py) for nanorope."""

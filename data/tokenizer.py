@@ -1,0 +1,335 @@
+"""Tokenizers and the prepared-dataset format shared by prepare.py, train.py and sample.py.
+
+A prepared dataset is a folder holding train.bin and val.bin (token ids, raw
+little-endian uint16 or uint32) and meta.json, which says how to rebuild the
+tokenizer. Three tokenizers:
+
+- char: one id per character of the corpus, vocabulary sorted (nanoGPT's shakespeare_char).
+- gpt2: tiktoken's GPT-2 encoding (its files come from the network or tiktoken's cache).
+- bpe:  a byte-level BPE trained here on the train split, saved as a tiktoken ranks
+        file and run through tiktoken.Encoding, so encoding runs at tiktoken's speed.
+
+load_meta() returns a self-contained dict (the bpe ranks inlined, only JSON types) that
+checkpoints embed, so a checkpoint can be sampled without its dataset folder.
+"""
+
+from __future__ import annotations
+
+import base64
+import heapq
+import json
+import os
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import regex  # installed with tiktoken, which needs it; unlike re it knows \p{L}
+import tiktoken
+from tqdm import tqdm
+
+DATA_DIR = Path(__file__).resolve().parent  # default root of the prepared datasets
+TOKENIZERS = ("char", "gpt2", "bpe")
+SPLITS = ("train", "val")
+
+# GPT-2's pre-tokenisation: contractions, letter runs, digit runs, punctuation runs, each
+# with one optional leading space, then whitespace. tiktoken's gpt2 pat_str is the same
+# pattern written with possessive quantifiers (tests check both split text identically).
+GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+GPT2_EOT = "<|endoftext|>"
+
+
+class Tokenizer(Protocol):
+    """What train.py and sample.py need from a tokenizer."""
+
+    name: str
+    vocab_size: int
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+
+class CharTokenizer:
+    """One id per character; the vocabulary is the sorted set of the corpus's characters."""
+
+    name = "char"
+
+    def __init__(self, chars: list[str]):
+        assert all(len(c) == 1 for c in chars), "char vocabulary entries must be single characters"
+        assert len(set(chars)) == len(chars), "char vocabulary has duplicates"
+        self.chars = list(chars)
+        self.vocab_size = len(self.chars)
+        self.stoi = {c: i for i, c in enumerate(self.chars)}
+
+    def encode(self, text: str) -> list[int]:
+        try:
+            return [self.stoi[c] for c in text]
+        except KeyError:
+            unknown = list(dict.fromkeys(c for c in text if c not in self.stoi))
+            shown = ", ".join(repr(c) for c in unknown[:10])
+            more = f" (and {len(unknown) - 10} more)" if len(unknown) > 10 else ""
+            raise ValueError(
+                f"text contains {len(unknown)} character(s) outside the vocabulary: {shown}{more}; "
+                f"this model's vocabulary is char-level, the {self.vocab_size} characters of its "
+                f"training dataset"
+            ) from None
+
+    def decode(self, ids: list[int]) -> str:
+        for i in ids:
+            if not 0 <= int(i) < self.vocab_size:
+                raise ValueError(f"token id {int(i)} is outside the char vocabulary [0, {self.vocab_size})")
+        return "".join(self.chars[int(i)] for i in ids)
+
+
+class TiktokenTokenizer:
+    """Wraps a tiktoken.Encoding; text is always encoded as ordinary text, so a literal
+    '<|endoftext|>' in a prompt is just characters, never the special token."""
+
+    def __init__(self, encoding: tiktoken.Encoding, name: str):
+        self.encoding = encoding
+        self.name = name
+        self.vocab_size = encoding.n_vocab
+
+    def encode(self, text: str) -> list[int]:
+        return self.encoding.encode_ordinary(text)
+
+    def decode(self, ids: list[int]) -> str:
+        # a byte-level token sequence may cut a UTF-8 character; show U+FFFD rather than fail
+        return self.encoding.decode([int(i) for i in ids], errors="replace")
+
+
+# ----------------------------------------------------------------------------- gpt2
+
+
+def gpt2_encoding() -> tiktoken.Encoding:
+    """tiktoken's GPT-2 encoding; ValueError with the remedy when its files are unreachable."""
+    try:
+        return tiktoken.get_encoding("gpt2")
+    except OSError as e:  # requests' errors (no network, HTTP errors) subclass OSError, as do cache IO errors
+        cache = os.environ.get("TIKTOKEN_CACHE_DIR")
+        unset_or_empty = {None: "unset, so tiktoken's default in the temp dir", "": "empty, so no cache"}
+        cache = unset_or_empty.get(cache, cache)
+        raise ValueError(
+            f"the gpt2 tokenizer needs tiktoken's GPT-2 encoding files, downloaded once into "
+            f"TIKTOKEN_CACHE_DIR ({cache}); they are not there and the download failed "
+            f"({type(e).__name__}). Go online once, point TIKTOKEN_CACHE_DIR at a cache that "
+            f"holds them, or use --tokenizer bpe to train a tokenizer locally"
+        ) from None
+
+
+# ----------------------------------------------------------------------------- bpe
+
+
+def pretokenize(text: str, pattern: str = GPT2_PATTERN) -> list[str]:
+    """Split text into the pieces BPE works within (merges never cross a piece boundary)."""
+    return regex.findall(pattern, text)
+
+
+def train_bpe(
+    text: str, vocab_size: int, pattern: str = GPT2_PATTERN, progress: bool = True
+) -> tuple[dict[bytes, int], list[tuple[int, int, int]]]:
+    """Train a byte-level BPE: ids 0..255 are the bytes, each merge adds the most frequent
+    adjacent pair (ties: smallest (left id, right id)), until vocab_size ids or no pairs left.
+
+    Returns (ranks, merges): ranks maps token bytes to id (tiktoken's mergeable_ranks, id =
+    rank = merge order); merges lists (left, right, new) in training order.
+    """
+    assert vocab_size > 256, f"vocab_size must exceed the 256 byte tokens, got {vocab_size}"
+    # Work on unique pieces with their frequencies: far fewer than the corpus's pieces.
+    piece_counts = Counter(pretokenize(text, pattern))
+    words = [list(piece.encode("utf-8")) for piece in piece_counts]  # each a list of token ids
+    freqs = list(piece_counts.values())
+
+    pair_counts: dict[tuple[int, int], int] = defaultdict(int)
+    pair_words: dict[tuple[int, int], set[int]] = defaultdict(set)  # which words hold the pair
+    for w, (word, freq) in enumerate(zip(words, freqs)):
+        for pair in zip(word, word[1:]):
+            pair_counts[pair] += freq
+            pair_words[pair].add(w)
+    # Max-heap by count with lazy deletion: an entry is live only while its count is current.
+    heap = [(-count, a, b) for (a, b), count in pair_counts.items()]
+    heapq.heapify(heap)
+
+    vocab = [bytes([i]) for i in range(256)]
+    ranks = {tok: i for i, tok in enumerate(vocab)}
+    merges: list[tuple[int, int, int]] = []
+    bar = tqdm(total=vocab_size - 256, desc="bpe merges", unit="merge", disable=not progress)
+    while len(vocab) < vocab_size and heap:
+        neg_count, a, b = heapq.heappop(heap)
+        if pair_counts.get((a, b)) != -neg_count:
+            continue  # stale entry
+        token = vocab[a] + vocab[b]
+        # Two different pairs can spell the same bytes ("ab"+"c", "a"+"bc"); tiktoken keys
+        # tokens by bytes, so the later pair merges into the existing token.
+        new = ranks.get(token)
+        if new is None:
+            new = len(vocab)
+            vocab.append(token)
+            ranks[token] = new
+            bar.update(1)
+        merges.append((a, b, new))
+        _apply_merge(a, b, new, words, freqs, pair_counts, pair_words, heap)
+    bar.close()
+    return ranks, merges
+
+
+def _apply_merge(a, b, new, words, freqs, pair_counts, pair_words, heap) -> None:
+    """Merge pair (a, b) into `new` in every word holding it, updating only those words' pairs."""
+    delta: dict[tuple[int, int], int] = defaultdict(int)
+    for w in pair_words.pop((a, b)):
+        old, freq = words[w], freqs[w]
+        merged = _merge_pair(old, a, b, new)
+        old_pairs, new_pairs = list(zip(old, old[1:])), list(zip(merged, merged[1:]))
+        for pair in old_pairs:
+            delta[pair] -= freq
+        for pair in new_pairs:
+            delta[pair] += freq
+        for pair in set(old_pairs) - set(new_pairs):
+            if pair != (a, b):
+                pair_words[pair].discard(w)
+        for pair in set(new_pairs) - set(old_pairs):
+            pair_words[pair].add(w)
+        words[w] = merged
+    for pair, d in delta.items():
+        if d == 0:
+            continue
+        count = pair_counts[pair] + d
+        if count > 0:
+            pair_counts[pair] = count
+            heapq.heappush(heap, (-count, *pair))
+        else:
+            assert count == 0, f"negative count {count} for pair {pair}"
+            del pair_counts[pair]
+            pair_words.pop(pair, None)
+
+
+def _merge_pair(ids: list[int], a: int, b: int, new: int) -> list[int]:
+    """Replace each non-overlapping (a, b), left to right, by `new`."""
+    out, i, n = [], 0, len(ids)
+    while i < n:
+        if i + 1 < n and ids[i] == a and ids[i + 1] == b:
+            out.append(new)
+            i += 2
+        else:
+            out.append(ids[i])
+            i += 1
+    return out
+
+
+def encode_with_merges(
+    text: str, merges: list[tuple[int, int, int]], pattern: str = GPT2_PATTERN
+) -> list[int]:
+    """Reference encoder: in each piece apply the earliest learned merge present, repeatedly.
+    Slow; used to check that tiktoken, which merges by rank, gives the same ids."""
+    priority = {}
+    for order, (a, b, new) in enumerate(merges):
+        priority.setdefault((a, b), (order, new))
+    out = []
+    for piece in pretokenize(text, pattern):
+        ids = list(piece.encode("utf-8"))
+        while len(ids) > 1:
+            found = [priority[p] for p in zip(ids, ids[1:]) if p in priority]
+            if not found:
+                break
+            order, new = min(found)
+            a, b, _ = merges[order]
+            ids = _merge_pair(ids, a, b, new)
+        out.extend(ids)
+    return out
+
+
+def ranks_to_text(ranks: dict[bytes, int]) -> str:
+    """The tiktoken ranks format (what tiktoken.load.load_tiktoken_bpe reads): `base64 rank` lines."""
+    by_rank = sorted(ranks.items(), key=lambda item: item[1])
+    return "".join(f"{base64.b64encode(tok).decode('ascii')} {rank}\n" for tok, rank in by_rank)
+
+
+def ranks_from_text(text: str) -> dict[bytes, int]:
+    # parsed here rather than by load_tiktoken_bpe, which caches files by path and could serve a stale copy
+    ranks = {}
+    for line in text.splitlines():
+        if line:
+            token, rank = line.split()
+            ranks[base64.b64decode(token)] = int(rank)
+    return ranks
+
+
+def bpe_encoding(
+    ranks: dict[bytes, int], pattern: str = GPT2_PATTERN, name: str = "bpe"
+) -> tiktoken.Encoding:
+    assert sorted(ranks.values()) == list(range(len(ranks))), "bpe ranks must be the ids 0..n-1"
+    assert all(bytes([i]) in ranks for i in range(256)), "a byte-level bpe needs all 256 byte tokens"
+    return tiktoken.Encoding(name=name, pat_str=pattern, mergeable_ranks=ranks, special_tokens={})
+
+
+# ----------------------------------------------------------------------------- datasets
+
+
+def dtype_for_vocab(vocab_size: int) -> str:
+    """The smallest unsigned dtype that holds every id 0..vocab_size-1."""
+    return "uint16" if vocab_size <= 2**16 else "uint32"
+
+
+def prepare_command(dataset_dir: str | os.PathLike) -> str:
+    """The prepare.py command that (re)creates dataset_dir, for error messages."""
+    path = Path(dataset_dir).resolve()
+    cmd = "python data/prepare.py"
+    tokenizer = path.name.rsplit("_", 1)[-1]
+    if path.name in {f"shakespeare_{t}" for t in TOKENIZERS}:
+        cmd += f" --tokenizer {tokenizer}"  # the default dataset name for that tokenizer
+    else:
+        cmd += f" --dataset {path.name} --input PATH"
+        if tokenizer in TOKENIZERS:
+            cmd += f" --tokenizer {tokenizer}"
+    if path.parent != DATA_DIR:
+        cmd += f" --data_dir {path.parent}"
+    return cmd
+
+
+def load_meta(dataset_dir: str | os.PathLike) -> dict:
+    """meta.json of a prepared dataset, made self-contained: for bpe the ranks file's text is
+    inlined as meta['bpe_ranks']. Holds only JSON types, so torch.load(weights_only=True) accepts it."""
+    path = Path(dataset_dir) / "meta.json"
+    if not path.is_file():
+        raise ValueError(f"no prepared dataset at {dataset_dir} ({path.name} is missing); "
+                         f"create it with `{prepare_command(dataset_dir)}`")
+    meta = json.loads(path.read_text(encoding="utf-8"))
+    if meta.get("tokenizer") == "bpe":
+        ranks_path = Path(dataset_dir) / meta["bpe_file"]
+        if not ranks_path.is_file():
+            raise ValueError(f"the bpe ranks file {ranks_path} is missing; "
+                             f"recreate the dataset with `{prepare_command(dataset_dir)}`")
+        meta["bpe_ranks"] = ranks_path.read_text(encoding="ascii")
+    return meta
+
+
+def tokenizer_from_meta(meta: dict) -> Tokenizer:
+    kind = meta.get("tokenizer")
+    if kind == "char":
+        return CharTokenizer(meta["chars"])
+    if kind == "gpt2":
+        return TiktokenTokenizer(gpt2_encoding(), "gpt2")
+    if kind == "bpe":
+        if "bpe_ranks" not in meta:
+            raise ValueError("bpe meta has no 'bpe_ranks'; "
+                             "read it with load_meta(dataset_dir), which inlines the ranks file")
+        ranks = ranks_from_text(meta["bpe_ranks"])
+        encoding = bpe_encoding(ranks, meta.get("bpe_pattern", GPT2_PATTERN), name=f"bpe{len(ranks)}")
+        return TiktokenTokenizer(encoding, "bpe")
+    raise ValueError(f"unknown tokenizer {kind!r} in meta; valid: {', '.join(TOKENIZERS)}")
+
+
+def open_split(dataset_dir: str | os.PathLike, split: str, meta: dict) -> np.memmap:
+    """Token ids of a split, memory-mapped read-only with the dtype recorded in meta."""
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; valid: {', '.join(SPLITS)}")
+    path = Path(dataset_dir) / f"{split}.bin"
+    if not path.is_file():
+        raise ValueError(f"{path} is missing; create it with `{prepare_command(dataset_dir)}`")
+    return np.memmap(path, dtype=np.dtype(meta["dtype"]), mode="r")
+
+
+def bytes_per_token(meta: dict, split: str = "val") -> float:
+    """UTF-8 bytes of text per token; bits per byte = loss / ln 2 / bytes_per_token."""
+    return meta[f"{split}_bytes"] / meta[f"{split}_tokens"]
