@@ -1,0 +1,87 @@
+"""Settings as dataclasses: defaults < a TOML file < --key=value, with types checked.
+
+Each field carries a one-line help string (`opt`). Keys are unique across the dataclasses
+parsed together, so a flat TOML file or command line can set any of them.
+"""
+
+import contextlib
+import difflib
+import tomllib
+import types
+from dataclasses import field, fields
+from pathlib import Path
+
+
+def opt(default, help):
+    """A dataclass field with its help string."""
+    return field(default=default, metadata={"help": help})
+
+
+def known_keys(classes):
+    """Every settable key, mapped to (dataclass, field)."""
+    out = {}
+    for cls in classes:
+        for f in fields(cls):
+            assert f.name not in out, f"config key {f.name} is defined twice"
+            out[f.name] = (cls, f)
+    return out
+
+
+def coerce(key, value, type_):
+    """value (a TOML value, or a string from the command line) as type_, or a ValueError naming both."""
+    from_cli = isinstance(value, str) and type_ is not str
+    if isinstance(type_, types.UnionType):  # X | None: 'none' or 'auto' on the command line picks the default rule
+        if value is None or (from_cli and value.lower() in ("none", "auto")):
+            return None
+        type_ = next(t for t in type_.__args__ if t is not type(None))
+        from_cli = isinstance(value, str) and type_ is not str
+    if type_ is bool:
+        if isinstance(value, bool):
+            return value
+        if from_cli and value.lower() in ("true", "1", "yes", "false", "0", "no"):
+            return value.lower() in ("true", "1", "yes")
+    elif type_ in (int, float):
+        if from_cli:
+            with contextlib.suppress(ValueError):
+                return type_(value)
+        # TOML: an int is fine where a float is wanted, never the reverse; bools are not numbers
+        elif isinstance(value, (int, type_)) and not isinstance(value, bool):
+            return type_(value)
+    elif isinstance(value, str):
+        return value
+    raise ValueError(f"{key}={value!r} is not a valid {type_.__name__}")
+
+
+def read_toml(path):
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"config file {str(path)!r} does not exist (configs/ lists the shipped ones)")
+    try:
+        return tomllib.loads(path.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"config file {str(path)!r} is not valid TOML: {e}") from None
+
+
+def parse(argv, *classes):
+    """One instance of each dataclass from [CONFIG.toml] [--key=value ...]."""
+    known = known_keys(classes)
+    args = list(argv)
+    values = read_toml(args.pop(0)) if args and not args[0].startswith("--") else {}
+    for arg in args:
+        key, eq, value = arg.removeprefix("--").partition("=")
+        if not arg.startswith("--") or not eq:
+            raise ValueError(f"argument {arg!r} should look like --key=value (one optional CONFIG.toml may come first)")
+        values[key] = value
+    kwargs = {cls: {} for cls in classes}
+    for key, value in values.items():
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise ValueError(f"unknown config key {key!r}; {hint}--help lists every key")
+        cls, f = known[key]
+        kwargs[cls][key] = coerce(key, value, f.type)
+    return tuple(cls(**kwargs[cls]) for cls in classes)
+
+
+def help_text(*classes):
+    return "\n".join(f"  --{key}={f.default!s:<16} {f.metadata['help']}" for key, (_, f) in known_keys(classes).items())

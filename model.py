@@ -1,0 +1,292 @@
+"""The GPT decoder, its KV cache, and generation.
+
+A pre-norm transformer decoder in the GPT-2 mould. The positional scheme is a
+config switch (`pos_emb`); all of its maths lives in rope.py. This module knows
+nothing about training.
+"""
+
+import math
+from dataclasses import dataclass, fields
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import rope
+from config import opt
+
+POS_EMBS = ("rope", "sinusoidal", "learned", "alibi", "none")
+
+
+@dataclass
+class GPTConfig:
+    block_size: int = opt(256, "context length the model is trained at (L0)")
+    vocab_size: int = opt(65, "vocabulary size; set from the dataset's meta.json")
+    n_layer: int = opt(6, "number of transformer blocks")
+    n_head: int = opt(6, "attention heads per block")
+    n_embd: int = opt(384, "model width")
+    dropout: float = opt(0.0, "dropout probability (0 for pretraining small models)")
+    bias: bool = opt(False, "biases in linear layers and layer norms")
+    pos_emb: str = opt("rope", "positional scheme: " + ", ".join(POS_EMBS))
+    rope_base: float = opt(10000.0, "RoPE base b in theta_i = b^(-2(i-1)/d)")
+    rope_fraction: float = opt(1.0, "fraction of each head's dims that RoPE rotates")
+    rope_layout: str = opt("interleaved", "RoPE pairing: " + ", ".join(rope.LAYOUTS))
+    rope_scaling: str = opt("none", "RoPE context scaling: " + ", ".join(rope.SCALINGS))
+    rope_scaling_factor: float = opt(1.0, "RoPE scaling factor s (1 = plain RoPE)")
+
+    def __post_init__(self):
+        if self.pos_emb not in POS_EMBS:
+            raise ValueError(f"pos_emb={self.pos_emb!r} is unknown; choose one of {', '.join(POS_EMBS)}")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
+        for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name}={getattr(self, name)} must be a positive integer")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout={self.dropout} must lie in [0, 1)")
+        if self.pos_emb == "sinusoidal" and self.n_embd % 2:
+            raise ValueError(f"n_embd={self.n_embd} must be even for sinusoidal embeddings")
+
+    @property
+    def head_dim(self):
+        return self.n_embd // self.n_head
+
+    def asdict(self):
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+class KVCache:
+    """Keys and values of every layer for positions [0, length), preallocated for max_len."""
+
+    def __init__(self, config, batch_size, max_len, device, dtype):
+        shape = (config.n_layer, batch_size, config.n_head, max_len, config.head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.length = 0  # positions filled and committed by earlier forwards
+
+    @property
+    def max_len(self):
+        return self.k.shape[3]
+
+    def update(self, layer, k, v):
+        """Store this forward's k, v (B, nh, T, hs) after the cached ones; return all of them."""
+        start, end = self.length, self.length + k.shape[2]
+        assert end <= self.max_len, f"KV cache overflow: {end} > {self.max_len}"
+        self.k[layer, :, :, start:end] = k
+        self.v[layer, :, :, start:end] = v
+        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config, layer):
+        super().__init__()
+        self.layer, self.n_head = layer, config.n_head
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.dropout = config.dropout
+
+    def forward(self, x, pos, cache, offset):
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
+        if pos.rotary is not None:  # RoPE turns queries and keys, never values
+            q, k = pos.rotary(q, offset), pos.rotary(k, offset)
+        if cache is not None:
+            k, v = cache.update(self.layer, k, v)  # (B, nh, past+T, hs)
+        past = k.shape[2] - T  # keys before this forward's first query
+        scale = pos.attn_factor / math.sqrt(q.shape[-1])
+        dropout = self.dropout if self.training else 0.0
+        if pos.alibi_slopes is not None:
+            mask = rope.alibi_bias(pos.alibi_slopes, T, k.shape[2], past).to(q.dtype)  # (nh, T, past+T)
+        elif past == 0 or T == 1:  # plain causal, or a lone new token that may see every key
+            mask = None
+        else:  # new tokens after cached ones: is_causal would align the triangle top-left
+            mask = torch.ones(T, k.shape[2], dtype=torch.bool, device=x.device).tril(diagonal=past)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout,
+                                           is_causal=mask is None and T > 1, scale=scale)  # (B, nh, T, hs)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
+        return F.dropout(self.c_proj(y), self.dropout, self.training)
+
+
+class MLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.dropout = config.dropout
+
+    def forward(self, x):
+        return F.dropout(self.c_proj(F.gelu(self.c_fc(x))), self.dropout, self.training)
+
+
+class Block(nn.Module):
+    def __init__(self, config, layer):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.attn = CausalSelfAttention(config, layer)
+        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.mlp = MLP(config)
+
+    def forward(self, x, pos, cache, offset):
+        x = x + self.attn(self.ln_1(x), pos, cache, offset)
+        return x + self.mlp(self.ln_2(x))
+
+
+class Positions(nn.Module):
+    """What each scheme adds to the model: an input embedding, a query/key rotation, or an attention bias."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.config, self.attn_factor = config, 1.0
+        self.rotary = self.wpe = None
+        alibi = config.pos_emb == "alibi"
+        self.register_buffer("alibi_slopes", rope.alibi_slopes(config.n_head) if alibi else None, persistent=False)
+        if config.pos_emb == "rope":
+            self.rotary = rope.Rotary(config.head_dim, config.rope_base, config.rope_fraction, config.rope_layout,
+                                      config.rope_scaling, config.rope_scaling_factor,
+                                      original_len=config.block_size, max_len=config.block_size)
+            self.attn_factor = self.rotary.attn_factor
+        elif config.pos_emb == "learned":
+            self.wpe = nn.Embedding(config.block_size, config.n_embd)
+        elif config.pos_emb == "sinusoidal":
+            self.register_buffer("sinusoid", rope.sinusoidal_table(config.block_size, config.n_embd), persistent=False)
+
+    def set_rope_scaling(self, scaling, factor=1.0, original_len=None):
+        assert self.rotary is not None, "RoPE scaling needs pos_emb='rope'"
+        self.rotary.set_scaling(scaling, factor, original_len)
+        self.attn_factor = self.rotary.attn_factor
+
+    def embed(self, offset, T, device):
+        """The additive input embedding for positions offset..offset+T-1, or None."""
+        end = offset + T
+        if self.wpe is not None:
+            if end > self.config.block_size:
+                raise ValueError(f"position {end - 1} is past the learned table (block_size={self.config.block_size}); "
+                                 "learned positions cannot extrapolate")
+            return self.wpe(torch.arange(offset, end, device=device))
+        if self.config.pos_emb == "sinusoidal":
+            # the formula extends to any position; past the built table it is computed on demand
+            table = self.sinusoid if end <= len(self.sinusoid) else rope.sinusoidal_table(end, self.config.n_embd).to(device)
+            return table[offset:end]
+        return None
+
+
+class GPT(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        self.pos = Positions(config)
+        self.drop = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layer))
+        self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        # weight tying: the output projection reuses the token embedding (fewer parameters, better small models)
+        self.lm_head.weight = self.wte.weight
+        self.init_weights()
+
+    def init_weights(self):
+        """GPT-2 initialisation, the one place every weight gets its start."""
+        for name, p in self.named_parameters():
+            if name.endswith("bias"):
+                nn.init.zeros_(p)
+            elif "ln" in name:
+                nn.init.ones_(p)
+            elif name.endswith("c_proj.weight"):
+                # each block adds two residual branches: scale them so the residual stream's variance stays O(1)
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * self.config.n_layer))
+            else:  # embeddings (tied with the head) and the other linear weights
+                nn.init.normal_(p, mean=0.0, std=0.02)
+
+    def num_params(self, non_embedding=True):
+        """Parameter count; the tied token embedding counts once (it is also the head)."""
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding and self.pos.wpe is not None:
+            n -= self.pos.wpe.weight.numel()
+        return n
+
+    def flops_per_token(self, seq_len):
+        """Training FLOPs per token (forward + backward): 6N for the weights plus attention's 12·L·T·d (PaLM appendix B)."""
+        c = self.config
+        return 6 * self.num_params() + 12 * c.n_layer * seq_len * c.n_embd
+
+    def forward(self, idx, targets=None, cache=None, start_pos=0):
+        """Logits (B, T, vocab) and the mean cross-entropy if targets are given.
+
+        idx holds tokens at positions start_pos onwards; with a cache, only the new tokens, which
+        sit after the cached ones. Without targets only the last position's logits are computed
+        (all that generation needs).
+        """
+        B, T = idx.shape
+        offset = cache.length if cache is not None else start_pos
+        x = self.wte(idx)  # (B, T, C)
+        pe = self.pos.embed(offset, T, idx.device)
+        if pe is not None:
+            x = x + pe.to(x.dtype)
+        x = self.drop(x)
+        for block in self.blocks:
+            x = block(x, self.pos, cache, offset)
+        if cache is not None:
+            cache.length += T
+        x = self.ln_f(x)
+        if targets is None:
+            return self.lm_head(x[:, -1:, :]), None  # (B, 1, vocab)
+        logits = self.lm_head(x)  # (B, T, vocab)
+        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-1)
+        return logits, loss
+
+    def max_context(self, requested=None):
+        """How many tokens generation may attend to: block_size for absolute schemes, else what was asked."""
+        if requested is None or requested == self.config.block_size:
+            return self.config.block_size
+        if self.config.pos_emb == "learned":
+            raise ValueError(f"max_context={requested} needs a scheme that extrapolates; learned positions stop at "
+                             f"block_size={self.config.block_size} (use rope, alibi, sinusoidal or none)")
+        if requested < 1:
+            raise ValueError(f"max_context={requested} must be a positive integer")
+        return requested
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, max_context=None,
+                 use_cache=True, generator=None):
+        """Sample max_new_tokens after the prompt idx (B, T); yields each new token (B, 1) as it is drawn.
+
+        When the text outgrows the context N, the window slides: the newest N//2 tokens are kept and
+        re-read from position 0. The cache and the recompute-everything path (use_cache=False) share this
+        rule, so greedy decoding gives identical tokens either way.
+        """
+        n_ctx = self.max_context(max_context)
+        keep = max(1, n_ctx // 2)
+        p = next(self.parameters())
+        idx = idx[:, -n_ctx:]
+        cache, window = None, idx  # window: the tokens the model currently conditions on
+        for _ in range(max_new_tokens):
+            if use_cache and cache is not None and cache.length < n_ctx:
+                logits, _ = self(window[:, -1:], cache=cache)
+            else:
+                if use_cache:  # (re)fill the cache with the whole window
+                    cache = KVCache(self.config, idx.shape[0], n_ctx, idx.device, p.dtype)
+                logits, _ = self(window, cache=cache)
+            nxt = sample_next(logits[:, -1, :], temperature, top_k, top_p, generator)
+            yield nxt
+            window = torch.cat((window, nxt), dim=1)
+            if window.shape[1] > n_ctx:
+                window, cache = window[:, -keep:], None
+
+
+def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
+    """Draw one token per row from logits (B, vocab); temperature 0 is greedy."""
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits.float() / temperature
+    if top_k is not None and top_k < logits.size(-1):
+        kth = torch.topk(logits, top_k).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = F.softmax(logits, dim=-1)
+    if top_p is not None and top_p < 1.0:
+        # nucleus: keep the smallest set of most likely tokens whose mass reaches top_p
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        drop = sorted_p.cumsum(-1) - sorted_p >= top_p  # mass before this token already reached top_p
+        sorted_p = sorted_p.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
+    return torch.multinomial(probs, 1, generator=generator)

@@ -1,0 +1,135 @@
+"""The decoder: causality, what each positional scheme does to it, the KV cache, sampling controls."""
+
+import pytest
+import torch
+
+from model import GPT, POS_EMBS, GPTConfig, KVCache, sample_next
+
+
+def tiny(pos_emb, **kw):
+    torch.manual_seed(0)
+    cfg = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=11, pos_emb=pos_emb)
+    return GPT(GPTConfig(**(cfg | kw))).eval()
+
+
+def all_logits(model, idx, **kw):
+    return model(idx, targets=idx, **kw)[0]  # targets make the model return every position's logits
+
+
+@pytest.mark.parametrize("pos_emb", POS_EMBS)
+def test_future_tokens_never_change_earlier_logits(pos_emb):
+    model = tiny(pos_emb)
+    idx = torch.randint(0, 11, (2, 16))
+    changed = idx.clone()
+    changed[:, 9:] = (changed[:, 9:] + 1) % 11
+    a, b = all_logits(model, idx), all_logits(model, changed)
+    torch.testing.assert_close(a[:, :9], b[:, :9])
+    assert not torch.allclose(a[:, 9:], b[:, 9:])
+
+
+@pytest.mark.parametrize("pos_emb", ["rope", "alibi", "none"])
+def test_relative_schemes_ignore_a_shift_of_all_positions(pos_emb):
+    # RoPE scores depend on m - n only, so moving the whole sequence changes nothing; it also
+    # shows values are not rotated (rotated values would carry absolute positions into the output)
+    model = tiny(pos_emb)
+    idx = torch.randint(0, 11, (2, 12))
+    torch.testing.assert_close(all_logits(model, idx), all_logits(model, idx, start_pos=37), atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("pos_emb", ["sinusoidal", "learned"])
+def test_absolute_schemes_see_a_shift(pos_emb):
+    model = tiny(pos_emb)
+    torch.nn.init.normal_(model.pos.wpe.weight) if pos_emb == "learned" else None
+    idx = torch.randint(0, 11, (2, 8))
+    assert not torch.allclose(all_logits(model, idx), all_logits(model, idx, start_pos=5), atol=1e-4)
+
+
+@pytest.mark.parametrize("pos_emb", POS_EMBS)
+def test_model_overfits_one_batch(pos_emb):
+    model = tiny(pos_emb).train()
+    idx = torch.randint(0, 11, (4, 16))
+    x, y = idx[:, :-1], idx[:, 1:]
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    first = None
+    for _ in range(150):
+        loss = model(x, y)[1]
+        first = first or loss.item()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert first > 2.0 and loss.item() < 0.25, (first, loss.item())
+
+
+def test_weights_are_tied_and_initialised_at_gpt2_scales():
+    model = tiny("rope", n_layer=4, n_embd=64)
+    assert model.lm_head.weight is model.wte.weight
+    assert abs(model.wte.weight.std().item() - 0.02) < 2e-3
+    proj = model.blocks[0].attn.c_proj.weight
+    assert abs(proj.std().item() - 0.02 / (2 * 4) ** 0.5) < 1e-3
+
+
+def test_config_rejects_bad_values():
+    with pytest.raises(ValueError, match="pos_emb='rotary'"):
+        GPTConfig(pos_emb="rotary")
+    with pytest.raises(ValueError, match="n_embd=30 is not divisible by n_head=4"):
+        GPTConfig(n_embd=30, n_head=4)
+
+
+# ----------------------------------------------------------------------------- KV cache
+
+@pytest.mark.parametrize("pos_emb", POS_EMBS)
+def test_cached_logits_equal_full_recompute(pos_emb):
+    model = tiny(pos_emb)
+    idx = torch.randint(0, 11, (2, 14))
+    full = all_logits(model, idx)
+    cache = KVCache(model.config, 2, 16, "cpu", torch.float32)
+    prefill, _ = model(idx[:, :9], cache=cache)  # last position only
+    steps = [model(idx[:, t:t + 1], cache=cache)[0] for t in range(9, 14)]
+    torch.testing.assert_close(prefill[:, -1], full[:, 8], atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(torch.cat(steps, 1), full[:, 9:], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("pos_emb", POS_EMBS)
+def test_greedy_with_cache_matches_recompute_across_window_slides(pos_emb):
+    # a random model greedily repeats one token; one taught a random sequence continues it, varied
+    model = tiny(pos_emb).train()
+    seq = torch.randint(0, 11, (1, 17))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for _ in range(60):
+        loss = model(seq[:, :-1], seq[:, 1:])[1]
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+    prompt = seq[:, :5]
+    n = 40  # 5 + 40 tokens through a 16-token window: several slides
+    cached = torch.cat(list(model.generate(prompt, n, temperature=0, use_cache=True)), 1)
+    full = torch.cat(list(model.generate(prompt, n, temperature=0, use_cache=False)), 1)
+    assert torch.equal(cached, full)
+    assert len(set(cached[0].tolist())) > 1
+
+
+def test_extrapolating_schemes_generate_past_block_size_but_learned_refuses():
+    model = tiny("rope")
+    out = list(model.generate(torch.zeros(1, 1, dtype=torch.long), 40, temperature=0, max_context=48))
+    assert len(out) == 40
+    with pytest.raises(ValueError, match="learned positions stop at block_size=16"):
+        list(tiny("learned").generate(torch.zeros(1, 1, dtype=torch.long), 5, max_context=48))
+
+
+# ----------------------------------------------------------------------------- sampling controls
+
+def test_sample_next_controls():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    g = torch.Generator().manual_seed(0)
+    assert sample_next(logits, temperature=0).item() == 0
+    draws = {sample_next(logits, 1.0, top_k=2, generator=g).item() for _ in range(200)}
+    assert draws == {0, 1}
+    # nucleus at 0.7: tokens 0 (0.5) and 1 (0.3) reach the mass, token 2 never appears
+    draws = {sample_next(logits, 1.0, top_p=0.7, generator=g).item() for _ in range(200)}
+    assert draws == {0, 1}
+    draws = {sample_next(logits, 1.0, top_p=0.5, generator=g).item() for _ in range(50)}
+    assert draws == {0}
+    a = [sample_next(logits, 1.0, generator=torch.Generator().manual_seed(3)).item() for _ in range(5)]
+    b = [sample_next(logits, 1.0, generator=torch.Generator().manual_seed(3)).item() for _ in range(5)]
+    assert a == b
