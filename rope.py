@@ -1,0 +1,298 @@
+"""Positional schemes for nanorope: rotary embeddings (RoPE) first, plus sinusoidal and ALiBi.
+
+All positional maths lives here; the model asks for tables and applies them, and this file
+knows nothing of the model. Conventions:
+
+* Sign. Each pair (a, b) is multiplied by RoFormer's R(m) = [[cos, -sin], [sin, cos]] (eq. 15):
+  (a, b) -> (a cos - b sin, a sin + b cos), the vector turned counter-clockwise by m*theta.
+  Texts that turn the axes instead use the transpose (angle -m*theta); attention scores
+  depend only on m - n either way, but checkpoints are not interchangeable.
+* Layouts. "interleaved" pairs (x0, x1), (x2, x3), ... as the paper; "half" pairs
+  (x_i, x_{i + r/2}) as GPT-NeoX and LLaMA checkpoints; `half_to_interleaved` maps one onto the other.
+* Precision. Frequencies are computed in float64, tables and the rotation in (at least) float32
+  whatever the model's dtype, and the result is cast back once: a bf16 angle cannot tell
+  position 256 from 257.
+"""
+import math
+
+import torch
+
+LAYOUTS = ("interleaved", "half")
+
+
+def _check_layout(layout):
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout={layout!r} is not one of {LAYOUTS}")
+
+
+def _inv_freq64(rot_dim, base):
+    """theta_i = base^(-2(i-1)/d), i = 1..d/2 (RoFormer eq. 15), in float64."""
+    if not (isinstance(rot_dim, int) and rot_dim > 0 and rot_dim % 2 == 0):
+        raise ValueError(f"rot_dim={rot_dim!r} must be a positive even int: dims rotate in pairs")
+    if not base > 1:
+        raise ValueError(f"base={base!r} must be > 1 so that frequencies fall from 1")
+    return base ** (-torch.arange(0, rot_dim, 2, dtype=torch.float64) / rot_dim)
+
+
+def rope_frequencies(rot_dim: int, base: float = 10000.0) -> torch.Tensor:
+    """(rot_dim//2,) float32 inverse frequencies theta_i = base^(-2(i-1)/rot_dim)."""
+    return _inv_freq64(rot_dim, base).float()
+
+
+# ---- context-extension scalings: f(rot_dim, base, s, L0, L) -> (float64 theta', attn_factor) ----
+# Each reduces bitwise to plain RoPE at s = 1; `scaled_frequencies` is the checked entry point.
+
+def _none(rot_dim, base, factor, original_len, seq_len):
+    """Plain RoPE: theta_i."""
+    return _inv_freq64(rot_dim, base), 1.0
+
+
+def _linear(rot_dim, base, factor, original_len, seq_len):
+    """Position interpolation (Chen et al. 2023): theta_i' = theta_i / s, so the angle at
+    position s*p equals plain RoPE's at p."""
+    return _inv_freq64(rot_dim, base) / factor, 1.0
+
+
+def _ntk(rot_dim, base, factor, original_len, seq_len):
+    """NTK-aware: base' = base * s^(d/(d-2)). Then theta_1 = 1 is kept (exponent 0) and the
+    lowest frequency base'^(-(d-2)/d) = theta_{d/2} / s: fast pairs (local order) are untouched
+    while the slowest are interpolated like `linear`."""
+    if rot_dim <= 2:
+        raise ValueError(f"rot_dim={rot_dim} must be > 2 for NTK scaling (exponent d/(d-2))")
+    return _inv_freq64(rot_dim, base * factor ** (rot_dim / (rot_dim - 2))), 1.0
+
+
+def _dynamic(rot_dim, base, factor, original_len, seq_len):
+    """Dynamic NTK: `ntk` with a factor grown from the current length L = seq_len,
+    s_L = s*L/L0 - (s-1), i.e. base' = base * s_L^(d/(d-2)) for L > L0. s_L = 1 at L = L0, so it
+    joins plain RoPE continuously; plain for L <= L0, for seq_len None, and for s = 1 (which
+    here means "off", whereas the formula alone would still grow the base past L0)."""
+    if factor == 1 or seq_len is None or seq_len <= original_len:
+        return _none(rot_dim, base, factor, original_len, seq_len)
+    return _ntk(rot_dim, base, factor * seq_len / original_len - (factor - 1), original_len, seq_len)
+
+
+def _ramp(inv_freq, factor, original_len, slow, fast):
+    """Blend theta' = theta * ((1 - g)/s + g), g = clamp((r - slow)/(fast - slow), 0, 1), where
+    r = L0 * theta / (2 pi) = L0 / wavelength counts a pair's turns within the trained context.
+    Pairs turning >= fast times keep theta (training showed them every angle), pairs turning
+    <= slow times get theta/s (they would meet unseen angles), linear in r between. Written as
+    theta times one multiplier because (1 - g)/1 + g is exactly 1.0 in floating point."""
+    turns = original_len * inv_freq / (2 * math.pi)
+    g = ((turns - slow) / (fast - slow)).clamp(0.0, 1.0)
+    return inv_freq * ((1 - g) / factor + g)
+
+
+def _yarn(rot_dim, base, factor, original_len, seq_len, beta_fast=32.0, beta_slow=1.0):
+    """YaRN (Peng et al. 2023): `_ramp` between theta/s (r <= beta_slow) and theta
+    (r >= beta_fast), plus an attention temperature sqrt(1/t) = 0.1 ln s + 1 that q and k each
+    carry, so the softmax scale is multiplied by attn_factor = (0.1 ln s + 1)^2."""
+    inv_freq = _ramp(_inv_freq64(rot_dim, base), factor, original_len, beta_slow, beta_fast)
+    return inv_freq, (0.1 * math.log(factor) + 1.0) ** 2
+
+
+def _llama3(rot_dim, base, factor, original_len, seq_len, low_freq_factor=1.0, high_freq_factor=4.0):
+    """Llama 3.1: by wavelength lambda = 2 pi / theta, keep theta for lambda < L0/high_freq_factor,
+    use theta/s for lambda > L0/low_freq_factor, and between blend with
+    smooth = (L0/lambda - low)/(high - low): that is `_ramp` over r = L0/lambda from low to high,
+    so it is continuous at both band edges."""
+    return _ramp(_inv_freq64(rot_dim, base), factor, original_len, low_freq_factor, high_freq_factor), 1.0
+
+
+SCALINGS = {"none": _none, "linear": _linear, "ntk": _ntk, "dynamic": _dynamic, "yarn": _yarn, "llama3": _llama3}
+_NEEDS_ORIGINAL_LEN = ("dynamic", "yarn", "llama3")
+
+
+def scaled_frequencies(rot_dim, base, scaling="none", factor=1.0, original_len=None, seq_len=None):
+    """(inv_freq float32 (rot_dim//2,), attn_factor) for a context-extension `scaling` by `factor` s
+    from a model trained on `original_len` L0 positions, at total length `seq_len` (dynamic only).
+    attn_factor multiplies the attention softmax scale (1.0 except for yarn). Formulas: SCALINGS[name]."""
+    if scaling not in SCALINGS:
+        raise ValueError(f"scaling={scaling!r} is not one of {tuple(SCALINGS)}")
+    if not (math.isfinite(factor) and factor >= 1):
+        raise ValueError(f"factor={factor!r} must be a finite number >= 1 (1 means no scaling)")
+    if scaling in _NEEDS_ORIGINAL_LEN and not (isinstance(original_len, int) and original_len > 0):
+        raise ValueError(f"scaling={scaling!r} needs original_len (the trained context) as a positive int, "
+                         f"got {original_len!r}")
+    inv_freq, attn_factor = SCALINGS[scaling](rot_dim, base, factor, original_len, seq_len)
+    return inv_freq.float(), attn_factor
+
+
+def rope_cache(inv_freq: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin float32 (T, rot_dim//2) for integer `positions` (T,); exact for positions < 2^24."""
+    if positions.is_floating_point():
+        raise ValueError(f"positions must be integers, got dtype {positions.dtype}: "
+                         f"low-precision floats merge neighbouring positions")
+    angles = positions.to(torch.float32)[:, None] * inv_freq.to(torch.float32)[None, :]  # (T, rot/2)
+    return angles.cos(), angles.sin()
+
+
+def _complex_pairs(x):
+    """(..., rot) real -> (..., rot/2) complex a + ib of the pairs (a, b): a view when the memory
+    layout allows (a transposed q or k does), else a copy. Compiled graphs always copy (a no-op when
+    contiguous) because the storage offset cannot be traced."""
+    x = x.unflatten(-1, (-1, 2))  # (..., rot/2, 2)
+    viewable = (not torch.compiler.is_compiling() and x.stride(-1) == 1 and x.storage_offset() % 2 == 0
+                and all(s % 2 == 0 for s in x.stride()[:-1]))
+    return torch.view_as_complex(x if viewable else x.contiguous())
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "interleaved") -> torch.Tensor:
+    """Rotate the first 2*cos.shape[-1] dims of x (..., T, hs) by R(m) per pair; the rest pass
+    through bit-identically. cos, sin (T, rot/2) broadcast over the leading dims. Computes in
+    at least float32 and casts back to x.dtype once; x is never modified."""
+    _check_layout(layout)
+    half, hs = cos.shape[-1], x.shape[-1]
+    rot = 2 * half
+    if rot > hs:
+        raise ValueError(f"tables rotate {rot} dims but x has only hs={hs}")
+    xr = x[..., :rot].to(torch.promote_types(x.dtype, torch.float32))  # (..., T, rot); no copy for float32
+    if layout == "interleaved":
+        # Pair (a, b) as a + ib times e^{i m theta} = cos + i sin is (a cos - b sin) + i(a sin + b cos):
+        # R(m) in one kernel each way; real arithmetic on stride-2 views is several times slower on CPU.
+        z = _complex_pairs(xr) * torch.complex(cos, sin)  # (..., T, rot/2) complex
+        out = torch.view_as_real(z).flatten(-2)  # (..., T, rot/2, 2) -> (..., T, rot)
+    else:
+        # rolling by rot/2 brings each partner under its pair-mate: x_{i+rot/2} under x_i and back
+        out = xr * torch.cat((cos, cos), -1) + xr.roll(half, -1) * torch.cat((-sin, sin), -1)  # (..., T, rot)
+    out = out.to(x.dtype)
+    # the pass-through dims are x's own values, not round-tripped through float32
+    return out if rot == hs else torch.cat((out, x[..., rot:]), dim=-1)  # (..., T, hs)
+
+
+def rotation_matrix(d: int, m: float, base: float = 10000.0, inv_freq=None) -> torch.Tensor:
+    """The explicit (d, d) float64 block-diagonal R^d_{Theta,m} of RoFormer eq. 15, for teaching
+    and tests. `inv_freq` overrides the frequencies; with fewer than d/2 of them the trailing
+    dims get the identity (partial rotary)."""
+    theta = _inv_freq64(d, base) if inv_freq is None else inv_freq.to(torch.float64)
+    if 2 * len(theta) > d:
+        raise ValueError(f"{len(theta)} frequencies rotate {2 * len(theta)} dims, more than d={d}")
+    c, s = (m * theta).cos(), (m * theta).sin()
+    i = torch.arange(0, 2 * len(theta), 2)
+    R = torch.eye(d, dtype=torch.float64)
+    R[i, i], R[i, i + 1], R[i + 1, i], R[i + 1, i + 1] = c, -s, s, c
+    return R
+
+
+def half_to_interleaved(d: int) -> torch.Tensor:
+    """Permutation perm (d,) with x_half[..., perm] in the interleaved layout: half-layout pair
+    i = (x_i, x_{i+d/2}) lands on dims (2i, 2i+1). Hence
+    apply_rope(x, c, s, "half")[..., perm] == apply_rope(x[..., perm], c, s, "interleaved"),
+    and with P = I[perm] (so P @ x == x[perm]) the half layout's matrix is P^T R(m) P.
+    perm.argsort() maps back."""
+    if not (isinstance(d, int) and d > 0 and d % 2 == 0):
+        raise ValueError(f"d={d!r} must be a positive even int")
+    i = torch.arange(d // 2)
+    return torch.stack((i, i + d // 2), dim=-1).flatten()  # (d/2, 2) -> (d,): [0, d/2, 1, d/2+1, ...]
+
+
+class Rotary(torch.nn.Module):
+    """RoPE for attention heads: owns the frequencies and float32 cos/sin tables for positions
+    [0, max_len) and rotates q or k. The tables are non-persistent buffers: derived from the
+    config, they follow the module across devices but stay out of checkpoints."""
+
+    def __init__(self, head_dim: int, base: float = 10000.0, fraction: float = 1.0, layout: str = "interleaved",
+                 scaling: str = "none", factor: float = 1.0, original_len: int = 256, max_len: int = 256):
+        super().__init__()
+        rot_dim = int(head_dim * fraction)
+        if not (0 < rot_dim <= head_dim and rot_dim % 2 == 0):
+            raise ValueError(f"head_dim={head_dim} * fraction={fraction} gives rot_dim={rot_dim}; "
+                             f"it must be even and in [2, {head_dim}]")
+        _check_layout(layout)
+        if max_len < 1:
+            raise ValueError(f"max_len={max_len} must be >= 1")
+        self.head_dim, self.rot_dim, self.base, self.layout = head_dim, rot_dim, base, layout
+        self.scaling, self.factor, self.original_len = scaling, factor, original_len
+        self._build(max_len, device=None)
+
+    def extra_repr(self):
+        return (f"head_dim={self.head_dim}, rot_dim={self.rot_dim}, base={self.base}, layout={self.layout!r}, "
+                f"scaling={self.scaling!r}, factor={self.factor}, original_len={self.original_len}")
+
+    def set_scaling(self, scaling: str, factor: float = 1.0, original_len: int | None = None) -> None:
+        """Switch the context-extension scaling (e.g. train with "none" at L0, evaluate at 4*L0
+        with "ntk"); original_len None keeps the current one. Rebuilds the tables."""
+        original_len = self.original_len if original_len is None else original_len
+        scaled_frequencies(self.rot_dim, self.base, scaling, factor, original_len)  # raises before any change
+        self.scaling, self.factor, self.original_len = scaling, factor, original_len
+        self._build(self.cos.shape[0], self.cos.device)
+
+    def _build(self, n, device):
+        """(Re)build inv_freq and the cos/sin tables for positions [0, n) in float32 on device."""
+        inv_freq, self.attn_factor = scaled_frequencies(self.rot_dim, self.base, self.scaling, self.factor,
+                                                        self.original_len)
+        inv_freq = inv_freq.to(device)
+        cos, sin = rope_cache(inv_freq, torch.arange(n, device=device))  # (n, rot/2) each
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+
+    def _apply(self, fn, recurse=True):
+        # model.to(bfloat16) or .half() would round the tables (bf16 cannot tell position 256 from
+        # 257); rebuild them in float32 wherever the buffers went instead of casting rounded values back.
+        super()._apply(fn, recurse)
+        self._build(self.cos.shape[0], self.cos.device)
+        return self
+
+    def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        """Rotate x (B, H, T, hs) as positions offset..offset+T-1 (offset: a KV cache's length)."""
+        if x.shape[-1] != self.head_dim:
+            raise ValueError(f"x has hs={x.shape[-1]} but this Rotary was built for head_dim={self.head_dim}")
+        if offset < 0:
+            raise ValueError(f"offset={offset} must be >= 0")
+        end = offset + x.shape[-2]
+        if self.scaling == "dynamic" and end > self.original_len:
+            # The frequencies depend on the total length, so no fixed table serves: compute the T
+            # rows needed. Keys already in a KV cache keep the frequencies they were rotated with.
+            inv_freq = scaled_frequencies(self.rot_dim, self.base, self.scaling, self.factor, self.original_len,
+                                          seq_len=end)[0].to(x.device)
+            cos, sin = rope_cache(inv_freq, torch.arange(offset, end, device=x.device))  # (T, rot/2)
+        else:
+            if end > self.cos.shape[0]:
+                self._grow(end)
+            cos, sin = self.cos[offset:end], self.sin[offset:end]  # (T, rot/2)
+        return apply_rope(x, cos, sin, self.layout)
+
+    def _grow(self, end):
+        if torch.compiler.is_compiling():
+            raise RuntimeError(f"position {end - 1} is past the rotary table ({self.cos.shape[0]} positions) "
+                               f"inside a compiled region, where it cannot be rebuilt: "
+                               f"build Rotary with max_len >= {end}")
+        # doubling keeps rebuilds logarithmic when a KV cache grows one token at a time
+        self._build(max(end, 2 * self.cos.shape[0]), self.cos.device)
+
+
+def sinusoidal_table(n_pos: int, d: int, base: float = 10000.0) -> torch.Tensor:
+    """(n_pos, d) float32 absolute encodings of "Attention Is All You Need":
+    PE[p, 2i] = sin(p / base^(2i/d)), PE[p, 2i+1] = cos(p / base^(2i/d)): RoPE's angles, added."""
+    if not (isinstance(d, int) and d > 0 and d % 2 == 0):
+        raise ValueError(f"d={d!r} must be a positive even int: sin and cos fill pairs of dims")
+    angles = torch.arange(n_pos, dtype=torch.float64)[:, None] * _inv_freq64(d, base)[None, :]  # (n_pos, d/2)
+    return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2).float()  # (n_pos, d/2, 2) -> (n_pos, d)
+
+
+def alibi_slopes(n_head: int) -> torch.Tensor:
+    """(n_head,) float32 ALiBi slopes (Press et al. 2022). For H a power of two: 2^(-8h/H),
+    h = 1..H. Otherwise, with 2^k the largest power of two below H: the 2^k slopes of that
+    sequence, then every other slope (h = 1, 3, 5, ...) of the 2^(k+1) sequence for the rest."""
+    if not (isinstance(n_head, int) and n_head >= 1):
+        raise ValueError(f"n_head={n_head!r} must be a positive int")
+
+    def geometric(n):  # 2^(-8h/n), h = 1..n
+        return 2.0 ** (-8.0 * torch.arange(1, n + 1, dtype=torch.float64) / n)
+
+    k = 1 << (n_head.bit_length() - 1)  # largest power of two <= n_head
+    return torch.cat((geometric(k), geometric(2 * k)[0::2][: n_head - k])).float()
+
+
+def alibi_bias(slopes: torch.Tensor, q_len: int, k_len: int, offset: int = 0) -> torch.Tensor:
+    """(H, q_len, k_len) float32 additive attention bias with the causal mask built in: query i
+    sits at position offset + i, key j at j; bias = -slope * (q_pos - k_pos) for k_pos <= q_pos,
+    -inf for future keys."""
+    if offset < 0:
+        raise ValueError(f"offset={offset} must be >= 0")
+    q_pos = torch.arange(offset, offset + q_len, device=slopes.device)
+    k_pos = torch.arange(k_len, device=slopes.device)
+    rel = (k_pos[None, :] - q_pos[:, None]).float()  # (q_len, k_len): <= 0 for visible keys
+    bias = slopes.float()[:, None, None] * rel  # (H, q_len, k_len)
+    return bias.masked_fill(rel > 0, float("-inf"))

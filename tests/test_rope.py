@@ -1,0 +1,429 @@
+"""Tests for rope.py: every positional scheme against the paper's explicit matrices or an
+independent float64 computation. Each test pins a property that a plausible bug would break."""
+import math
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import rope  # noqa: E402
+
+L0 = 256  # the "trained" context used throughout
+
+
+def tables(d, positions, base=10000.0):
+    return rope.rope_cache(rope.rope_frequencies(d, base), torch.as_tensor(positions))
+
+
+def reference(x, positions, inv_freq):
+    """float64 R(m) @ x for each position m along dim -2, with the explicit matrix of eq. 15."""
+    d = x.shape[-1]
+    R = torch.stack([rope.rotation_matrix(d, float(m), inv_freq=inv_freq) for m in positions])  # (T, d, d)
+    return torch.einsum("tij,...tj->...ti", R, x.double())
+
+
+# ---- the explicit matrix ----------------------------------------------------------------------
+
+def test_rotation_matrix_is_identity_at_zero():
+    assert torch.equal(rope.rotation_matrix(16, 0.0), torch.eye(16, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("a,b", [(3.7, -11.2), (1000.0, 25.0), (-4.0, 4.0)])
+def test_rotation_matrix_composes(a, b):
+    R = lambda m: rope.rotation_matrix(16, m)  # noqa: E731
+    torch.testing.assert_close(R(a) @ R(b), R(a + b), atol=1e-10, rtol=0)
+
+
+def test_rotation_matrix_is_orthogonal_with_det_one():
+    R = rope.rotation_matrix(32, 123.0)
+    torch.testing.assert_close(R @ R.T, torch.eye(32, dtype=torch.float64), atol=1e-12, rtol=0)
+    assert torch.linalg.det(R).item() == pytest.approx(1.0, abs=1e-12)
+
+
+def test_sign_is_papers_counter_clockwise_rotation():
+    # R(m) = [[cos, -sin], [sin, cos]]: e_0 at position 1 (theta_1 = 1) turns to (cos 1, +sin 1);
+    # the axes-rotation form of some tutorials is the transpose and would give (cos 1, -sin 1).
+    R = rope.rotation_matrix(2, 1.0)
+    assert R[0, 1].item() == -math.sin(1.0) and R[1, 0].item() == math.sin(1.0)
+    cos, sin = tables(2, [1])
+    for layout in rope.LAYOUTS:
+        y = rope.apply_rope(torch.tensor([[1.0, 0.0]]), cos, sin, layout)
+        torch.testing.assert_close(y, torch.tensor([[math.cos(1.0), math.sin(1.0)]]))
+
+
+# ---- apply_rope against the matrix ------------------------------------------------------------
+
+def test_interleaved_equals_rotation_matrix_for_a_batch_of_positions():
+    torch.manual_seed(0)
+    positions = torch.randint(0, 1000, (12,))
+    x = torch.randn(2, 3, 12, 32)
+    inv_freq = rope.rope_frequencies(32)
+    y = rope.apply_rope(x, *rope.rope_cache(inv_freq, positions), layout="interleaved")
+    torch.testing.assert_close(y.double(), reference(x, positions, inv_freq), atol=2e-4, rtol=0)
+
+
+def test_half_to_interleaved_permutation_is_explicit():
+    assert rope.half_to_interleaved(8).tolist() == [0, 4, 1, 5, 2, 6, 3, 7]
+
+
+def test_half_layout_is_the_permuted_matrix_and_keeps_scores():
+    torch.manual_seed(1)
+    d, positions = 16, torch.tensor([0, 5, 77, 400])
+    perm = rope.half_to_interleaved(d)
+    P = torch.eye(d, dtype=torch.float64)[perm]  # P @ v == v[perm]
+    inv_freq = rope.rope_frequencies(d)
+    cos, sin = rope.rope_cache(inv_freq, positions)
+    q, k = torch.randn(2, 4, d)
+    qh, kh = (rope.apply_rope(v, cos, sin, "half") for v in (q, k))
+    for t, m in enumerate(positions.tolist()):
+        R = rope.rotation_matrix(d, float(m), inv_freq=inv_freq)
+        torch.testing.assert_close(qh[t].double(), P.T @ R @ P @ q[t].double(), atol=1e-4, rtol=0)
+    # permuting into the interleaved layout commutes with rotating, so every q.k score is unchanged
+    torch.testing.assert_close(qh[:, perm], rope.apply_rope(q[:, perm], cos, sin, "interleaved"), atol=1e-5, rtol=0)
+    qi, ki = (rope.apply_rope(v[:, perm], cos, sin, "interleaved") for v in (q, k))
+    torch.testing.assert_close(qh @ kh.T, qi @ ki.T, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("layout", rope.LAYOUTS)
+def test_apply_rope_preserves_norms_and_does_not_touch_input(layout):
+    torch.manual_seed(2)
+    x = torch.randn(2, 3, 50, 64)
+    x0 = x.clone()
+    y = rope.apply_rope(x, *tables(64, torch.arange(1000, 1050)), layout=layout)
+    torch.testing.assert_close(y.norm(dim=-1), x.norm(dim=-1), rtol=1e-5, atol=0)
+    assert torch.equal(x, x0)
+
+
+@pytest.mark.parametrize("layout", rope.LAYOUTS)
+def test_scores_depend_only_on_relative_position(layout):
+    torch.manual_seed(3)
+    q, k = torch.randn(2, 1, 64)
+    inv_freq = rope.rope_frequencies(64)
+
+    def score(m, n):
+        qm = rope.apply_rope(q, *rope.rope_cache(inv_freq, torch.tensor([m])), layout=layout)
+        kn = rope.apply_rope(k, *rope.rope_cache(inv_freq, torch.tensor([n])), layout=layout)
+        return (qm * kn).sum().item()
+
+    same_gap = [score(m, m - 7) for m in (7, 20, 300, 1500)]
+    assert max(same_gap) - min(same_gap) < 1e-3 * abs(same_gap[0]) + 1e-4
+    assert min(abs(score(300, 300 - g) - same_gap[0]) for g in (0, 1, 6, 8, 50)) > 1e-2
+
+
+# ---- frequencies and scalings -----------------------------------------------------------------
+
+def test_frequencies_are_pinned():
+    d, base = 64, 10000.0
+    f = rope.rope_frequencies(d, base)
+    assert f.dtype == torch.float32 and f.shape == (d // 2,)
+    assert f[0].item() == 1.0
+    assert f[-1].item() == pytest.approx(base ** (-(d - 2) / d), rel=1e-6)
+    expected = [base ** (-2 * (i - 1) / d) for i in range(1, d // 2 + 1)]  # eq. 15, i = 1..d/2
+    torch.testing.assert_close(f, torch.tensor(expected, dtype=torch.float32), rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("scaling", sorted(rope.SCALINGS))
+@pytest.mark.parametrize("d,base", [(64, 10000.0), (32, 500000.0), (6, 10.0)])
+def test_every_scaling_is_bitwise_plain_at_factor_one(scaling, d, base):
+    plain = rope.rope_frequencies(d, base)
+    for seq_len in (None, L0 // 2, 8 * L0):
+        inv_freq, attn_factor = rope.scaled_frequencies(d, base, scaling, 1.0, L0, seq_len)
+        assert torch.equal(inv_freq, plain) and attn_factor == 1.0
+
+
+def test_linear_at_two_puts_position_2p_where_plain_had_p():
+    inv_freq, _ = rope.scaled_frequencies(64, 10000.0, "linear", 2.0)
+    p = torch.arange(0, 4 * L0, 7)
+    # dividing by 2 is exact in floating point, so the angles agree bit for bit
+    for a, b in zip(rope.rope_cache(inv_freq, 2 * p), tables(64, p)):
+        assert torch.equal(a, b)
+
+
+def test_ntk_keeps_the_highest_and_divides_the_lowest_frequency():
+    plain = rope.rope_frequencies(64)
+    for s in (2.0, 4.0, 16.0):
+        f, _ = rope.scaled_frequencies(64, 10000.0, "ntk", s)
+        assert f[0].item() == 1.0
+        assert (f[-1] / plain[-1]).item() == pytest.approx(1 / s, rel=1e-5)
+        ratio = f / plain
+        assert torch.all(ratio[1:] < ratio[:-1])  # interpolates more the slower a pair turns
+
+
+def test_dynamic_is_plain_within_the_trained_context_and_ntk_beyond():
+    plain = rope.rope_frequencies(64)
+    for seq_len in (None, 1, L0):
+        assert torch.equal(rope.scaled_frequencies(64, 10000.0, "dynamic", 4.0, L0, seq_len)[0], plain)
+    beyond = rope.scaled_frequencies(64, 10000.0, "dynamic", 2.0, L0, 2 * L0)[0]
+    assert not torch.allclose(beyond, plain)
+    # s_L = s*L/L0 - (s-1) = 3 at L = 2 L0 with s = 2
+    assert torch.equal(beyond, rope.scaled_frequencies(64, 10000.0, "ntk", 3.0)[0])
+    # joins plain RoPE continuously: one position past L0 the lowest frequency is divided by s_L = 1 + s/L0
+    just_past = rope.scaled_frequencies(64, 10000.0, "dynamic", 2.0, L0, L0 + 1)[0]
+    assert (plain[-1] / just_past[-1]).item() == pytest.approx(1 + 2.0 / L0, rel=1e-5)
+
+
+@pytest.mark.parametrize("s", [2.0, 4.0, 8.5, 32.0])
+def test_yarn_blends_within_bounds_with_its_temperature(s):
+    plain64 = torch.tensor([10000.0 ** (-2 * i / 64) for i in range(32)], dtype=torch.float64)
+    f, attn_factor = rope.scaled_frequencies(64, 10000.0, "yarn", s, L0)
+    assert attn_factor == pytest.approx((0.1 * math.log(s) + 1) ** 2, rel=1e-12)
+    plain = plain64.float()
+    assert torch.all(f <= plain * (1 + 1e-6)) and torch.all(f >= plain / s * (1 - 1e-6))
+    turns = L0 * plain64 / (2 * math.pi)  # rotations within the trained context
+    expected = []
+    for theta, r in zip(plain64.tolist(), turns.tolist()):
+        g = min(max((r - 1.0) / (32.0 - 1.0), 0.0), 1.0)
+        expected.append((1 - g) * theta / s + g * theta)
+    torch.testing.assert_close(f.double(), torch.tensor(expected, dtype=torch.float64), rtol=1e-6, atol=0)
+    assert f[0].item() == 1.0 and f[-1].item() == pytest.approx(plain[-1].item() / s, rel=1e-6)
+
+
+@pytest.mark.parametrize("scaling,edges", [("llama3", (L0 / 4, L0 / 1)), ("yarn", (L0 / 32, L0 / 1))])
+def test_wavelength_bands_are_continuous_at_their_edges(scaling, edges):
+    # With rot_dim 4 the second frequency is base^(-1/2), wavelength 2 pi sqrt(base): choose base
+    # to put that wavelength just below or just above each band edge.
+    s = 8.0
+
+    def ratio(wavelength):
+        base = (wavelength / (2 * math.pi)) ** 2
+        f, _ = rope.scaled_frequencies(4, base, scaling, s, L0)
+        return (f[1] / rope.rope_frequencies(4, base)[1]).item()
+
+    short_edge, long_edge = edges
+    for edge, value in ((short_edge, 1.0), (long_edge, 1 / s)):
+        below, above = ratio(edge * (1 - 1e-5)), ratio(edge * (1 + 1e-5))
+        assert below == pytest.approx(above, abs=1e-4) and below == pytest.approx(value, abs=1e-4)
+    assert ratio(short_edge * 0.9) == 1.0 and ratio(long_edge * 2) == pytest.approx(1 / s, rel=1e-6)
+    middle = ratio(math.sqrt(short_edge * long_edge))
+    assert 1 / s + 0.05 < middle < 1 - 0.05
+
+
+def test_llama3_keeps_high_and_divides_low_frequencies():
+    plain = rope.rope_frequencies(64, 500000.0)
+    f, attn_factor = rope.scaled_frequencies(64, 500000.0, "llama3", 8.0, L0)
+    wavelength = 2 * math.pi / plain
+    high, low = wavelength < L0 / 4, wavelength > L0
+    assert high.any() and low.any() and attn_factor == 1.0
+    assert torch.equal(f[high], plain[high])
+    torch.testing.assert_close(f[low], plain[low] / 8.0, rtol=1e-6, atol=0)
+
+
+# ---- partial rotary ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("layout", rope.LAYOUTS)
+def test_partial_rotary_passes_the_rest_through_and_uses_its_own_width(layout):
+    torch.manual_seed(4)
+    r = rope.Rotary(64, fraction=0.25, layout=layout)
+    assert r.rot_dim == 16
+    # the frequency exponent counts the rotated width, not the head size
+    assert torch.equal(r.inv_freq, rope.rope_frequencies(16))
+    assert not torch.equal(r.inv_freq, rope.rope_frequencies(64)[:8])
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.randn(2, 3, 10, 64).to(dtype)
+        y = r(x, offset=5)
+        assert y.dtype == dtype and torch.equal(y[..., 16:], x[..., 16:])
+    x = torch.randn(1, 1, 10, 64)
+    y = r(x, offset=5)
+    v = x if layout == "interleaved" else x[..., torch.cat((rope.half_to_interleaved(16), torch.arange(16, 64)))]
+    ref = reference(v, range(5, 15), rope.rope_frequencies(16))  # identity beyond dim 16
+    if layout == "half":
+        ref = ref[..., torch.cat((rope.half_to_interleaved(16).argsort(), torch.arange(16, 64)))]
+    torch.testing.assert_close(y.double(), ref, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("fraction", [0.3, 0.0, 1.5, -1.0])
+def test_bad_rotary_width_is_a_value_error(fraction):
+    with pytest.raises(ValueError, match="head_dim=64.*fraction"):
+        rope.Rotary(64, fraction=fraction)
+
+
+# ---- Rotary: precision, offsets, growth ---------------------------------------------------------
+
+def float64_rope(x, positions, d):
+    theta = torch.tensor([10000.0 ** (-2 * i / d) for i in range(d // 2)], dtype=torch.float64)
+    angles = torch.as_tensor(positions, dtype=torch.float64)[:, None] * theta  # (T, d/2)
+    return rope.apply_rope(x.double(), angles.cos(), angles.sin())
+
+
+def test_bf16_module_keeps_float32_tables_and_distinct_positions():
+    fresh = rope.Rotary(64, max_len=L0)
+    for convert in (lambda m: m.to(torch.bfloat16), lambda m: m.half()):
+        r = convert(rope.Rotary(64, max_len=L0))
+        for name in ("inv_freq", "cos", "sin"):
+            # rebuilt, not cast back: bitwise equal to tables never rounded
+            assert torch.equal(getattr(r, name), getattr(fresh, name)), name
+    r = rope.Rotary(64, max_len=L0).to(torch.bfloat16)
+    x = torch.randn(1, 1, 1, 64).to(torch.bfloat16)
+    assert not torch.equal(r(x, offset=256), r(x, offset=257))  # a bf16 angle cannot tell them apart
+    x = torch.randn(1, 2, 8 * L0, 64).to(torch.bfloat16)
+    y = r(x)
+    assert y.dtype == torch.bfloat16 and r.cos.dtype == torch.float32
+    ref = float64_rope(x, range(8 * L0), 64)
+    rel = (y.double() - ref).norm(dim=-1) / ref.norm(dim=-1)
+    assert rel.max().item() < 1e-2
+
+
+def test_autocast_leaves_tables_and_results_in_float32():
+    x = torch.randn(1, 2, 40, 64)
+    expected = rope.Rotary(64, max_len=64)(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        r = rope.Rotary(64, max_len=16)
+        y = r(x)  # grows the table under autocast
+    assert r.cos.dtype == torch.float32 and y.dtype == torch.float32
+    assert torch.equal(y, expected)
+
+
+def test_tables_are_not_in_the_state_dict():
+    assert rope.Rotary(64).state_dict() == {}
+
+
+@pytest.mark.parametrize("layout", rope.LAYOUTS)
+@pytest.mark.parametrize("scaling", ["none", "dynamic", "yarn"])
+def test_offset_equals_slicing_a_longer_sequence(layout, scaling):
+    torch.manual_seed(5)
+    r = rope.Rotary(32, layout=layout, scaling=scaling, factor=2.0, original_len=64, max_len=128)
+    x = torch.randn(2, 3, 100, 32)
+    full = r(x)
+    pieces = [(0, 7), (40, 20), (99, 1), (60, 40)]
+    if scaling == "dynamic":  # its frequencies follow the total length, so only pieces ending at 100 agree
+        pieces = [(o, t) for o, t in pieces if o + t == 100]
+    for o, t in pieces:
+        torch.testing.assert_close(r(x[:, :, o:o + t], offset=o), full[:, :, o:o + t], atol=1e-6, rtol=0)
+
+
+def test_dynamic_rotary_uses_the_current_length():
+    r = rope.Rotary(64, scaling="dynamic", factor=2.0, original_len=L0, max_len=L0)
+    x = torch.randn(1, 1, 1, 64)
+    for end in (100, L0, 3 * L0):
+        inv_freq, _ = rope.scaled_frequencies(64, 10000.0, "dynamic", 2.0, L0, seq_len=end)
+        expected = rope.apply_rope(x, *rope.rope_cache(inv_freq, torch.tensor([end - 1])))
+        assert torch.equal(r(x, offset=end - 1), expected)
+
+
+def test_table_grows_in_eager_mode_to_a_freshly_built_table():
+    r = rope.Rotary(64, max_len=16)
+    x = torch.randn(1, 2, 8, 64)
+    y = r(x, offset=40)
+    n = r.cos.shape[0]
+    assert n >= 48
+    big = rope.Rotary(64, max_len=n)
+    assert torch.equal(r.cos, big.cos) and torch.equal(r.sin, big.sin)
+    assert torch.equal(y, big(x, offset=40))
+
+
+def test_table_cannot_grow_inside_a_compiled_region(monkeypatch):
+    r = rope.Rotary(64, max_len=16)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    with pytest.raises(RuntimeError, match="max_len >= 20"):
+        r(torch.randn(1, 1, 4, 64), offset=16)
+
+
+def test_set_scaling_rebuilds_and_switches_back_exactly():
+    r = rope.Rotary(64, max_len=L0)
+    plain_cos = r.cos.clone()
+    r.set_scaling("yarn", 4.0)
+    f, attn = rope.scaled_frequencies(64, 10000.0, "yarn", 4.0, L0)
+    assert torch.equal(r.inv_freq, f) and r.attn_factor == attn > 1
+    assert torch.equal(r.cos, rope.rope_cache(f, torch.arange(L0))[0])
+    with pytest.raises(ValueError):
+        r.set_scaling("ntk", 0.5)
+    assert r.scaling == "yarn" and torch.equal(r.inv_freq, f)  # a rejected call changes nothing
+    r.set_scaling("none")
+    assert torch.equal(r.cos, plain_cos) and r.attn_factor == 1.0
+
+
+# ---- autograd and compile ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("layout", rope.LAYOUTS)
+@pytest.mark.parametrize("hs", [8, 11])
+def test_gradcheck(layout, hs):
+    torch.manual_seed(6)
+    x = torch.randn(2, 2, 5, hs, dtype=torch.float64, requires_grad=True)
+    angles = torch.randn(5, 3, dtype=torch.float64) * 10
+    cos, sin = angles.cos().requires_grad_(), angles.sin().requires_grad_()
+    assert torch.autograd.gradcheck(lambda *a: rope.apply_rope(*a, layout=layout), (x, cos, sin))
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore:Torchinductor does not support")
+def test_compiled_rotary_matches_eager_forward_and_backward():
+    # One full graph covers both layouts, an offset and a partial rotary. The aot_eager backend runs
+    # dynamo's capture and AOTAutograd's trace (what rope.py's code decides) without inductor's C++
+    # build, which would add tens of seconds on a cold cache.
+    inter, half = rope.Rotary(16, max_len=32), rope.Rotary(16, fraction=0.5, layout="half", max_len=32)
+
+    def f(q):
+        return inter(q) * 2 + half(q, offset=3)
+
+    torch.manual_seed(7)
+    q = torch.randn(2, 2, 8, 16, requires_grad=True)
+    g = torch.randn(2, 2, 8, 16)
+    y = torch.compile(f, fullgraph=True, backend="aot_eager")(q)
+    (dq,) = torch.autograd.grad(y, q, g)
+    y_eager = f(q)
+    (dq_eager,) = torch.autograd.grad(y_eager, q, g)
+    torch.testing.assert_close(y, y_eager, atol=1e-6, rtol=0)
+    torch.testing.assert_close(dq, dq_eager, atol=1e-6, rtol=0)
+
+
+# ---- sinusoidal and ALiBi ---------------------------------------------------------------------
+
+def test_sinusoidal_table_matches_its_formula():
+    pe = rope.sinusoidal_table(100, 16, base=10000.0)
+    assert pe.shape == (100, 16) and pe.dtype == torch.float32
+    for p in (0, 1, 37, 99):
+        for i in range(8):
+            w = 10000.0 ** (2 * i / 16)
+            assert pe[p, 2 * i].item() == pytest.approx(math.sin(p / w), abs=1e-6)
+            assert pe[p, 2 * i + 1].item() == pytest.approx(math.cos(p / w), abs=1e-6)
+    with pytest.raises(ValueError, match="d=15"):
+        rope.sinusoidal_table(10, 15)
+
+
+def test_alibi_slopes_follow_the_papers_rule():
+    assert rope.alibi_slopes(8).tolist() == [1 / 2, 1 / 4, 1 / 8, 1 / 16, 1 / 32, 1 / 64, 1 / 128, 1 / 256]
+    # 12 heads: the 8-head sequence 2^(-8h/8), then h = 1, 3, 5, 7 of the 16-head one 2^(-8h/16)
+    expected = [2.0 ** -h for h in range(1, 9)] + [2.0 ** -0.5, 2.0 ** -1.5, 2.0 ** -2.5, 2.0 ** -3.5]
+    torch.testing.assert_close(rope.alibi_slopes(12), torch.tensor(expected), rtol=1e-7, atol=0)
+    torch.testing.assert_close(rope.alibi_slopes(16), torch.tensor([2.0 ** (-h / 2) for h in range(1, 17)]))
+    assert rope.alibi_slopes(1).tolist() == [2.0 ** -8]
+    with pytest.raises(ValueError, match="n_head=0"):
+        rope.alibi_slopes(0)
+
+
+def test_alibi_bias_values_mask_and_offset():
+    slopes = rope.alibi_slopes(4)  # 1/4, 1/16, 1/64, 1/256
+    b = rope.alibi_bias(slopes, q_len=3, k_len=5, offset=2)  # queries at positions 2, 3, 4
+    assert b.shape == (4, 3, 5) and b.dtype == torch.float32
+    assert b[0, 0, 0].item() == -0.5 and b[0, 0, 2].item() == 0.0 and b[1, 2, 1].item() == -3 / 16
+    assert b[0, 0, 3].item() == -math.inf and b[3, 1, 4].item() == -math.inf and b[2, 2, 4].item() == 0.0
+    square = rope.alibi_bias(slopes, 6, 6)
+    assert torch.equal(torch.isinf(square[1]), torch.ones(6, 6).triu(1).bool())
+    # one new token with a KV cache of 5 sees the last row of the full square
+    torch.testing.assert_close(rope.alibi_bias(slopes, 1, 6, offset=5), square[:, 5:])
+
+
+# ---- input validation -------------------------------------------------------------------------
+
+def test_bad_inputs_are_value_errors_naming_the_choices():
+    cos, sin = tables(8, [0, 1])
+    with pytest.raises(ValueError, match="'diag'.*interleaved"):
+        rope.apply_rope(torch.randn(2, 8), cos, sin, layout="diag")
+    with pytest.raises(ValueError, match="layout='diag'"):
+        rope.Rotary(8, layout="diag")
+    with pytest.raises(ValueError, match="'xpos'.*yarn"):
+        rope.scaled_frequencies(8, 10000.0, "xpos")
+    with pytest.raises(ValueError, match="scaling='xpos'"):
+        rope.Rotary(8, scaling="xpos")
+    for factor in (0.5, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="factor"):
+            rope.scaled_frequencies(8, 10000.0, "linear", factor)
+    with pytest.raises(ValueError, match="original_len"):
+        rope.scaled_frequencies(8, 10000.0, "yarn", 2.0)
+    with pytest.raises(ValueError, match="rot_dim=7"):
+        rope.rope_frequencies(7)
+    with pytest.raises(ValueError, match="hs=8"):
+        rope.apply_rope(torch.randn(2, 8), *tables(16, [0, 1]))
+    with pytest.raises(ValueError, match="positions"):
+        rope.rope_cache(rope.rope_frequencies(8), torch.tensor([0.0, 1.0]))
