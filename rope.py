@@ -146,18 +146,18 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: st
     rot = 2 * half
     if rot > hs:
         raise ValueError(f"tables rotate {rot} dims but x has only hs={hs}")
-    xr = x[..., :rot].to(torch.promote_types(x.dtype, torch.float32))  # (..., T, rot); no copy for float32
+    if rot < hs:  # partial rotary: the tail passes through as x's own values, never via float32
+        return torch.cat((apply_rope(x[..., :rot], cos, sin, layout), x[..., rot:]), dim=-1)  # (..., T, hs)
+    xr = x.to(torch.promote_types(x.dtype, torch.float32))  # no copy for float32
     if layout == "interleaved":
         # Pair (a, b) as a + ib times e^{i m theta} = cos + i sin is (a cos - b sin) + i(a sin + b cos):
         # R(m) in one kernel each way; real arithmetic on stride-2 views is several times slower on CPU.
-        z = _complex_pairs(xr) * torch.complex(cos, sin)  # (..., T, rot/2) complex
-        out = torch.view_as_real(z).flatten(-2)  # (..., T, rot/2, 2) -> (..., T, rot)
+        z = _complex_pairs(xr) * torch.complex(cos, sin)  # (..., T, hs/2) complex
+        out = torch.view_as_real(z).flatten(-2)  # (..., T, hs/2, 2) -> (..., T, hs)
     else:
-        # rolling by rot/2 brings each partner under its pair-mate: x_{i+rot/2} under x_i and back
-        out = xr * torch.cat((cos, cos), -1) + xr.roll(half, -1) * torch.cat((-sin, sin), -1)  # (..., T, rot)
-    out = out.to(x.dtype)
-    # the pass-through dims are x's own values, not round-tripped through float32
-    return out if rot == hs else torch.cat((out, x[..., rot:]), dim=-1)  # (..., T, hs)
+        # rolling by hs/2 brings each partner under its pair-mate: x_{i+hs/2} under x_i and back
+        out = xr * torch.cat((cos, cos), -1) + xr.roll(half, -1) * torch.cat((-sin, sin), -1)  # (..., T, hs)
+    return out.to(x.dtype)
 
 
 def rotation_matrix(d: int, m: float, base: float = 10000.0, inv_freq=None) -> torch.Tensor:

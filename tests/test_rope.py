@@ -1,14 +1,11 @@
 """Tests for rope.py: every positional scheme against the paper's explicit matrices or an
 independent float64 computation. Each test pins a property that a plausible bug would break."""
 import math
-import os
-import sys
 
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import rope  # noqa: E402
+import rope
 
 L0 = 256  # the "trained" context used throughout
 
