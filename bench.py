@@ -1,0 +1,377 @@
+"""Throughput benchmarks: the training step, generation, the RoPE rotation and the matmul peak.
+
+    python bench.py                                  a table; nanoGPT's CPU recipe shape
+    python bench.py --json                           one JSON object a line
+    python bench.py --config configs/X.toml --only train_step,generate --repeats 30
+    python bench.py --quick                          seconds: a tiny model, few repeats, no compile (CI)
+
+Every figure is a median over repeats after warm-up, with its spread. The variants of a bench
+are timed in turn within each repeat, so load from other processes falls on all of them alike
+and their ratios stay fair on a shared machine.
+"""
+
+import argparse
+import contextlib
+import io
+import itertools
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+import config
+import rope
+import train
+from model import GPT, GPTConfig
+from sample import positive_int
+from train import TrainConfig
+
+REPEATS = {"matmul_peak": 10, "train_step": 20, "generate": 5, "rope_apply": 20}
+# nanoGPT README's CPU recipe shape (4 layers, 4 heads, 128 wide, context 64, batch 12, no dropout; vocab 65
+# is GPTConfig's default, tiny Shakespeare's characters): the shape nanorope's CPU throughput is compared at
+DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "shakespeare_char_cpu.toml"
+QUICK = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, dropout=0.0, vocab_size=65), dict(batch_size=4)
+ROPE_SHAPE, ROPE_SHAPE_QUICK = (8, 6, 256, 64), (2, 2, 32, 16)  # (B, H, T, d): six 64-wide heads at context 256
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    def error(self, message):  # one line like the other commands' errors, not argparse's usage block
+        print(f"error: {message} (python bench.py --help lists the options)", file=sys.stderr)
+        sys.exit(1)
+
+
+def arg_parser():
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--json", action="store_true", help="print one JSON object a line instead of a table")
+    p.add_argument("--device", default=None, help="auto, cpu, cuda, cuda:N or mps (default: the config's, auto)")
+    p.add_argument("--config", default=None, metavar="TOML",
+                   help="a run config giving the model and batch shape (default: configs/shakespeare_char_cpu.toml, "
+                        "nanoGPT's CPU recipe shape; --quick: a tiny model)")
+    p.add_argument("--only", default=",".join(BENCHES), metavar="NAME[,NAME]", help="benches to run: " + ", ".join(BENCHES))
+    p.add_argument("--quick", action="store_true", help="a tiny model, few repeats and no torch.compile: seconds, for CI")
+    p.add_argument("--repeats", type=positive_int, default=None, help="timed repeats per variant (default per bench)")
+    p.add_argument("--threads", type=positive_int, default=None,
+                   help="CPU threads for torch (default: torch's choice; 1 with --quick, which on a busy machine "
+                        "is faster than threads waiting on each other)")
+    p.add_argument("--new_tokens", type=positive_int, default=None, help="tokens per generation (default 500; 16 quick)")
+    return p
+
+
+# ----------------------------------------------------------------------------- timing
+
+def time_in_turns(fns, repeats, warmup=1, number=1, sync=lambda: None, desc=None):
+    """Seconds per call of each fn {name: fn}: `warmup` untimed rounds, then `repeats` rounds that
+    each time every fn in turn over `number` back-to-back calls."""
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    sync()
+    seconds = {name: [] for name in fns}
+    for _ in tqdm(range(repeats), desc=desc, leave=False, disable=None):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            for _ in range(number):
+                fn()
+            sync()
+            seconds[name].append((time.perf_counter() - t0) / number)
+    return seconds
+
+
+def spread(seconds):
+    """Median, min and max in milliseconds, and the number of repeats."""
+    ms = [s * 1e3 for s in seconds]
+    return {"ms_median": statistics.median(ms), "ms_min": min(ms), "ms_max": max(ms), "repeats": len(ms)}
+
+
+def timed_first_call(fn, sync):
+    """Seconds taken by one call: for a compiled function, the compilation (plus one run)."""
+    t0 = time.perf_counter()
+    fn()
+    sync()
+    return time.perf_counter() - t0
+
+
+# ----------------------------------------------------------------------------- benches
+
+def bench_matmul_peak(run):
+    """The (n, n) @ (n, n) matmul rate in the training dtype: the denominator of MFU."""
+    n = 128 if run.quick else 4096 if run.rt.device_type == "cuda" else 1024
+    a, b = (torch.randn(n, n, device=run.rt.device, dtype=run.rt.dtype) for _ in range(2))
+    seconds = time_in_turns({"mm": lambda: a @ b}, run.repeats("matmul_peak"), number=5 if run.quick else 3,
+                            sync=run.sync, desc="matmul_peak")["mm"]
+    figures = spread(seconds)
+    figures["gflops"] = 2 * n**3 / (figures["ms_median"] / 1e3) / 1e9
+    run.peak_flops = figures["gflops"] * 1e9
+    return [({"n": n, "dtype": run.dtype_name, "threads": torch.get_num_threads()}, figures)]
+
+
+def make_train_step(model, optimizer, tc, rt):
+    """One optimizer step as train.py's loop takes it (lr schedule, micro-batches, the loss read back, clip,
+    AdamW, zero_grad), over the given forward (the model or its compiled form) and batches [(x, y), ...]."""
+    scaler = torch.amp.GradScaler(rt.device_type, enabled=rt.dtype == torch.float16)
+    it = 0
+
+    def step(forward, batches):
+        nonlocal it
+        for group in optimizer.param_groups:
+            group["lr"] = train.lr_at(it, tc)
+        loss_sum = 0.0
+        for x, y in batches:
+            with rt.autocast():
+                loss = forward(x, y)[1] / len(batches)
+            scaler.scale(loss).backward()
+            loss_sum += loss.detach()
+        loss_sum.item()  # train.py reads the loss back every step (a device sync)
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip or math.inf)  # train.py logs the norm
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        it += 1
+    return step
+
+
+def bench_train_step(run):
+    gcfg, tc, rt = run.gcfg, run.tc, run.rt
+    torch.manual_seed(tc.seed)
+    model = GPT(gcfg).to(rt.device)
+    step = make_train_step(model, train.make_optimizer(model, tc, rt.device_type), tc, rt)
+    micro = tc.gradient_accumulation_steps
+    # a few fixed random batches, cycled: the step's cost does not depend on which tokens it sees
+    data = torch.randint(gcfg.vocab_size, (4, micro, tc.batch_size, gcfg.block_size + 1), device=rt.device)
+    batches = [[(seq[:, :-1], seq[:, 1:]) for seq in group] for group in data]  # x, y (B, T) each
+    turns = itertools.cycle(batches)
+
+    def with_batches(forward):
+        return lambda: step(forward, next(turns))
+
+    variants = {False: with_batches(model)}
+    compile_s = None
+    if run.compile:
+        variants[True] = with_batches(torch.compile(model))
+        compile_s = timed_first_call(variants[True], run.sync)
+    seconds = time_in_turns(variants, run.repeats("train_step"), warmup=2, sync=run.sync, desc="train_step")
+    tokens_per_step = micro * tc.batch_size * gcfg.block_size
+    flops_per_token = model.flops_per_token(gcfg.block_size)
+    rows = []
+    for compiled, s in seconds.items():
+        figures = spread(s)
+        figures["tokens_per_s"] = tokens_per_step / (figures["ms_median"] / 1e3)
+        if run.peak_flops:
+            figures["mfu"] = flops_per_token * figures["tokens_per_s"] / run.peak_flops
+        if compiled:
+            figures["compile_s"] = compile_s
+        rows.append(({"compiled": compiled, **run.shape(batch=True)}, figures))
+    return rows
+
+
+def bench_generate(run):
+    """Greedy decoding from a 1-token prompt, batch 1, with and without the KV cache."""
+    torch.manual_seed(run.tc.seed)
+    model = GPT(run.gcfg).to(run.rt.device).eval()
+    prompt = torch.zeros((1, 1), dtype=torch.long, device=run.rt.device)
+
+    def generation(use_cache):
+        def call():
+            with run.rt.autocast():
+                for _ in model.generate(prompt, run.new_tokens, temperature=0, use_cache=use_cache):
+                    pass
+        return call
+
+    seconds = time_in_turns({True: generation(True), False: generation(False)}, run.repeats("generate"),
+                            sync=run.sync, desc="generate")
+    rows = []
+    for kv_cache, s in seconds.items():
+        figures = spread(s)
+        figures["tokens_per_s"] = run.new_tokens / (figures["ms_median"] / 1e3)
+        rows.append(({"kv_cache": kv_cache, "new_tokens": run.new_tokens, **run.shape(batch=False)}, figures))
+    rows[0][1]["speedup"] = rows[0][1]["tokens_per_s"] / rows[1][1]["tokens_per_s"]
+    return rows
+
+
+def rotate_half_reference(x, cos, sin):
+    """Half layout as GPT-NeoX / HF Llama write it: x * cos + rotate_half(x) * sin on full-width tables."""
+    x1, x2 = x.chunk(2, dim=-1)  # (..., T, d/2) each
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+def complex_reference(x, freqs_cis):
+    """Interleaved layout as Meta's Llama writes it: pairs as complex numbers times e^{i m theta}."""
+    xc = torch.view_as_complex(x.unflatten(-1, (-1, 2)))  # (..., T, d/2, 2) -> (..., T, d/2) complex
+    return torch.view_as_real(xc * freqs_cis).flatten(-2)  # (..., T, d/2, 2) -> (..., T, d)
+
+
+def rope_impls(cos, sin):
+    """name -> (layout it computes or None, forward fn of x); the references' tables built once, outside timing."""
+    cos2, sin2 = torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)  # (T, d)
+    freqs_cis = torch.complex(cos, sin)  # (T, d/2): e^{i m theta}
+    return {
+        "apply_rope/interleaved": ("interleaved", lambda x: rope.apply_rope(x, cos, sin, "interleaved")),
+        "apply_rope/half": ("half", lambda x: rope.apply_rope(x, cos, sin, "half")),
+        "complex": ("interleaved", lambda x: complex_reference(x, freqs_cis)),
+        "rotate_half": ("half", lambda x: rotate_half_reference(x, cos2, sin2)),
+        "clone": (None, lambda x: x.clone()),
+    }
+
+
+def bench_rope_apply(run):
+    """Forward + backward of the rotation, float32, against two reference formulations and clone()."""
+    shape = ROPE_SHAPE_QUICK if run.quick else ROPE_SHAPE
+    T, d = shape[2:]
+    device = run.rt.device
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(shape, generator=g).to(device).requires_grad_()
+    grad = torch.randn(shape, generator=g).to(device)
+    cos, sin = rope.rope_cache(rope.rope_frequencies(d).to(device), torch.arange(T, device=device))  # (T, d/2)
+    impls = rope_impls(cos, sin)
+    with torch.no_grad():
+        for name, (layout, fn) in impls.items():
+            want = x if layout is None else rope.apply_rope(x, cos, sin, layout)
+            torch.testing.assert_close(fn(x), want, msg=lambda m: f"rope_apply: {name} disagrees with apply_rope: {m}")
+
+    def fwd_bwd(fn):
+        return lambda: torch.autograd.grad(fn(x), x, grad)
+
+    variants = {(name, False): fwd_bwd(fn) for name, (_, fn) in impls.items()}
+    compile_s = {}
+    if run.compile:
+        for name, (_, fn) in impls.items():
+            variants[name, True] = fwd_bwd(torch.compile(fn))
+            compile_s[name] = timed_first_call(variants[name, True], run.sync)
+    seconds = time_in_turns(variants, run.repeats("rope_apply"), warmup=2, number=5, sync=run.sync, desc="rope_apply")
+    medians = {key: statistics.median(s) for key, s in seconds.items()}
+    rows = []
+    for (name, compiled), s in seconds.items():
+        figures = spread(s)
+        figures["vs_clone"] = medians[name, compiled] / medians["clone", compiled]
+        if name.startswith("apply_rope"):
+            figures["vs_best_reference"] = medians[name, compiled] / min(medians["complex", compiled],
+                                                                            medians["rotate_half", compiled])
+        if compiled:
+            figures["compile_s"] = compile_s[name]
+        impl, _, layout = name.partition("/")
+        variant = {"impl": impl, "layout": layout or impls[name][0], "compiled": compiled,
+                   "shape": "x".join(map(str, shape)), "dtype": "float32"}
+        rows.append((variant, figures))
+    return rows
+
+
+BENCHES = {"matmul_peak": bench_matmul_peak, "train_step": bench_train_step, "generate": bench_generate,
+           "rope_apply": bench_rope_apply}  # in running order: train_step's MFU needs matmul_peak's figure
+
+
+# ----------------------------------------------------------------------------- the run
+
+class Run:
+    """What every bench needs: the model and training config, the runtime, and the run's options."""
+
+    def __init__(self, args):
+        self.quick = args.quick
+        if args.quick and not args.config:
+            self.gcfg, self.tc = GPTConfig(**QUICK[0]), TrainConfig(**QUICK[1])
+            self.config_name = "tiny"
+        else:
+            path = args.config or DEFAULT_CONFIG
+            self.gcfg, self.tc = config.parse([str(path)], GPTConfig, TrainConfig)
+            self.config_name = args.config or str(DEFAULT_CONFIG.relative_to(DEFAULT_CONFIG.parent.parent))
+        if args.device:
+            self.tc.device = args.device
+        if args.threads or args.quick:
+            torch.set_num_threads(args.threads or 1)
+        self.tc.compile = False  # the benches time eager and compiled side by side; see compile_note
+        with contextlib.redirect_stdout(io.StringIO()):  # its report says compile: False; the header says more
+            self.rt = train.setup_runtime(self.tc)
+        self.dtype_name = str(self.rt.dtype).removeprefix("torch.")
+        self.compile, self.compile_note = False, "off with --quick"
+        if not args.quick:
+            try:
+                self.compile, self.compile_note = train.check_compile(True, self.rt.device_type), "on"
+            except ValueError as e:
+                self.compile_note = f"skipped: {e}"
+        self.new_tokens = args.new_tokens or (16 if args.quick else 500)
+        self._repeats = args.repeats or (3 if args.quick else None)
+        self.peak_flops = None
+
+    def repeats(self, bench):
+        return self._repeats or REPEATS[bench]
+
+    def sync(self):
+        if self.rt.device_type == "cuda":
+            torch.cuda.synchronize(self.rt.device)
+
+    def shape(self, batch):
+        """The variant fields naming the model (and batch) measured."""
+        c = self.gcfg
+        out = {"config": self.config_name, "n_layer": c.n_layer, "n_head": c.n_head, "n_embd": c.n_embd,
+               "block_size": c.block_size, "vocab_size": c.vocab_size, "pos_emb": c.pos_emb, "dtype": self.dtype_name}
+        if batch:
+            out["batch_size"] = self.tc.batch_size * self.tc.gradient_accumulation_steps
+        return out
+
+
+def parse_only(text):
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    bad = [n for n in names if n not in BENCHES]
+    if bad or not names:
+        raise ValueError(f"--only={text!r}: unknown bench {', '.join(bad) or '(none given)'}; "
+                         f"choose from {', '.join(BENCHES)}")
+    return names
+
+
+# ----------------------------------------------------------------------------- output
+
+FIGURE_FORMATS = {"tokens_per_s": "{:,.0f} tok/s", "gflops": "{:.1f} GFLOP/s", "mfu": "MFU {:.1%}",
+                  "speedup": "{:.2f}x uncached", "vs_clone": "{:.2f}x clone", "vs_best_reference": "{:.2f}x best ref",
+                  "compile_s": "compile {:.1f} s"}
+SHOWN_ONCE = ("config", "n_layer", "n_head", "n_embd", "block_size", "vocab_size", "pos_emb", "dtype", "batch_size",
+              "shape", "threads")
+
+
+def table_row(bench, variant, figures):
+    what = " ".join(f"{k}={v}" for k, v in variant.items() if k not in SHOWN_ONCE and v is not None)
+    ms = f"{figures['ms_median']:10.3f}  ({figures['ms_min']:.3f}-{figures['ms_max']:.3f}, n={figures['repeats']})"
+    extra = ", ".join(fmt.format(figures[k]) for k, fmt in FIGURE_FORMATS.items() if k in figures)
+    return f"{bench:<12} {what:<52} {ms:<40} {extra}"
+
+
+def table_header(run, only):
+    c = run.gcfg
+    lines = [f"device {run.rt.device}, {run.dtype_name}, {torch.get_num_threads()} thread(s), torch {torch.__version__}; "
+             f"compiled variants {run.compile_note}",
+             f"config {run.config_name}: n_layer={c.n_layer} n_head={c.n_head} n_embd={c.n_embd} "
+             f"block_size={c.block_size} batch_size={run.tc.batch_size} vocab_size={c.vocab_size} pos_emb={c.pos_emb}"]
+    if "rope_apply" in only:
+        lines.append(f"rope_apply: forward + backward, float32, (B, H, T, d) = "
+                     f"{ROPE_SHAPE_QUICK if run.quick else ROPE_SHAPE}")
+    lines.append(f"{'bench':<12} {'variant':<52} {'ms median (min-max, repeats)':<40} figures")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    args = arg_parser().parse_args(argv)
+    try:
+        only = parse_only(args.only)
+        run = Run(args)
+        if not args.json:
+            print(table_header(run, only), flush=True)
+        if "train_step" in only and "matmul_peak" not in only:
+            bench_matmul_peak(run)  # MFU needs the peak even when its line is not asked for
+        for name in BENCHES:
+            if name not in only:
+                continue
+            for variant, figures in BENCHES[name](run):
+                line = json.dumps({"bench": name, "device": run.rt.device, **variant, **figures}) if args.json \
+                    else table_row(name, variant, figures)
+                print(line, flush=True)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+"""bench.py: a quick run's JSON lines keep the contract and their figures agree with each other;
+the benchmark's reference RoPE formulations are right; bad flags give one-line errors."""
+
+import json
+import math
+
+import pytest
+import torch
+
+import bench
+import rope
+from conftest import run
+from model import GPT, GPTConfig
+
+SPREAD = ("ms_median", "ms_min", "ms_max")
+
+
+@pytest.fixture(scope="module")
+def records():
+    proc = run("bench.py", "--quick", "--json", timeout=300)
+    return [json.loads(line) for line in proc.stdout.splitlines()]  # every line must parse
+
+
+def only(records, name):
+    return [r for r in records if r["bench"] == name]
+
+
+def test_every_bench_reports_finite_positive_figures_with_their_spread(records):
+    assert {r["bench"] for r in records} == set(bench.BENCHES)
+    for r in records:
+        assert r["device"] == "cpu" and r["repeats"] == 3, r
+        assert 0 < r["ms_min"] <= r["ms_median"] <= r["ms_max"], r
+        for key, value in r.items():
+            if isinstance(value, float):
+                assert math.isfinite(value) and value > 0, (key, r)
+
+
+def test_variants_cover_the_contract(records):
+    assert [r["compiled"] for r in only(records, "train_step")] == [False]  # --quick skips torch.compile
+    assert sorted(r["kv_cache"] for r in only(records, "generate")) == [False, True]
+    impls = {(r["impl"], r["layout"]) for r in only(records, "rope_apply")}
+    assert impls == {("apply_rope", "interleaved"), ("apply_rope", "half"), ("complex", "interleaved"),
+                     ("rotate_half", "half"), ("clone", None)}
+
+
+def test_derived_figures_follow_from_the_measured_times(records):
+    (peak,) = only(records, "matmul_peak")
+    assert peak["gflops"] == pytest.approx(2 * peak["n"] ** 3 / (peak["ms_median"] / 1e3) / 1e9)
+    (step,) = only(records, "train_step")
+    tokens = step["batch_size"] * step["block_size"]
+    assert step["tokens_per_s"] == pytest.approx(tokens / (step["ms_median"] / 1e3))
+    # MFU from an independent count: 6 FLOPs per parameter per token plus attention's 12 * L * T * C
+    cfg = GPTConfig(**{k: step[k] for k in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")})
+    flops = 6 * sum(p.numel() for p in GPT(cfg).parameters()) + 12 * cfg.n_layer * cfg.block_size * cfg.n_embd
+    assert step["mfu"] == pytest.approx(flops * step["tokens_per_s"] / (peak["gflops"] * 1e9))
+    cached, uncached = sorted(only(records, "generate"), key=lambda r: not r["kv_cache"])
+    for r in (cached, uncached):
+        assert r["tokens_per_s"] == pytest.approx(r["new_tokens"] / (r["ms_median"] / 1e3))
+    assert cached["speedup"] == pytest.approx(cached["tokens_per_s"] / uncached["tokens_per_s"])
+    rows = {r["impl"] + "/" + str(r["layout"]): r for r in only(records, "rope_apply")}
+    clone = rows["clone/None"]["ms_median"]
+    best_ref = min(rows["complex/interleaved"]["ms_median"], rows["rotate_half/half"]["ms_median"])
+    for key in ("apply_rope/interleaved", "apply_rope/half"):
+        assert rows[key]["vs_clone"] == pytest.approx(rows[key]["ms_median"] / clone)
+        assert rows[key]["vs_best_reference"] == pytest.approx(rows[key]["ms_median"] / best_ref)
+
+
+@pytest.mark.parametrize("layout", ["interleaved", "half"])
+def test_reference_formulations_match_the_rotation_matrix(layout):
+    # the paper's explicit R(m), not apply_rope, is the reference: the benchmark's own check compares with apply_rope
+    d, T = 8, 5
+    x = torch.randn(2, 3, T, d)
+    cos, sin = rope.rope_cache(rope.rope_frequencies(d), torch.arange(T))
+    perm = rope.half_to_interleaved(d)
+    want = torch.stack([x[..., m, :].double() @ rope.rotation_matrix(d, m).T for m in range(T)], dim=-2)
+    name = "complex" if layout == "interleaved" else "rotate_half"
+    _, fn = bench.rope_impls(cos, sin)[name]
+    if layout == "half":  # move to the interleaved pairing, rotate there, move back
+        want = torch.stack([x[..., m, perm].double() @ rope.rotation_matrix(d, m).T for m in range(T)], dim=-2)
+        want = want[..., perm.argsort()]
+    torch.testing.assert_close(fn(x).double(), want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--only", "train_step,nope"], "unknown bench nope; choose from matmul_peak, train_step, generate, rope_apply"),
+    (["--config", "no/such.toml"], "does not exist"),
+    (["--device", "tpu"], "device='tpu' is unknown"),
+    (["--repeats", "0"], "argument --repeats: '0' is not a positive integer"),
+])
+def test_bad_flags_give_a_one_line_error(argv, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        bench.main(argv)
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 1 and err.startswith("error: ") and message in err and "\n" not in err
