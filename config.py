@@ -1,7 +1,8 @@
 """Settings as dataclasses: defaults < a TOML file < --key=value, with types checked.
 
 Each field carries a one-line help string (`opt`). Keys are unique across the dataclasses
-parsed together, so a flat TOML file or command line can set any of them.
+parsed together, so a flat TOML file or command line can set any of them. A bare --flag
+sets a bool field to true.
 """
 
 import contextlib
@@ -27,24 +28,27 @@ def known_keys(classes):
     return out
 
 
-def coerce(key, value, type_):
-    """value (a TOML value, or a string from the command line) as type_, or a ValueError naming both."""
-    from_cli = isinstance(value, str) and type_ is not str
+def takes_bool(type_):
+    return bool in getattr(type_, "__args__", (type_,))  # bool, or bool | None
+
+
+def coerce(key, value, type_, from_cli=True):
+    """value (a TOML value, or text from the command line) as type_, or a ValueError naming both."""
     if isinstance(type_, types.UnionType):  # X | None: 'none' or 'auto' on the command line picks the default rule
-        if value is None or (from_cli and value.lower() in ("none", "auto")):
+        if from_cli and value.lower() in ("none", "auto"):
             return None
         type_ = next(t for t in type_.__args__ if t is not type(None))
-        from_cli = isinstance(value, str) and type_ is not str
     if type_ is bool:
-        if isinstance(value, bool):
+        if not from_cli and isinstance(value, bool):
             return value
         if from_cli and value.lower() in ("true", "1", "yes", "false", "0", "no"):
             return value.lower() in ("true", "1", "yes")
-    elif type_ in (int, float):
+        raise ValueError(f"{key}={value!r} is not a valid bool; use true or false")
+    if type_ in (int, float):
         if from_cli:
             with contextlib.suppress(ValueError):
                 return type_(value)
-        # TOML: an int is fine where a float is wanted, never the reverse; bools are not numbers
+        # TOML: an int is fine where a float is wanted, never the reverse; bools and strings are not numbers
         elif isinstance(value, (int, type_)) and not isinstance(value, bool):
             return type_(value)
     elif isinstance(value, str):
@@ -55,11 +59,14 @@ def coerce(key, value, type_):
 def read_toml(path):
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"config file {str(path)!r} does not exist (configs/ lists the shipped ones)")
+        hint = f"; settings go as --{path}" if "=" in str(path) else " (configs/ lists the shipped ones)"
+        raise ValueError(f"config file {str(path)!r} does not exist{hint}")
     try:
-        return tomllib.loads(path.read_text())
+        return tomllib.loads(path.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"config file {str(path)!r} is not valid TOML: {e}") from None
+    except OSError as e:
+        raise ValueError(f"config file {str(path)!r} cannot be read: {e.strerror}") from None
 
 
 def parse(argv, *classes):
@@ -67,19 +74,22 @@ def parse(argv, *classes):
     known = known_keys(classes)
     args = list(argv)
     values = read_toml(args.pop(0)) if args and not args[0].startswith("--") else {}
+    cli = {}
     for arg in args:
         key, eq, value = arg.removeprefix("--").partition("=")
+        if arg.startswith("--") and not eq and key in known and takes_bool(known[key][1].type):
+            value, eq = "true", "="
         if not arg.startswith("--") or not eq:
             raise ValueError(f"argument {arg!r} should look like --key=value (one optional CONFIG.toml may come first)")
-        values[key] = value
+        cli[key] = value
     kwargs = {cls: {} for cls in classes}
-    for key, value in values.items():
+    for key, value in (values | cli).items():
         if key not in known:
             close = difflib.get_close_matches(key, known, n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
             raise ValueError(f"unknown config key {key!r}; {hint}--help lists every key")
         cls, f = known[key]
-        kwargs[cls][key] = coerce(key, value, f.type)
+        kwargs[cls][key] = coerce(key, value, f.type, key in cli)
     return tuple(cls(**kwargs[cls]) for cls in classes)
 
 

@@ -1,24 +1,27 @@
 """Train a GPT on a prepared dataset.
 
-    python train.py [CONFIG.toml] [--key=value ...]      one process (CPU, one GPU, MPS)
-    torchrun --standalone --nproc_per_node=N train.py ...  data-parallel (DDP) on N devices
+    python train.py [CONFIG.toml] [--key=value ...]        one process (CPU, one GPU, MPS)
+    torchrun --standalone --nproc_per_node=N train.py ...   data-parallel (DDP) on N devices
 
 Settings come from the GPTConfig (model.py) and TrainConfig (here) defaults, then the
-TOML file, then --key=value; `python train.py --help` lists them all.
+TOML file, then --key=value; `python train.py --help` lists them all. Ctrl-C or SIGTERM
+finishes the step, writes out_dir/ckpt.pt and exits; `--resume` continues exactly.
 """
 
 import contextlib
 import json
 import math
 import os
-import pickle
 import platform
 import random
+import re
+import shlex
 import shutil
 import signal
 import subprocess
 import sys
 import time
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -34,6 +37,8 @@ from data.tokenizer import load_meta, open_split
 from model import GPT, GPTConfig
 
 EVAL_SEED = 1234  # validation batches are the same for every run and seed, so val losses compare
+BATCH, DROPOUT = 0, 1  # the two random streams of a micro-step
+DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 @dataclass
@@ -63,16 +68,26 @@ class TrainConfig:
     progress: bool = opt(True, "show a progress bar")
 
     def __post_init__(self):
-        for name in ("batch_size", "gradient_accumulation_steps", "max_iters", "eval_interval", "eval_iters", "log_interval"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name}={getattr(self, name)} must be a positive integer")
-        for name in ("warmup_iters", "weight_decay", "grad_clip"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name}={getattr(self, name)} must be >= 0")
-        if not self.learning_rate > 0:
-            raise ValueError(f"learning_rate={self.learning_rate} must be > 0")
-        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
-            raise ValueError(f"dtype={self.dtype!r} is unknown; choose auto, float32, bfloat16 or float16")
+        for name in ("batch_size", "gradient_accumulation_steps", "max_iters", "lr_decay_iters", "eval_interval",
+                     "eval_iters", "log_interval"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"{name}={value} must be a positive integer")
+        for name in ("warmup_iters", "weight_decay", "grad_clip", "min_lr", "seed"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value < math.inf:
+                raise ValueError(f"{name}={value} must be a finite number >= 0")
+        if not 0 < self.learning_rate < math.inf:
+            raise ValueError(f"learning_rate={self.learning_rate} must be a finite number > 0")
+        for name in ("beta1", "beta2"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must lie in [0, 1)")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype={self.dtype!r} is unknown; choose {', '.join(DTYPES)}")
+
+
+class Divergence(RuntimeError):
+    """A non-finite loss; every process of a run raises it at the same step."""
 
 
 # ----------------------------------------------------------------------------- runtime
@@ -104,12 +119,11 @@ class Runtime:
 def pick_device(requested, local_rank=0):
     """The device to use and the reason, checked against what this machine has."""
     has_mps = getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
+    reason = "as requested"
     if requested == "auto":
-        if torch.cuda.is_available():
-            return f"cuda:{local_rank}", "CUDA is available"
-        if has_mps:
-            return "mps", "Apple MPS is available, CUDA is not"
-        return "cpu", "no CUDA or MPS device found"
+        if not torch.cuda.is_available():
+            return ("mps", "Apple MPS is available, CUDA is not") if has_mps else ("cpu", "no CUDA or MPS device found")
+        requested, reason = "cuda", "CUDA is available"
     kind, _, index = requested.partition(":")
     available = {"cpu": True, "cuda": torch.cuda.is_available(), "mps": has_mps}
     if kind not in available or (index and not (kind == "cuda" and index.isdigit())):
@@ -117,9 +131,13 @@ def pick_device(requested, local_rank=0):
     if not available[kind]:
         here = ", ".join(k for k, ok in available.items() if ok)
         raise ValueError(f"device={requested!r} is not available on this machine; available: {here}")
-    if kind == "cuda" and not index:
-        requested = f"cuda:{local_rank}"
-    return requested, "as requested"
+    if kind == "cuda":  # a bare "cuda" means this process's own GPU under torchrun
+        index, count = int(index or local_rank), torch.cuda.device_count()
+        if index >= count:
+            raise ValueError(f"device cuda:{index} does not exist: this machine has {count} CUDA device(s), cuda:0 "
+                             f"to cuda:{count - 1} (under torchrun, run at most that many processes per node)")
+        requested = f"cuda:{index}"
+    return requested, reason
 
 
 def pick_dtype(requested, device_type):
@@ -144,6 +162,12 @@ def check_compile(wanted, device_type):
 def setup_runtime(tc):
     """Device, precision, compile and (under torchrun) the process group, printed with reasons."""
     rank, local_rank, world = (int(os.environ.get(k, d)) for k, d in (("RANK", 0), ("LOCAL_RANK", 0), ("WORLD_SIZE", 1)))
+    if world > 1 and (":" in tc.device or tc.device == "mps"):
+        raise ValueError(f"device={tc.device!r} cannot serve {world} processes: under torchrun each takes its own GPU "
+                         "(device=auto or cuda gives cuda:LOCAL_RANK), or all share the CPU (device=cpu)")
+    if tc.gradient_accumulation_steps % world:
+        raise ValueError(f"gradient_accumulation_steps={tc.gradient_accumulation_steps} must be divisible by the "
+                         f"number of processes ({world}), which share its micro-batches")
     device, reason = pick_device(tc.device, local_rank)
     rt = Runtime(device, pick_dtype(tc.dtype, device.split(":")[0]), False, rank, local_rank, world)
     rt.compile = check_compile(tc.compile, rt.device_type)
@@ -159,14 +183,27 @@ def setup_runtime(tc):
     return rt
 
 
+def any_rank(flag, rt):
+    """True on every process if it is True on any: one collective, so all take the same branch."""
+    t = torch.tensor(float(flag), device=rt.device)
+    if rt.world_size > 1:
+        dist.all_reduce(t)
+    return t.item() > 0
+
+
 # ----------------------------------------------------------------------------- data
+
+def micro_seed(seed, step, micro, stream):
+    """A seed fixed by a micro-step's coordinates in the global batch, one per random stream."""
+    return int(np.random.SeedSequence([seed, step, micro, stream]).generate_state(1)[0])
+
 
 class Batches:
     """Training batches drawn by (seed, step, micro-step) and a fixed validation set.
 
     Each batch's generator is seeded from its coordinates, not from global RNG state, so a
     resumed run, every positional scheme of an ablation, and every DDP layout see the same
-    sequences in the same order.
+    sequences in the same order: the iteration is the sampler's whole position.
     """
 
     def __init__(self, dataset_dir, meta, block_size, batch_size, seed, device, eval_iters):
@@ -184,11 +221,10 @@ class Batches:
         high = len(open_split(self.dataset_dir, split, self.meta)) - self.block_size
         return torch.randint(high, (n,), generator=generator)
 
-    def _load(self, split, starts, block_size=None):
+    def _load(self, split, starts):
         # a fresh memmap per batch: numpy keeps pages of a long-lived one resident (nanoGPT's leak fix)
         data = open_split(self.dataset_dir, split, self.meta)
-        T = block_size or self.block_size
-        rows = torch.from_numpy(data[starts.numpy()[:, None] + np.arange(T + 1)].astype(np.int64))  # (B, T+1)
+        rows = torch.from_numpy(data[starts.numpy()[:, None] + np.arange(self.block_size + 1)].astype(np.int64))  # (B, T+1)
         if self.device.startswith("cuda"):
             rows = rows.pin_memory().to(self.device, non_blocking=True)
         else:
@@ -196,8 +232,7 @@ class Batches:
         return rows[:, :-1], rows[:, 1:]
 
     def train(self, step, micro):
-        seed = np.random.SeedSequence([self.seed, step, micro]).generate_state(1)[0]
-        g = torch.Generator().manual_seed(int(seed))
+        g = torch.Generator().manual_seed(micro_seed(self.seed, step, micro, BATCH))
         return self._load("train", self._starts("train", self.batch_size, g))
 
     def eval_batches(self, split):
@@ -247,6 +282,9 @@ def lr_at(it, tc):
 
 # ----------------------------------------------------------------------------- checkpoints
 
+RESUME_KEYS = ("model", "optimizer", "scaler", "iter", "best_val_loss", "rng", "tokenizer")
+
+
 def rng_state():
     np_state = np.random.get_state()
     return {"python": random.getstate(), "torch": torch.get_rng_state(),
@@ -264,13 +302,14 @@ def set_rng_state(state):
     np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))
 
 
-def save_checkpoint(obj, path):
-    """Write atomically: a crash at any moment leaves either the old file or the new one, whole."""
+def atomic_write(path, write):
+    """write(file) to path through a temporary file in the same folder, flushed, fsynced and renamed over
+    path: a crash at any moment leaves either the old file or the new one, whole."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp = path.with_name(f".{path.name}.tmp")  # one fixed name, so a killed write leaves no pile of them
     try:
         with open(tmp, "wb") as f:
-            torch.save(obj, f)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -283,20 +322,27 @@ def save_checkpoint(obj, path):
         os.close(dir_fd)
 
 
+def save_checkpoint(obj, path):
+    atomic_write(path, lambda f: torch.save(obj, f))
+
+
 def load_checkpoint(path, device="cpu"):
     """A checkpoint dict, loaded with weights_only=True so a foreign pickle can never run code."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"no checkpoint at {str(path)!r}; train first (python train.py ...) or pass the right out_dir")
     try:
-        ckpt = torch.load(path, map_location=device, weights_only=True)
-    except pickle.UnpicklingError as e:
-        why = next((line.strip() for line in str(e).splitlines() if "Unsupported" in line), "")
-        raise ValueError(f"refused to load {str(path)!r}: it holds objects other than tensors and plain data, "
-                         f"which weights_only loading never runs ({why[:200]})") from None
-    except (RuntimeError, EOFError, OSError) as e:
-        raise ValueError(f"{str(path)!r} is not a readable checkpoint (truncated or corrupt): "
-                         f"{str(e).splitlines()[0][:200]}") from None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch warns about the pickle protocol of files it then refuses
+            ckpt = torch.load(path, map_location=device, weights_only=True)
+    except Exception as e:  # arbitrary bytes make torch.load fail in arbitrary ways; each means "not loadable"
+        code = re.search(r"Unsupported global: GLOBAL (\S+)", str(e))
+        if code:
+            raise ValueError(f"refused to load {str(path)!r}: it asks to call {code[1]}, not just to hold tensors and "
+                             "plain data; weights_only loading never runs such code (use checkpoints you trust)") from None
+        why = next((line.strip() for line in str(e).splitlines() if "Unsupported" in line), str(e).partition("\n")[0])
+        raise ValueError(f"{str(path)!r} is not a readable checkpoint, it is truncated or corrupt "
+                         f"({type(e).__name__}: {why[:120]})") from None
     if not isinstance(ckpt, dict) or not {"model", "model_config"} <= ckpt.keys():
         raise ValueError(f"{str(path)!r} is not a nanorope checkpoint (it lacks the model and model_config entries)")
     return ckpt
@@ -308,12 +354,37 @@ def model_from_checkpoint(ckpt, device="cpu"):
     return model.to(device)
 
 
-def check_resume_shape(saved, config):
-    """Name every model field that differs between the checkpoint and this run."""
+def resumable_checkpoint(path, config, meta, tc):
+    """ckpt.pt, loaded to the CPU (RNG states must stay there), or a refusal naming every field that differs."""
+    ckpt = load_checkpoint(path)
+    missing = [k for k in RESUME_KEYS if k not in ckpt]
+    if missing:
+        raise ValueError(f"cannot resume from {str(path)!r}: it lacks {', '.join(missing)} (it holds weights only); "
+                         "start a new run in another out_dir")
+    saved = ckpt["model_config"]
     diff = [f"{k}: checkpoint {saved[k]!r}, now {v!r}" for k, v in config.asdict().items()
             if k in saved and saved[k] != v and k not in ("dropout", "rope_scaling", "rope_scaling_factor")]
+    if any(ckpt["tokenizer"].get(k) != meta.get(k) for k in ("tokenizer", "chars", "eot", "bpe_ranks")):
+        diff.append(f"tokenizer: the checkpoint's is not dataset {meta['dataset']!r}'s")
     if diff:
-        raise ValueError("cannot resume: the model differs from the checkpoint's (" + "; ".join(diff) + ")")
+        raise ValueError("cannot resume: this run's model differs from the checkpoint's (" + "; ".join(diff) +
+                         f"); pass the settings in {str(path.parent / 'config.json')!r} or use a new out_dir")
+    if ckpt["iter"] >= tc.max_iters:
+        raise ValueError(f"nothing to do: the checkpoint is at iteration {ckpt['iter']} and max_iters={tc.max_iters}; "
+                         "raise max_iters to train on")
+    return ckpt
+
+
+def trim_log(path, upto):
+    """Keep the log lines of iterations up to upto: the resumed run logs the later ones again."""
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text().splitlines(keepends=True):
+        with contextlib.suppress(ValueError):  # a line torn by a crash is dropped
+            if json.loads(line)["iter"] <= upto:
+                kept.append(line)
+    atomic_write(path, lambda f: f.write("".join(kept).encode()))
 
 
 def run_record():
@@ -330,141 +401,174 @@ def run_record():
 # ----------------------------------------------------------------------------- the loop
 
 class StopFlag:
-    """SIGINT/SIGTERM ask the loop to finish its step, checkpoint and exit; a second Ctrl-C exits at once."""
+    """While entered, SIGINT/SIGTERM ask the loop to finish its step, checkpoint and exit; a second
+    Ctrl-C exits at once. Under torchrun a worker gets each Ctrl-C twice (from the terminal, and
+    forwarded by torchrun), so there a repeat only asks again: torchrun's own timeout is the hard stop."""
 
-    def __init__(self):
-        self.requested = False
+    def __init__(self, quit_on_repeat=True):
+        self.requested, self.quit_on_repeat, self.previous = False, quit_on_repeat, {}
+
+    def __enter__(self):
         for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, self._handle)
+            self.previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
 
     def _handle(self, signum, frame):
-        if self.requested and signum == signal.SIGINT:
+        if self.requested and signum == signal.SIGINT and self.quit_on_repeat:
             raise KeyboardInterrupt
         self.requested = True
 
 
-def prepare_out_dir(out_dir):
-    path = Path(out_dir)
+def check_out_dir(tc):
+    path = Path(tc.out_dir)
     if path.exists() and not path.is_dir():
-        raise ValueError(f"out_dir={out_dir!r} is a file; give a folder path")
-    path.mkdir(parents=True, exist_ok=True)
+        raise ValueError(f"out_dir={tc.out_dir!r} is a file; give a folder path")
+    if not tc.resume and (path / "ckpt.pt").exists():
+        raise ValueError(f"out_dir={tc.out_dir!r} already holds a run's ckpt.pt; continue it with --resume=true, "
+                         "or start afresh in another out_dir (or after deleting that one)")
     return path
 
 
-def train(gcfg, tc):
+def resume_command(argv, rt):
+    if argv is None or rt.world_size > 1:
+        return "run the same command with --resume=true"
+    args = [a for a in argv if not a.startswith("--resume")] + ["--resume=true"]
+    return f"python train.py {shlex.join(args)}"
+
+
+def train(gcfg, tc, argv=None):
+    """Train; argv (the command's arguments) only shapes the resume hint printed on a stop."""
     rt = setup_runtime(tc)
     dataset_dir = Path(tc.data_dir) / tc.dataset
     meta = load_meta(dataset_dir)
     gcfg.vocab_size = meta["vocab_size"]
-    out = prepare_out_dir(tc.out_dir) if rt.master else Path(tc.out_dir)
-    if tc.gradient_accumulation_steps % rt.world_size:
-        raise ValueError(f"gradient_accumulation_steps={tc.gradient_accumulation_steps} must be divisible by the "
-                         f"number of processes ({rt.world_size})")
     micro_steps = tc.gradient_accumulation_steps // rt.world_size
     batches = Batches(dataset_dir, meta, gcfg.block_size, tc.batch_size, tc.seed, rt.device, tc.eval_iters)
+    out = check_out_dir(tc) if rt.master else Path(tc.out_dir)
 
-    torch.manual_seed(tc.seed + rt.rank)  # same init everywhere (DDP broadcasts rank 0's), own dropout per rank
+    torch.manual_seed(tc.seed)  # the same initial weights on every rank
     raw_model = GPT(gcfg).to(rt.device)
+    ckpt = resumable_checkpoint(out / "ckpt.pt", gcfg, meta, tc) if tc.resume else None  # fail before the slow setup
     optimizer = make_optimizer(raw_model, tc, rt.device_type)
     scaler = torch.amp.GradScaler(rt.device_type, enabled=rt.dtype == torch.float16)
-    start_iter, best_val = 0, float("inf")
-    if tc.resume:
-        ckpt = load_checkpoint(out / "ckpt.pt", rt.device)
-        check_resume_shape(ckpt["model_config"], gcfg)
+    start_iter, best_val, elapsed, saved_at = 0, float("inf"), 0.0, None
+    if ckpt:
         raw_model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
         if ckpt["scaler"]:
             scaler.load_state_dict(ckpt["scaler"])
-        start_iter, best_val = ckpt["iter"], ckpt["best_val_loss"]
+        start_iter = saved_at = ckpt["iter"]
+        best_val, elapsed = ckpt["best_val_loss"], ckpt.get("elapsed_s", 0.0)
         set_rng_state(ckpt["rng"])
-        if rt.master:
-            print(f"resuming from {out / 'ckpt.pt'} at iteration {start_iter}")
-    if start_iter >= tc.max_iters:
-        raise ValueError(f"nothing to do: the checkpoint is at iteration {start_iter} and max_iters={tc.max_iters}")
+        del ckpt
 
-    model = torch.compile(raw_model) if rt.compile else raw_model
-    if rt.world_size > 1:
-        model = DDP(model, device_ids=[rt.local_rank] if rt.device_type == "cuda" else None)
+    # evaluate with this one, never the DDP wrapper: its forward may talk to the ranks that are not evaluating
+    compiled = torch.compile(raw_model) if rt.compile else raw_model
+    model = compiled if rt.world_size == 1 else DDP(compiled, device_ids=[rt.local_rank] if rt.device_type == "cuda" else None)
     record = {"model": gcfg.asdict(), "train": asdict(tc), **run_record(), "world_size": rt.world_size}
     if rt.master:
-        (out / "config.json").write_text(json.dumps(record, indent=2) + "\n")
+        out.mkdir(parents=True, exist_ok=True)
+        if tc.resume:
+            trim_log(out / "metrics.jsonl", start_iter)
+            print(f"resuming from {out / 'ckpt.pt'} at iteration {start_iter}")
+        atomic_write(out / "config.json", lambda f: f.write((json.dumps(record, indent=2) + "\n").encode()))
         print(f"model: {raw_model.num_params() / 1e6:.2f}M parameters, pos_emb={gcfg.pos_emb}; "
               f"tokens per step: {tc.batch_size * gcfg.block_size * tc.gradient_accumulation_steps:,}")
 
-    def checkpoint(it, path):
+    def checkpoint(path):
         save_checkpoint({"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
-                         "scaler": scaler.state_dict() if scaler.is_enabled() else {}, "iter": it,
-                         "best_val_loss": best_val, "rng": rng_state(), "model_config": gcfg.asdict(),
-                         "train_config": asdict(tc), "tokenizer": meta, "record": record}, path)
+                         "scaler": scaler.state_dict() if scaler.is_enabled() else {}, "iter": done,
+                         "best_val_loss": best_val, "rng": rng_state(), "elapsed_s": time.perf_counter() - t_start,
+                         "model_config": gcfg.asdict(), "train_config": asdict(tc), "tokenizer": meta,
+                         "record": record}, path)
 
-    metrics = open(out / "metrics.jsonl", "a") if rt.master else None
+    def diverged(what):
+        kept = (f"the last checkpoint, {out / 'ckpt.pt'} (iteration {saved_at}), is untouched" if saved_at is not None
+                else "no checkpoint had been written yet")
+        return (f"{what} at iteration {done}: training diverged. Likely causes: learning_rate={tc.learning_rate} too "
+                f"high (lower it or raise warmup_iters), or {str(rt.dtype).removeprefix('torch.')} overflowing "
+                f"(try dtype=bfloat16 or float32); {kept}")
+
     tokens_per_step = tc.batch_size * gcfg.block_size * tc.gradient_accumulation_steps
     flops_per_step = raw_model.flops_per_token(gcfg.block_size) * tokens_per_step
-    stop = StopFlag()
-    bar = tqdm(total=tc.max_iters, initial=start_iter, disable=not (rt.master and tc.progress), dynamic_ncols=True)
-    t_start, step_time, step_count = time.perf_counter(), 0.0, 0
-    for it in range(start_iter, tc.max_iters):
-        t0 = time.perf_counter()
-        lr = lr_at(it, tc)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        loss_sum = torch.zeros((), device=rt.device)
-        for j in range(micro_steps):
-            x, y = batches.train(it, rt.rank * micro_steps + j)
-            # DDP all-reduces gradients on the last micro-step only
-            sync = contextlib.nullcontext() if j == micro_steps - 1 or rt.world_size == 1 else model.no_sync()
-            with sync, rt.autocast():
-                loss = model(x, y)[1] / tc.gradient_accumulation_steps
-            scaler.scale(loss).backward()
-            loss_sum += loss.detach()
-        # one collective carries the loss (for the log) and every rank's stop request, so all stop together
-        status = torch.stack([loss_sum, torch.tensor(float(stop.requested), device=rt.device)])
-        if rt.world_size > 1:
-            dist.all_reduce(status)
-        train_loss, stop_now = status[0].item(), status[1].item() > 0
-        if not math.isfinite(train_loss):
-            raise Divergence(f"loss is {train_loss} at iteration {it}: training diverged. Likely causes: learning_rate="
-                             f"{tc.learning_rate} too high, or {str(rt.dtype).removeprefix('torch.')} precision "
-                             f"overflowing (try dtype=bfloat16 or float32). The last good checkpoint in {out} is untouched.")
-        if tc.grad_clip > 0:
+    t_start, step_time, step_count = time.perf_counter() - elapsed, 0.0, 0
+    with (StopFlag(quit_on_repeat=rt.world_size == 1) as stop,
+          tqdm(total=tc.max_iters, initial=start_iter, disable=not (rt.master and tc.progress), dynamic_ncols=True) as bar,
+          open(out / "metrics.jsonl", "a") if rt.master else contextlib.nullcontext() as metrics):
+        for it in range(start_iter, tc.max_iters):
+            done = it + 1
+            t0 = time.perf_counter()
+            lr = lr_at(it, tc)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            loss_sum = torch.zeros((), device=rt.device)
+            for j in range(micro_steps):
+                micro = rt.rank * micro_steps + j  # place in the global batch: its data and dropout masks
+                x, y = batches.train(it, micro)
+                torch.manual_seed(micro_seed(tc.seed, it, micro, DROPOUT))
+                # DDP all-reduces (averages) gradients on the last micro-step only
+                sync = contextlib.nullcontext() if j == micro_steps - 1 or rt.world_size == 1 else model.no_sync()
+                with sync, rt.autocast():
+                    loss = model(x, y)[1] / micro_steps
+                scaler.scale(loss).backward()
+                loss_sum += loss.detach()
+            # one collective carries the loss (for the log) and every rank's stop request, so all stop together
+            status = torch.stack([loss_sum, torch.tensor(float(stop.requested), device=rt.device)])
+            if rt.world_size > 1:
+                dist.all_reduce(status)
+            train_loss, stop_now = status[0].item() / rt.world_size, status[1].item() > 0
+            if not math.isfinite(train_loss):
+                raise Divergence(diverged(f"the training loss is {train_loss}"))
             scaler.unscale_(optimizer)
-            torch.nn.utils.clip_grad_norm_(raw_model.parameters(), tc.grad_clip)
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.zero_grad(set_to_none=True)
-        done = it + 1
-        step_time += time.perf_counter() - t0
-        step_count += 1
-        tokens_per_s = tokens_per_step * step_count / step_time
-        bar.update(1)
-        bar.set_postfix(loss=f"{train_loss:.4f}", tok_s=f"{tokens_per_s:,.0f}", refresh=False)
-        line = None
-        if rt.master and (done % tc.log_interval == 0 or done == tc.max_iters):
-            line = {"iter": done, "train_loss": train_loss, "lr": lr, "tokens_per_s": tokens_per_s}
-            if rt.device_type == "cuda":
-                line["mfu"] = flops_per_step * step_count / step_time / peak_flops(rt)
-        if rt.master and (done % tc.eval_interval == 0 or done == tc.max_iters or stop_now):
-            ev = evaluate(raw_model, batches, rt)
-            line = {"iter": done, "train_loss": train_loss, "lr": lr, "tokens_per_s": tokens_per_s, **ev}
-            bar.write(f"iter {done}: train {ev['train_loss']:.4f}, val {ev['val_loss']:.4f} "
-                      f"({ev['val_bpb']:.3f} bits/byte), {tokens_per_s:,.0f} tokens/s")
-            if ev["val_loss"] < best_val:
-                best_val = ev["val_loss"]
-                checkpoint(done, out / "best.pt")
-            checkpoint(done, out / "ckpt.pt")
-        if line is not None:  # tokens/s is measured afresh over each logging window
-            line["elapsed_s"] = time.perf_counter() - t_start
-            metrics.write(json.dumps(line) + "\n")
-            metrics.flush()
-            step_time, step_count = 0.0, 0
-        if stop_now:
-            break
-    bar.close()
+            grad_norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), tc.grad_clip or math.inf)
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+            step_time += time.perf_counter() - t0
+            step_count += 1
+            tokens_per_s = tokens_per_step * step_count / step_time
+            bar.update(1)
+            bar.set_postfix(loss=f"{train_loss:.4f}", tok_s=f"{tokens_per_s:,.0f}", refresh=False)
+
+            eval_due = done % tc.eval_interval == 0 or done == tc.max_iters or stop_now
+            line = None
+            if rt.master and (eval_due or done % tc.log_interval == 0):
+                line = {"iter": done, "train_loss": train_loss, "grad_norm": grad_norm.item(), "lr": lr,
+                        "tokens_per_s": tokens_per_s}
+                if rt.device_type == "cuda":
+                    line["mfu"] = flops_per_step * step_count / step_time / peak_flops(rt)
+            if rt.master and stop_now:
+                bar.write(f"stop requested: finishing at iteration {done} with a checkpoint"
+                          + (" (Ctrl-C again to quit at once)" if stop.quit_on_repeat else ""))
+            if eval_due:
+                ev = evaluate(compiled, batches, rt) if rt.master else {}
+                # rank 0's verdict goes to every rank, so a divergence seen in evaluation stops all of them
+                if any_rank(not all(map(math.isfinite, ev.values())), rt):
+                    raise Divergence(diverged("evaluation gave a non-finite loss"))
+                if rt.master:  # train_loss stays the step's: the evaluation's is on its fixed batches
+                    line |= {"eval_train_loss": ev["train_loss"], "val_loss": ev["val_loss"], "val_bpb": ev["val_bpb"]}
+                    bar.write(f"iter {done}: train {ev['train_loss']:.4f}, val {ev['val_loss']:.4f} "
+                              f"({ev['val_bpb']:.3f} bits/byte), {tokens_per_s:,.0f} tokens/s")
+                    if ev["val_loss"] < best_val:
+                        best_val = ev["val_loss"]
+                        checkpoint(out / "best.pt")
+                    checkpoint(out / "ckpt.pt")
+                saved_at = done
+            if line is not None:  # tokens/s is measured afresh over each logging window
+                line["elapsed_s"] = time.perf_counter() - t_start
+                metrics.write(json.dumps(line) + "\n")
+                metrics.flush()
+                step_time, step_count = 0.0, 0
+            if stop_now:
+                break
     if rt.master:
-        metrics.close()
         if stop_now:
             print(f"stopped at iteration {done}; checkpoint written to {out / 'ckpt.pt'}. "
-                  f"Resume with: python train.py {' '.join(sys.argv[1:])} --resume=true")
+                  f"To continue: {resume_command(argv, rt)}")
         else:
             print(f"done: {done} iterations in {time.perf_counter() - t_start:.1f}s, best val loss {best_val:.4f}")
     return best_val
@@ -477,20 +581,25 @@ def peak_flops(rt):
     return next((v for k, v in table.items() if k in name), 312e12)
 
 
-class Divergence(RuntimeError):
-    pass
-
-
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
+    argv = sys.argv[1:] if argv is None else list(argv)
     if "-h" in argv or "--help" in argv:
         print(__doc__ + config.help_text(GPTConfig, TrainConfig))
         return
+    rank = int(os.environ.get("RANK", 0))
+    who = f"[rank {rank}] " if int(os.environ.get("WORLD_SIZE", 1)) > 1 else ""
     try:
-        train(*config.parse(argv, GPTConfig, TrainConfig))
-    except (ValueError, Divergence) as e:
-        print(f"error: {e}", file=sys.stderr)
+        train(*config.parse(argv, GPTConfig, TrainConfig), argv)
+    except Divergence as e:
+        if rank == 0:  # every rank raises it together; one message is enough
+            print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
+    except ValueError as e:  # may be one rank's alone (a node without the data), so each says it
+        print(f"{who}error: {e}", file=sys.stderr)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        print(f"{who}interrupted: quit at once, without a new checkpoint; those on disk are whole", file=sys.stderr)
+        sys.exit(130)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -1,0 +1,454 @@
+"""train.py's reliability: exact resume, atomic checkpoints, graceful stop, safe loading, the
+divergence guard, and a battery of user mistakes, each answered in one line with nothing destroyed."""
+
+import contextlib
+import json
+import os
+import pickle
+import random
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import train
+from conftest import ROOT, TINY, run
+from data import prepare
+from data.tokenizer import load_meta
+
+ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}  # tiny models: a second thread only contends for a shared CPU
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def flags(data_dir, out, *more):
+    return [*TINY, f"--data_dir={data_dir}", f"--out_dir={out}", *more]
+
+
+def log(out):
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def trainer(args):
+    """train.py as a child process, for what only a real process shows: signals, kills, exit codes."""
+    return subprocess.Popen([sys.executable, "train.py", *map(str, args)], cwd=ROOT, env=ONE_THREAD,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for(condition, proc, timeout=120):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert proc.poll() is None, f"trainer exited early: {proc.communicate()}"
+        assert time.monotonic() < deadline, "timed out waiting for the trainer"
+        time.sleep(0.02)
+
+
+def last_logged(out):
+    """The last iteration in a live run's log (0 before it has one), skipping a line still being written."""
+    path, last = out / "metrics.jsonl", 0
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        with contextlib.suppress(ValueError):
+            last = json.loads(line)["iter"]
+    return last
+
+
+def one_error_line(capsys, code=1, prefix="error: "):
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(prefix), err
+    return lines[0]
+
+
+def same_tensors(a, b):
+    """Nested dicts/lists of tensors and numbers, bit for bit."""
+    if isinstance(a, torch.Tensor):
+        return torch.equal(a, b)
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same_tensors(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same_tensors(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+# ----------------------------------------------------------------------------- exact resume
+
+# dropout and two micro-steps, so the resumed run must also replay dropout masks and accumulation
+RESUMABLE = ["--max_iters=8", "--lr_decay_iters=8", "--warmup_iters=2", "--gradient_accumulation_steps=2",
+             "--dropout=0.1", "--log_interval=1", "--eval_interval=3"]
+
+
+def test_stopped_by_a_signal_and_resumed_is_bit_identical_to_straight(data_dir, tmp_path, monkeypatch, capsys):
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    train.main(flags(data_dir, straight, *RESUMABLE))
+
+    def lr_at(it, tc):  # SIGTERM arrives during the step to iteration 4
+        if it == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_lr_at(it, tc)
+    real_lr_at = train.lr_at
+    monkeypatch.setattr(train, "lr_at", lr_at)
+    argv = flags(data_dir, split, *RESUMABLE)
+    train.main(argv)
+    monkeypatch.setattr(train, "lr_at", real_lr_at)
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # handlers restored after the run
+    said = capsys.readouterr().out
+    assert "stop requested: finishing at iteration 4" in said
+    command = re.search(r"stopped at iteration 4; checkpoint written to .*ckpt.pt\. To continue: (.*)", said)[1]
+    assert command == "python train.py " + shlex.join(argv + ["--resume=true"])
+    assert torch.load(split / "ckpt.pt", weights_only=True)["iter"] == 4
+
+    # the log may hold lines past the checkpoint (steps taken before a crash) and a torn last line
+    with open(split / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"iter": 5, "train_loss": 9.9}) + "\n" + '{"iter": 6, "tra')
+    saved_rng = torch.load(split / "ckpt.pt", weights_only=True)["rng"]
+    random.seed(99)
+    np.random.seed(99)
+    train.main(shlex.split(command)[2:])  # the printed command, as the user would run it
+    # the loop draws nothing from python's or numpy's generators: they hold what the resume restored
+    assert random.getstate() == saved_rng["python"]
+    assert np.array_equal(np.random.get_state()[1], saved_rng["numpy"][1].numpy())
+
+    a, b = log(straight), log(split)
+    assert [m["iter"] for m in b] == list(range(1, 9))
+    for key in ("train_loss", "grad_norm", "lr"):
+        assert [m[key] for m in a] == [m[key] for m in b], key
+    assert [m["val_loss"] for m in a if "val_loss" in m] == [b[i - 1]["val_loss"] for i in (3, 6, 8)]
+    assert b[4]["elapsed_s"] > b[3]["elapsed_s"]  # the clock runs on from the checkpoint's
+    ca, cb = (torch.load(d / "ckpt.pt", weights_only=True) for d in (straight, split))
+    assert ca["iter"] == cb["iter"] == 8 and ca["best_val_loss"] == cb["best_val_loss"]
+    assert same_tensors(ca["model"], cb["model"]) and same_tensors(ca["optimizer"], cb["optimizer"])
+
+
+def test_checkpoint_holds_everything_a_resume_needs(data_dir, tmp_path):
+    out = tmp_path / "run"
+    train.main(flags(data_dir, out, "--max_iters=2", "--seed=7"))
+    ckpt = torch.load(out / "ckpt.pt", weights_only=True)
+    assert set(train.RESUME_KEYS) | {"model_config", "train_config", "record", "elapsed_s"} <= ckpt.keys()
+    assert not any(k.startswith(("_orig_mod.", "module.")) for k in ckpt["model"])
+    assert ckpt["iter"] == 2 and ckpt["train_config"]["seed"] == 7 and ckpt["model_config"]["n_embd"] == 32
+    assert ckpt["tokenizer"] == load_meta(data_dir / "shakespeare_char")
+    assert ckpt["rng"].keys() == {"python", "numpy", "torch", "cuda"} and ckpt["optimizer"]["state"]
+    assert ckpt["record"]["code_version"] and ckpt["record"]["world_size"] == 1
+
+
+def test_rng_states_round_trip_through_a_weights_only_checkpoint(tmp_path):
+    random.seed(1)
+    np.random.seed(2)
+    torch.manual_seed(3)
+    train.save_checkpoint({"rng": train.rng_state()}, tmp_path / "r.pt")
+    expected = random.random(), np.random.rand(), torch.rand(3)
+    random.seed(9)
+    np.random.seed(9)
+    torch.manual_seed(9)
+    train.set_rng_state(torch.load(tmp_path / "r.pt", weights_only=True)["rng"])
+    got = random.random(), np.random.rand(), torch.rand(3)
+    assert got[:2] == expected[:2] and torch.equal(got[2], expected[2])
+
+
+def test_micro_steps_draw_distinct_batches_and_seeds():
+    seeds = {train.micro_seed(1, step, micro, stream) for step in range(3) for micro in range(3) for stream in (0, 1)}
+    assert len(seeds) == 18
+    assert train.micro_seed(1, 2, 0, 0) == train.micro_seed(1, 2, 0, 0) != train.micro_seed(2, 2, 0, 0)
+
+
+# ----------------------------------------------------------------------------- signals and kills
+
+def test_ctrl_c_finishes_the_step_writes_a_checkpoint_and_exits_0(data_dir, tmp_path):
+    out = tmp_path / "run"
+    proc = trainer(flags(data_dir, out, "--max_iters=1000000", "--log_interval=1", "--eval_interval=1000000"))
+    wait_for(lambda: last_logged(out) >= 2, proc)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and "Traceback" not in stderr, stderr
+    done = int(re.search(r"stopped at iteration (\d+); checkpoint written to (.*)ckpt.pt", stdout)[1])
+    assert f"To continue: python train.py {shlex.join(TINY)}" in stdout and stdout.rstrip().endswith("--resume=true")
+    assert train.load_checkpoint(out / "ckpt.pt")["iter"] == done == log(out)[-1]["iter"]
+    assert "val_loss" in log(out)[-1]  # the stop's evaluation is on record
+
+
+def test_a_second_ctrl_c_quits_at_once_and_leaves_the_last_checkpoint(data_dir, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "run"
+    train.main(flags(data_dir, out, "--max_iters=2"))
+    before = (out / "ckpt.pt").read_bytes()
+    handler = signal.getsignal(signal.SIGINT)
+
+    def lr_at(it, tc):  # the first Ctrl-C, during the step to iteration 4
+        if it == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real_lr_at(it, tc)
+
+    def evaluate(*args):  # the second, while the stop's evaluation runs
+        os.kill(os.getpid(), signal.SIGINT)
+        return real_evaluate(*args)
+    real_lr_at, real_evaluate = train.lr_at, train.evaluate
+    monkeypatch.setattr(train, "lr_at", lr_at)
+    monkeypatch.setattr(train, "evaluate", evaluate)
+    with pytest.raises(SystemExit) as e:
+        train.main(flags(data_dir, out, "--resume", "--max_iters=100"))
+    assert e.value.code == 130
+    assert "quit at once, without a new checkpoint" in one_error_line(capsys, prefix="interrupted: ")
+    assert (out / "ckpt.pt").read_bytes() == before and sorted(p.name for p in out.iterdir()) == [
+        "best.pt", "ckpt.pt", "config.json", "metrics.jsonl"]
+    assert signal.getsignal(signal.SIGINT) is handler
+
+
+def test_a_repeated_signal_under_torchrun_only_asks_again():
+    with train.StopFlag(quit_on_repeat=False) as flag:
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGINT)  # the terminal's Ctrl-C and torchrun's forwarded copy
+        assert flag.requested
+    with pytest.raises(KeyboardInterrupt), train.StopFlag() as flag:
+        os.kill(os.getpid(), signal.SIGTERM)  # SIGTERM asks; a Ctrl-C after it quits
+        assert flag.requested
+        os.kill(os.getpid(), signal.SIGINT)
+
+
+def test_sigkill_at_random_moments_around_writes_leaves_a_checkpoint_that_resumes(data_dir, tmp_path):
+    out = tmp_path / "run"
+    # a checkpoint every step, so most of the run is spent writing them
+    args = flags(data_dir, out, "--max_iters=1000000", "--eval_interval=1", "--eval_iters=1", "--log_interval=1")
+    temporaries = [out / ".ckpt.pt.tmp", out / ".best.pt.tmp"]
+    rng, last, mid_write = random.Random(0), 0, 0
+    for attempt in range(3):
+        proc = trainer(args + ["--resume=true"] * (attempt > 0))
+        wait_for(lambda: last_logged(out) > last, proc)  # it has written a checkpoint of its own
+        # kill at a random moment, or as soon as a checkpoint write is seen under way
+        deadline = time.monotonic() + rng.uniform(0.0, 0.2)
+        while time.monotonic() < deadline and not any(p.exists() for p in temporaries):
+            pass
+        proc.kill()
+        proc.communicate()
+        mid_write += any(p.exists() for p in temporaries)
+        ckpt = train.load_checkpoint(out / "ckpt.pt")
+        assert ckpt["iter"] > last
+        last = ckpt["iter"]
+    assert mid_write >= 1  # at least one kill landed inside a write
+    train.main(args + ["--resume", f"--max_iters={last + 2}"])
+    iters = [m["iter"] for m in log(out)]
+    assert iters == sorted(set(iters)) and iters[-1] == last + 2
+
+
+def test_a_failed_write_keeps_the_previous_checkpoint_and_no_temporary(tmp_path, monkeypatch):
+    path = tmp_path / "ckpt.pt"
+    train.save_checkpoint({"v": 1}, path)
+
+    def broken_save(obj, f):
+        f.write(b"half a checkpoint")
+        raise OSError("No space left on device")
+    monkeypatch.setattr(torch, "save", broken_save)
+    with pytest.raises(OSError):
+        train.save_checkpoint({"v": 2}, path)
+    assert torch.load(path, weights_only=True) == {"v": 1} and os.listdir(tmp_path) == ["ckpt.pt"]
+
+
+# ----------------------------------------------------------------------------- safe loading
+
+class Payload:
+    """Unpickling this creates a file: proof that code in a checkpoint ran."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return open, (self.path, "w")
+
+
+REFUSED = r"refused to load .*: it asks to call \S*open, not just to hold tensors and plain data"
+
+
+@pytest.mark.parametrize("protocol, message", [
+    ("torch.save", REFUSED),
+    (2, REFUSED),  # a bare pickle, as torch's legacy format
+    (4, r"is not a readable checkpoint, it is truncated or corrupt \(UnpicklingError: Unsupported operand"),
+])
+def test_a_checkpoint_carrying_code_is_refused_and_the_code_never_runs(tmp_path, protocol, message):
+    marker, path = tmp_path / "pwned", tmp_path / "ckpt.pt"
+    evil = {"model": Payload(marker), "model_config": {}}
+    if protocol == "torch.save":
+        torch.save(evil, path)
+    else:
+        path.write_bytes(pickle.dumps(evil, protocol=protocol))
+    with pytest.raises(ValueError, match=message):
+        train.load_checkpoint(path)
+    assert not marker.exists()
+    if protocol == "torch.save":
+        torch.load(path, weights_only=False)  # control: a full unpickler does run it
+    else:
+        pickle.loads(path.read_bytes())
+    assert marker.exists()
+
+
+def test_every_torch_load_in_the_repo_is_weights_only():
+    calls = [(p.name, m[0]) for p in [*ROOT.glob("*.py"), *ROOT.glob("data/*.py")]
+             for m in re.finditer(r"torch\.load\([^)]*\)", p.read_text())]
+    assert calls and all("weights_only=True" in call for _, call in calls), calls
+
+
+# ----------------------------------------------------------------------------- divergence
+
+def test_a_diverging_run_stops_naming_the_iteration_and_causes(data_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as e:  # the first update throws the weights to ~1e30: the next loss overflows
+        train.main(flags(data_dir, out, "--learning_rate=1e30", "--warmup_iters=0", "--max_iters=5"))
+    assert e.value.code == 1
+    err = one_error_line(capsys)
+    assert re.search(r"the training loss is (nan|inf) at iteration 2: training diverged", err), err
+    assert "learning_rate=1e+30 too high" in err and "float32 overflowing" in err
+    assert "no checkpoint had been written yet" in err and not (out / "ckpt.pt").exists()
+
+
+def test_divergence_found_by_evaluation_leaves_the_last_good_checkpoint(data_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    train.main(flags(data_dir, out, "--max_iters=2"))
+    before = {p: (out / p).read_bytes() for p in ("ckpt.pt", "best.pt")}
+    capsys.readouterr()
+    with pytest.raises(SystemExit):  # the training loss of step 3 is fine; the weights it leaves are not
+        train.main(flags(data_dir, out, "--resume", "--max_iters=4", "--learning_rate=1e30", "--eval_interval=1"))
+    err = one_error_line(capsys)
+    assert "evaluation gave a non-finite loss at iteration 3" in err
+    assert f"the last checkpoint, {out / 'ckpt.pt'} (iteration 2), is untouched" in err
+    assert all((out / p).read_bytes() == b for p, b in before.items())
+    train.main(flags(data_dir, out, "--resume", "--max_iters=3"))  # and it resumes
+    assert train.load_checkpoint(out / "ckpt.pt")["iter"] == 3
+
+
+# ----------------------------------------------------------------------------- bad input battery
+
+@pytest.fixture(scope="module")
+def world(data_dir, tmp_path_factory):
+    """A trained run and, beside it, every broken thing a user might point train.py at."""
+    root = tmp_path_factory.mktemp("battery")
+    train.main(flags(data_dir, root / "run", "--max_iters=2"))
+    good = (root / "run" / "ckpt.pt").read_bytes()
+    ckpt = torch.load(root / "run" / "ckpt.pt", weights_only=True)
+    for name in ("corrupt", "truncated", "evil", "weights_only", "empty"):
+        (root / name).mkdir()
+    (root / "corrupt" / "ckpt.pt").write_bytes(random.Random(0).randbytes(4000))
+    (root / "truncated" / "ckpt.pt").write_bytes(good[: len(good) // 2])
+    torch.save({"model": Payload(root / "pwned"), "model_config": {}}, root / "evil" / "ckpt.pt")
+    torch.save({k: ckpt[k] for k in ("model", "model_config")}, root / "weights_only" / "ckpt.pt")
+    (root / "afile").write_text("a file, not a folder\n")
+    (root / "bad.toml").write_text("n_layer = = 3\n")
+    (root / "data" / "notrain").mkdir(parents=True)
+    for name in ("meta.json", "val.bin"):
+        shutil.copy(data_dir / "shakespeare_char" / name, root / "data" / "notrain")
+    (root / "small.txt").write_text("abc ab\nca " * 500)  # a corpus with a five-character vocabulary
+    assert prepare.main(["--input", str(root / "small.txt"), "--data_dir", str(root / "data"), "--dataset", "small"]) == 0
+    train.main(flags(root / "data", root / "smallrun", "--dataset=small", "--block_size=16", "--max_iters=1"))
+    return root
+
+
+# (case, arguments after the base command, what the one-line message must say); the base command
+# resumes the trained run in {root}/run, so every case also checks that nothing there changes
+BATTERY = [
+    ("unknown key", ["--n_layers=3"], "unknown config key 'n_layers'; did you mean 'n_layer'?"),
+    ("wrong type", ["--max_iters=ten"], "max_iters='ten' is not a valid int"),
+    ("not a bool", ["--resume=maybe"], "resume='maybe' is not a valid bool; use true or false"),
+    ("bare non-bool flag", ["--max_iters"], "argument '--max_iters' should look like --key=value"),
+    ("unknown pos_emb", ["--pos_emb=rotary"], "pos_emb='rotary' is unknown; choose one of rope, sinusoidal, learned"),
+    ("n_embd % n_head", ["--n_embd=30", "--n_head=4"], "n_embd=30 is not divisible by n_head=4"),
+    ("odd RoPE head size", ["--n_embd=6", "--n_head=2"], "head_dim=3 * fraction=1.0 gives rot_dim=3; it must be even"),
+    ("odd rope_fraction width", ["--rope_fraction=0.2"], "head_dim=16 * fraction=0.2 gives rot_dim=3; it must be even"),
+    ("dropout out of range", ["--dropout=1"], "dropout=1.0 must lie in [0, 1)"),
+    ("block_size > val split", ["--block_size=200000"], "block_size=200000 is too large for the val split"),
+    ("dataset not prepared", ["--dataset=nope"], "(meta.json is missing); create it with `python data/prepare.py"),
+    ("train.bin missing", ["--data_dir={root}/data", "--dataset=notrain"], "train.bin is missing; create it with"),
+    ("max_iters <= 0", ["--max_iters=0"], "max_iters=0 must be a positive integer"),
+    ("negative learning rate", ["--learning_rate=-1e-3"], "learning_rate=-0.001 must be a finite number > 0"),
+    ("batch size 0", ["--batch_size=0"], "batch_size=0 must be a positive integer"),
+    ("beta2 >= 1", ["--beta2=1"], "beta2=1.0 must lie in [0, 1)"),
+    ("unknown dtype", ["--dtype=float8"], "dtype='float8' is unknown; choose auto, float32, bfloat16, float16"),
+    ("unknown device", ["--device=tpu"], "device='tpu' is unknown; choose auto, cpu, cuda, cuda:N or mps"),
+    ("cuda without CUDA", ["--device=cuda"], "device='cuda' is not available on this machine; available: cpu"),
+    ("compile without compiler", ["--compile=true", "--device=cpu"], "compile=True on CPU needs a C++ compiler"),
+    ("out_dir is a file", ["--out_dir={root}/afile"], "out_dir='{root}/afile' is a file; give a folder path"),
+    ("fresh run over a checkpoint", ["--resume=false"], "already holds a run's ckpt.pt; continue it with --resume=true"),
+    ("resume without checkpoint", ["--out_dir={root}/empty"], "no checkpoint at '{root}/empty/ckpt.pt'; train first"),
+    ("corrupt checkpoint", ["--out_dir={root}/corrupt"], "is not a readable checkpoint, it is truncated or corrupt"),
+    ("truncated checkpoint", ["--out_dir={root}/truncated"], "truncated or corrupt (RuntimeError: PytorchStreamReader"),
+    ("checkpoint carrying code", ["--out_dir={root}/evil"], "refused to load '{root}/evil/ckpt.pt': it asks to call"),
+    ("weights-only checkpoint", ["--out_dir={root}/weights_only"], "lacks optimizer, scaler, iter, best_val_loss, rng"),
+    ("resume, other model shape", ["--n_layer=3", "--n_embd=64"], "n_layer: checkpoint 2, now 3; n_embd: checkpoint 32"),
+    ("resume, other tokenizer", ["--data_dir={root}/data", "--dataset=small", "--block_size=16"],
+     "vocab_size: checkpoint 65, now 5"),
+    ("resume, nothing to do", ["--max_iters=2"], "nothing to do: the checkpoint is at iteration 2 and max_iters=2"),
+    ("gas not divisible by ranks", ["--gradient_accumulation_steps=3", "WORLD_SIZE=2"],
+     "gradient_accumulation_steps=3 must be divisible by the number of processes (2)"),
+    ("one GPU named for all ranks", ["--device=cuda:1", "WORLD_SIZE=2"], "device='cuda:1' cannot serve 2 processes"),
+]
+CONFIG_FILE_BATTERY = [  # a first argument that should be a TOML file
+    ("unreadable TOML", "{root}/bad.toml", "is not valid TOML: Invalid value (at line 1, column 11)"),
+    ("nonexistent config file", "{root}/nope.toml", "config file '{root}/nope.toml' does not exist (configs/ lists"),
+    ("key=value without --", "max_iters=10", "config file 'max_iters=10' does not exist; settings go as --max_iters=10"),
+]
+
+
+def snapshot(root):
+    return {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def run_battery_case(world, data_dir, argv, monkeypatch, capsys):
+    for arg in [a for a in argv if a.startswith("WORLD_SIZE=")]:  # a torchrun worker's environment, before any group
+        monkeypatch.setenv(*arg.split("="))
+        argv.remove(arg)
+    monkeypatch.setattr(shutil, "which", lambda name: None)  # as on a machine without a C++ compiler
+    if torch.cuda.is_available() and "--device=cuda" in argv:
+        pytest.skip("this machine has CUDA")
+    before = snapshot(world)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        train.main([a.format(root=world) for a in argv])
+    assert e.value.code == 1
+    message = one_error_line(capsys, prefix="[rank 0] error: " if os.environ.get("WORLD_SIZE") else "error: ")
+    assert snapshot(world) == before and not (world / "pwned").exists()
+    return message
+
+
+@pytest.mark.parametrize("case, args, expected", BATTERY, ids=[c[0] for c in BATTERY])
+def test_battery(world, data_dir, case, args, expected, monkeypatch, capsys):
+    base = flags(data_dir, world / "run", "--resume=true", "--max_iters=4")
+    assert expected.format(root=world) in run_battery_case(world, data_dir, base + args, monkeypatch, capsys)
+
+
+@pytest.mark.parametrize("case, first, expected", CONFIG_FILE_BATTERY, ids=[c[0] for c in CONFIG_FILE_BATTERY])
+def test_battery_config_files(world, data_dir, case, first, expected, monkeypatch, capsys):
+    base = flags(data_dir, world / "run", "--resume=true", "--max_iters=4")
+    assert expected.format(root=world) in run_battery_case(world, data_dir, [first, *base], monkeypatch, capsys)
+
+
+# as real commands: exit status, one stderr line, no traceback (data/prepare.py and sample.py too)
+COMMANDS = [
+    ("train: unknown key", ["train.py", "--max_iter=5"], "unknown config key 'max_iter'; did you mean 'max_iters'?"),
+    ("train: corrupt checkpoint", ["train.py", *TINY, "--data_dir={data}", "--out_dir={root}/corrupt", "--resume"],
+     "truncated or corrupt"),
+    ("prepare: empty corpus", ["data/prepare.py", "--input={root}/empty.txt", "--data_dir={root}/data"], "is empty"),
+    ("prepare: binary corpus", ["data/prepare.py", "--input={root}/binary.txt", "--data_dir={root}/data"],
+     "is not UTF-8 text"),
+    ("sample: text outside the vocabulary", ["sample.py", "--out_dir={root}/smallrun", "--start=ROMEO:"],
+     "text contains 5 character(s) outside the vocabulary: 'R', 'O', 'M', 'E', ':'"),
+]
+
+
+@pytest.mark.parametrize("case, args, expected", COMMANDS, ids=[c[0] for c in COMMANDS])
+def test_battery_commands(world, data_dir, case, args, expected):
+    (world / "empty.txt").write_bytes(b"")
+    (world / "binary.txt").write_bytes(bytes(range(256)) * 4)
+    before = snapshot(world)
+    proc = run(*[a.format(root=world, data=data_dir) for a in args], check=False, env=ONE_THREAD)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode != 0 and len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    assert expected in lines[0] and "Traceback" not in proc.stderr + proc.stdout
+    assert snapshot(world) == before
