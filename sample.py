@@ -1,187 +1,343 @@
 """Generate text from a trained model, or from several side by side.
 
-    python sample.py --out_dir=out --start="ROMEO:" --max_new_tokens=500 --seed=1
+    python sample.py                                       the run in out/ (else the newest out*/ here)
+    python sample.py --out_dir=out-rope --start="ROMEO:" --max_new_tokens=500 --seed=1
+    python sample.py --start=FILE:prompt.txt --temperature=0      greedy, the prompt read from a file
     python sample.py --compare out-rope out-sinusoidal --seed=1 [--format=markdown]
+
+One model: the text streams to stdout as it is drawn; the model and the speed go to stderr.
+--compare: the same prompt and seed through each model, then a table of each model's positional
+scheme, parameters, best val loss, loss on the prompt and tokens/s, and the samples side by side.
 """
 
 import argparse
+import math
+import os
+import shutil
+import statistics
 import sys
+import textwrap
 import time
+from itertools import zip_longest
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
+import config
+import rope
 from data.tokenizer import tokenizer_from_meta
 from train import load_checkpoint, model_from_checkpoint, pick_device, pick_dtype
 
+CHECKPOINTS = {"best": ("best.pt", "ckpt.pt"), "latest": ("ckpt.pt",)}  # file names tried, in order
+FORMATS = ("columns", "text", "markdown")
+MIN_COLUMN = 24  # narrower columns wrap the text into confetti: print blocks instead
+SEPARATOR = "-" * 40  # between samples of one model
 
-def positive_int(text):
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{value} must be a positive integer")
-    return value
+
+# ----------------------------------------------------------------------------- arguments
+
+class ArgumentParser(argparse.ArgumentParser):
+    def error(self, message):  # one line like train.py's errors, not argparse's usage block
+        print(f"error: {message} (python sample.py --help lists the options)", file=sys.stderr)
+        sys.exit(1)
+
+
+def checked(convert, valid, what):
+    """An argparse type: convert the text, then insist on valid(value), naming the bad value and `what`."""
+    def parse(text):
+        try:
+            value = convert(text)
+        except ValueError:
+            value = None
+        if value is None or not valid(value):
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
+        return value
+    return parse
+
+
+positive_int = checked(int, lambda v: v > 0, "a positive integer")
+non_negative_float = checked(float, lambda v: math.isfinite(v) and v >= 0, "a temperature >= 0 (0 is greedy)")
+unit_mass = checked(float, lambda v: 0 < v <= 1, "a probability mass in (0, 1]")
+true_false = checked(lambda t: config.coerce("", t, bool), lambda v: True, "true or false")
 
 
 def arg_parser():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out_dir", default="out", help="run folder holding best.pt / ckpt.pt")
-    p.add_argument("--compare", nargs="+", metavar="DIR", help="run folders to sample side by side")
-    p.add_argument("--checkpoint", choices=("best", "latest"), default="best", help="best.pt or ckpt.pt")
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--out_dir", help="run folder holding best.pt / ckpt.pt (default: out, else the newest "
+                                         "out*/ folder here with a checkpoint)")
+    where.add_argument("--compare", nargs="+", metavar="DIR", help="run folders to sample side by side")
+    p.add_argument("--checkpoint", choices=tuple(CHECKPOINTS), default="best", help="best.pt or ckpt.pt (latest)")
     p.add_argument("--start", default="\n", help="prompt text, or FILE:path; empty starts from the start token")
     p.add_argument("--num_samples", type=positive_int, default=1, help="samples per model")
     p.add_argument("--max_new_tokens", type=positive_int, default=500, help="tokens to generate per sample")
-    p.add_argument("--temperature", type=float, default=0.8, help="0 is greedy; higher is more random")
+    p.add_argument("--temperature", type=non_negative_float, default=0.8, help="0 is greedy; higher is more random")
     p.add_argument("--top_k", type=positive_int, default=None, help="sample among the k most likely tokens")
-    p.add_argument("--top_p", type=float, default=None, help="nucleus sampling: smallest set with this mass, in (0, 1]")
+    p.add_argument("--top_p", type=unit_mass, default=None,
+                   help="nucleus sampling: the smallest set of tokens with this much probability, in (0, 1]")
     p.add_argument("--seed", type=int, default=1337, help="same seed, same text")
     p.add_argument("--max_context", type=positive_int, default=None,
-                   help="tokens attended to (default block_size; more lets rope/alibi/none extrapolate)")
-    p.add_argument("--rope_scaling", default=None, help="RoPE scaling at sampling time: none, linear, ntk, dynamic, yarn, llama3")
+                   help="tokens attended to (default block_size; more lets rope, alibi, none, sinusoidal "
+                        "run past the trained length)")
+    p.add_argument("--rope_scaling", choices=tuple(rope.SCALINGS), default=None,
+                   help="RoPE scaling at sampling time (RoPE models only)")
     p.add_argument("--rope_scaling_factor", type=float, default=None,
-                   help="its factor (default max_context / block_size)")
-    p.add_argument("--kv_cache", choices=("true", "false"), default="true", help="reuse keys and values across steps")
+                   help="its factor (default max_context / block_size, at least 1)")
+    p.add_argument("--kv_cache", type=true_false, nargs="?", const=True, default=True,
+                   help="reuse keys and values across steps (true/false)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
-    p.add_argument("--format", choices=("text", "markdown"), default="text", help="how --compare prints")
+    p.add_argument("--format", choices=FORMATS, default="columns",
+                   help="how --compare prints: samples side by side, one block per model, or a markdown table")
     return p
 
 
-def check_args(a):
-    if a.temperature < 0:
-        raise ValueError(f"--temperature={a.temperature} must be >= 0 (0 is greedy)")
-    if a.top_p is not None and not 0 < a.top_p <= 1:
-        raise ValueError(f"--top_p={a.top_p} must lie in (0, 1]")
-
-
 def read_prompt(start):
-    if start.startswith("FILE:"):
-        path = Path(start[5:])
-        if not path.is_file():
-            raise ValueError(f"prompt file {str(path)!r} does not exist")
+    if not start.startswith("FILE:"):
+        return start
+    path = Path(start.removeprefix("FILE:"))
+    if not path.is_file():
+        raise ValueError(f"prompt file {str(path)!r} does not exist (--start=FILE:path reads a text file)")
+    try:
         return path.read_text(encoding="utf-8")
-    return start
+    except UnicodeDecodeError:
+        raise ValueError(f"prompt file {str(path)!r} is not UTF-8 text") from None
 
 
-def checkpoint_path(out_dir, which):
-    out = Path(out_dir)
-    best, latest = out / "best.pt", out / "ckpt.pt"
-    if which == "best" and best.is_file():
-        return best
-    return latest
+# ----------------------------------------------------------------------------- models
+
+def checkpoint_in(out_dir, which):
+    """The checkpoint file in out_dir that --checkpoint names, or None."""
+    return next((Path(out_dir) / n for n in CHECKPOINTS[which] if (Path(out_dir) / n).is_file()), None)
 
 
-class Loaded:
-    """A model ready to sample: weights, tokenizer and the prompt's token ids."""
+def default_run(which):
+    """out/ (train.py's default), else the newest out*/ folder in the working directory: the run just trained."""
+    runs = [p for p in Path().glob("out*") if p.is_dir() and checkpoint_in(p, which)]
+    if not runs:
+        raise ValueError("no checkpoint in out/ or any other out*/ folder here; train a model first "
+                         "(python train.py ...) or name its folder with --out_dir")
+    out = Path("out")
+    return out if out in runs else max(runs, key=lambda p: checkpoint_in(p, which).stat().st_mtime)
 
-    def __init__(self, out_dir, args, device):
-        path = checkpoint_path(out_dir, args.checkpoint)
-        self.ckpt = load_checkpoint(path, device)
-        self.name, self.path = str(out_dir), path
-        self.model = model_from_checkpoint(self.ckpt, device).eval()
+
+class Sampler:
+    """One checkpoint ready to sample: the model (with any sampling-time RoPE scaling), tokenizer and prompt ids."""
+
+    def __init__(self, out_dir, prompt, args, device):
+        self.name = str(out_dir)
+        self.path = checkpoint_in(out_dir, args.checkpoint)
+        if self.path is None:
+            looked = " or ".join(CHECKPOINTS[args.checkpoint])
+            raise ValueError(f"no checkpoint in {self.name!r} (looked for {looked}); train first "
+                             f"(python train.py --out_dir={self.name}) or pass the right folder")
+        self.ckpt = load_checkpoint(self.path, device)
+        if "tokenizer" not in self.ckpt:
+            raise ValueError(f"{str(self.path)!r} is not a nanorope checkpoint (it lacks the tokenizer entry)")
+        try:
+            self.model = model_from_checkpoint(self.ckpt, device).eval()
+        except (TypeError, RuntimeError) as e:  # config keys or weights of another model
+            why = str(e).splitlines()[0][:200]
+            raise ValueError(f"{str(self.path)!r} does not fit nanorope's model: {why}") from None
         self.tok = tokenizer_from_meta(self.ckpt["tokenizer"])
         cfg = self.model.config
-        self.max_context = self.model.max_context(args.max_context)
-        if args.rope_scaling:
-            if cfg.pos_emb != "rope":
-                raise ValueError(f"--rope_scaling needs a RoPE model; {self.name} uses pos_emb={cfg.pos_emb}")
-            factor = args.rope_scaling_factor or max(1.0, self.max_context / cfg.block_size)
-            self.model.pos.set_rope_scaling(args.rope_scaling, factor, cfg.block_size)
-        prompt = read_prompt(args.start)
         try:
-            ids = self.tok.encode(prompt) if prompt else [self.ckpt["tokenizer"]["start_id"]]
+            self.max_context = self.model.max_context(args.max_context)
+            if args.rope_scaling and cfg.pos_emb == "rope":
+                factor = args.rope_scaling_factor or max(1.0, self.max_context / cfg.block_size)
+                self.model.pos.set_rope_scaling(args.rope_scaling, factor, cfg.block_size)
+            ids = self.tok.encode(prompt) if prompt else []
         except ValueError as e:
             raise ValueError(f"{self.name}: {e}") from None
-        self.ids = torch.tensor([ids], dtype=torch.long, device=device)
+        self.start_id = self.ckpt["tokenizer"]["start_id"]
+        self.prompt_ids = ids
+        self.ids = torch.tensor([ids or [self.start_id]], dtype=torch.long, device=device)  # (1, T)
+
+    @property
+    def scheme(self):
+        """The positional scheme, with the RoPE scaling in force if any."""
+        rot = self.model.pos.rotary
+        if rot is None or rot.scaling == "none":
+            return self.model.config.pos_emb
+        return f"rope ({rot.scaling} x{rot.factor:g})"
+
+    def describe(self):
+        return (f"{self.path}: pos_emb={self.scheme}, {count(self.model.num_params())} params, "
+                f"iter {self.ckpt.get('iter', '?')}, best val loss {fmt(self.ckpt.get('best_val_loss'))}")
 
     @torch.no_grad()
     def prompt_loss(self):
-        """Mean cross-entropy of the prompt under the model (how surprised it is), or None for < 2 tokens."""
-        ids = self.ids[:, -self.max_context - 1:]
-        if ids.shape[1] < 2:
+        """Mean cross-entropy (nats/token) of the prompt, its first token predicted from the start token:
+        how surprised the model is by the prompt. None for an empty prompt; a long one is scored on its
+        last max_context tokens."""
+        if not self.prompt_ids:
             return None
+        ids = torch.tensor([[self.start_id, *self.prompt_ids]], device=self.ids.device)[:, -self.max_context - 1:]
         return self.model(ids[:, :-1], ids[:, 1:])[1].item()
 
-    def stream(self, args, generator, write=None):
-        """Generate one sample, writing text as it comes; returns (text, tokens per second)."""
+    def sample(self, args, generator, on_token=None, write=None):
+        """Draw one sample, passing text to write as it becomes whole; returns (text, tokens per second)."""
         out, shown = [], ""
         t0 = time.perf_counter()
         for nxt in self.model.generate(self.ids, args.max_new_tokens, args.temperature, args.top_k, args.top_p,
-                                       args.max_context, use_cache=args.kv_cache == "true", generator=generator):
+                                       args.max_context, use_cache=args.kv_cache, generator=generator):
             out.append(nxt.item())
-            text = self.tok.decode(out)
-            if write and not text.endswith("\ufffd"):  # wait for the rest of a multi-byte character
-                write(text[len(shown):])
-                shown = text
+            if on_token:
+                on_token()
+            if write:
+                text = self.tok.decode(out)
+                if not text.endswith("\ufffd"):  # a byte-level token may end mid-character: wait for the rest
+                    write(text[len(shown):])
+                    shown = text
         rate = len(out) / (time.perf_counter() - t0)
         text = self.tok.decode(out)
         if write:
-            write(text[len(shown):] + "\n")
+            write(text[len(shown):])
         return text, rate
 
 
 def generator_for(seed, device):
+    """Each model's draws start from the seed, so every model, and every run, gets the same random numbers."""
     return torch.Generator(device=device).manual_seed(seed)
 
 
-def sample_one(args, device):
-    m = Loaded(args.out_dir, args, device)
+def load_all(dirs, prompt, args, device):
+    samplers = [Sampler(d, prompt, args, device) for d in dirs]
+    if args.rope_scaling and not any(s.model.config.pos_emb == "rope" for s in samplers):
+        schemes = ", ".join(f"{s.name} uses pos_emb={s.model.config.pos_emb}" for s in samplers)
+        raise ValueError(f"--rope_scaling={args.rope_scaling} needs a RoPE model; {schemes}")
+    return samplers
+
+
+# ----------------------------------------------------------------------------- one model, streamed
+
+def sample_one(args, prompt, device, reason):
+    (m,) = load_all([args.out_dir or default_run(args.checkpoint)], prompt, args, device)
+    print(f"{m.describe()}; device {device} ({reason})", file=sys.stderr)
     g = generator_for(args.seed, device)
+
+    def write(s):
+        sys.stdout.write(s)
+        sys.stdout.flush()
+
+    rates = []
     for i in range(args.num_samples):
         if i:
-            print("-" * 40)
-        sys.stdout.write(read_prompt(args.start))
-        m.stream(args, g, write=lambda s: (sys.stdout.write(s), sys.stdout.flush()))
+            write(SEPARATOR + "\n")
+        write(prompt)
+        rates.append(m.sample(args, g, write=write)[1])
+        write("\n")
+    print(f"{args.max_new_tokens} new tokens per sample at {statistics.median(rates):,.0f} tokens/s "
+          f"(kv cache {'on' if args.kv_cache else 'off'})", file=sys.stderr)
 
 
-def compare(args, device):
+# ----------------------------------------------------------------------------- several models, compared
+
+def compare(args, prompt, device, reason):
+    samplers = load_all(args.compare, prompt, args, device)
+    print(f"device {device} ({reason})", file=sys.stderr)
+    total = len(samplers) * args.num_samples * args.max_new_tokens
     rows = []
-    for d in args.compare:
-        m = Loaded(d, args, device)
-        cfg = m.model.config
-        texts, rates = zip(*(m.stream(args, generator_for(args.seed, device)) for _ in range(args.num_samples)))
-        rows.append({"model": m.name, "pos_emb": cfg.pos_emb, "params": m.model.num_params(),
-                     "best_val_loss": m.ckpt.get("best_val_loss"), "prompt_loss": m.prompt_loss(),
-                     "tokens_per_s": sum(rates) / len(rates), "samples": texts})
-    print(format_markdown(rows, args) if args.format == "markdown" else format_text(rows, args))
+    with tqdm(total=total, desc="sampling", unit="tok", leave=False, disable=None) as bar:
+        for m in samplers:
+            g = generator_for(args.seed, device)
+            texts, rates = zip(*(m.sample(args, g, on_token=bar.update) for _ in range(args.num_samples)))
+            rows.append({"model": m.name, "pos_emb": m.scheme, "params": count(m.model.num_params()),
+                         "iters": str(m.ckpt.get("iter", "?")), "best val loss": fmt(m.ckpt.get("best_val_loss")),
+                         "prompt loss": fmt(m.prompt_loss()), "tokens/s": f"{statistics.median(rates):,.0f}",
+                         "samples": [prompt + t for t in texts]})
+    show = {"markdown": as_markdown, "text": as_blocks, "columns": as_columns}[args.format]
+    print(show(rows, settings(args, prompt)))
 
 
-def fmt(x, spec=".4f"):
-    return "n/a" if x is None or x == float("inf") else format(x, spec)
+STATS = ("model", "pos_emb", "params", "iters", "best val loss", "prompt loss", "tokens/s")
 
 
-def format_text(rows, args):
-    prompt = read_prompt(args.start)
-    blocks = []
-    for r in rows:
-        head = (f"=== {r['model']}: pos_emb={r['pos_emb']}, {r['params'] / 1e6:.2f}M params, best val loss "
-                f"{fmt(r['best_val_loss'])}, prompt loss {fmt(r['prompt_loss'])}, {r['tokens_per_s']:.0f} tokens/s")
-        blocks.append(head + "\n" + "\n---\n".join(prompt + s for s in r["samples"]))
-    return "\n\n".join(blocks)
+def settings(args, prompt):
+    shown = repr(prompt if len(prompt) <= 60 else prompt[:57] + "...")
+    return (f"prompt {shown} ({len(prompt)} chars)\nseed {args.seed}, temperature {args.temperature:g}, "
+            f"top_k {args.top_k or '-'}, top_p {args.top_p or '-'}, {args.max_new_tokens} new tokens, "
+            f"context {args.max_context or 'block_size'}, kv cache {'on' if args.kv_cache else 'off'}; "
+            f"prompt loss in nats/token")
 
 
-def format_markdown(rows, args):
-    def cell(text):
-        return text.replace("|", "\\|").replace("\n", "<br>")
-    lines = [f"Prompt: `{cell(read_prompt(args.start))}`, seed {args.seed}, temperature {args.temperature}\n",
-             "| model | pos_emb | params | best val loss | prompt loss | tokens/s | sample |",
-             "|---|---|---:|---:|---:|---:|---|"]
-    for r in rows:
-        for s in r["samples"]:
-            lines.append(f"| {r['model']} | {r['pos_emb']} | {r['params'] / 1e6:.2f}M | {fmt(r['best_val_loss'])} | "
-                         f"{fmt(r['prompt_loss'])} | {r['tokens_per_s']:.0f} | {cell(s)} |")
+def stats_table(rows):
+    """The STATS of each model as aligned text columns."""
+    table = [STATS] + [tuple(r[k] for k in STATS) for r in rows]
+    widths = [max(len(line[i]) for line in table) for i in range(len(STATS))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in table)
+
+
+def as_blocks(rows, head):
+    blocks = [f"=== {r['model']} ({r['pos_emb']}) ===\n" + f"\n{SEPARATOR}\n".join(r["samples"]) for r in rows]
+    return "\n\n".join([head, stats_table(rows), *blocks])
+
+
+def as_columns(rows, head):
+    gap = " | "
+    width = (shutil.get_terminal_size((120, 24)).columns - len(gap) * (len(rows) - 1)) // len(rows)
+    if width < MIN_COLUMN:
+        return as_blocks(rows, head)
+    lines = [[clip(f"{r['model']} ({r['pos_emb']})", width) for r in rows]]  # each line: one cell per model
+    for samples in zip(*(r["samples"] for r in rows)):  # the models' first samples, then their second ...
+        lines += [["-" * width] * len(rows), *zip_longest(*(wrap(s, width) for s in samples), fillvalue="")]
+    text = "\n".join(gap.join(cell.ljust(width) for cell in line).rstrip() for line in lines)
+    return "\n\n".join([head, stats_table(rows), text])
+
+
+def clip(text, width):
+    """text in at most width characters, keeping its end (where run folder names differ)."""
+    return text if len(text) <= width else "..." + text[3 - width:]
+
+
+def wrap(text, width):
+    """text as lines of at most width characters, its own line breaks kept."""
+    return [piece for line in text.expandtabs().split("\n") for piece in textwrap.wrap(line, width) or [""]]
+
+
+def as_markdown(rows, head):
+    def cell(text):  # a table cell: markdown's specials escaped, line breaks as <br>
+        for ch in "\\`*_[]<>|~&":
+            text = text.replace(ch, "\\" + ch)
+        return text.replace("\n", "<br>")
+
+    def line(cells):
+        return "| " + " | ".join(cells) + " |"
+
+    lines = [cell(head), "", line(STATS), "|---|---|" + "---:|" * (len(STATS) - 2)]
+    lines += [line(cell(r[k]) for k in STATS) for r in rows]
+    lines += ["", line(cell(f"{r['model']} ({r['pos_emb']})") for r in rows), "|---" * len(rows) + "|"]
+    lines += [line(map(cell, samples)) for samples in zip(*(r["samples"] for r in rows))]
     return "\n".join(lines)
 
+
+def count(n):
+    return f"{n / 1e6:.2f}M" if n >= 1e6 else f"{n / 1e3:.1f}K"
+
+
+def fmt(x):
+    return "n/a" if x is None or not math.isfinite(x) else f"{x:.4f}"
+
+
+# ----------------------------------------------------------------------------- main
 
 def main(argv=None):
     args = arg_parser().parse_args(argv)
     try:
-        check_args(args)
-        device, _ = pick_device(args.device)
-        with torch.autocast(device.split(":")[0], dtype=pick_dtype("auto", device.split(":")[0]),
-                            enabled=device.startswith("cuda")):
-            compare(args, device) if args.compare else sample_one(args, device)
+        prompt = read_prompt(args.start)
+        device, reason = pick_device(args.device)
+        device_type = device.split(":")[0]
+        with torch.autocast(device_type, dtype=pick_dtype("auto", device_type), enabled=device_type == "cuda"):
+            (compare if args.compare else sample_one)(args, prompt, device, reason)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        sys.exit(130)
+    except BrokenPipeError:  # the reader (e.g. `| head`) left: stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush cannot fail again
+        sys.exit(0)
 
 
 if __name__ == "__main__":
