@@ -94,4 +94,4 @@ def parse(argv, *classes):
 
 
 def help_text(*classes):
-    return "\n".join(f"  --{key}={f.default!s:<16} {f.metadata['help']}" for key, (_, f) in known_keys(classes).items())
+    return "\n".join(f"  {f'--{key}={f.default}':<34} {f.metadata['help']}" for key, (_, f) in known_keys(classes).items())

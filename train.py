@@ -340,7 +340,7 @@ def load_checkpoint(path, device="cpu"):
         if code:
             raise ValueError(f"refused to load {str(path)!r}: it asks to call {code[1]}, not just to hold tensors and "
                              "plain data; weights_only loading never runs such code (use checkpoints you trust)") from None
-        why = next((line.strip() for line in str(e).splitlines() if "Unsupported" in line), str(e).partition("\n")[0])
+        why = next((line.strip() for line in str(e).splitlines() if "Unsupported" in line), str(e).partition(". ")[0])
         raise ValueError(f"{str(path)!r} is not a readable checkpoint, it is truncated or corrupt "
                          f"({type(e).__name__}: {why[:120]})") from None
     if not isinstance(ckpt, dict) or not {"model", "model_config"} <= ckpt.keys():
@@ -365,7 +365,7 @@ def resumable_checkpoint(path, config, meta, tc):
     diff = [f"{k}: checkpoint {saved[k]!r}, now {v!r}" for k, v in config.asdict().items()
             if k in saved and saved[k] != v and k not in ("dropout", "rope_scaling", "rope_scaling_factor")]
     if any(ckpt["tokenizer"].get(k) != meta.get(k) for k in ("tokenizer", "chars", "eot", "bpe_ranks")):
-        diff.append(f"tokenizer: the checkpoint's is not dataset {meta['dataset']!r}'s")
+        diff.append(f"tokenizer: dataset {meta['dataset']!r} has another vocabulary")
     if diff:
         raise ValueError("cannot resume: this run's model differs from the checkpoint's (" + "; ".join(diff) +
                          f"); pass the settings in {str(path.parent / 'config.json')!r} or use a new out_dir")
