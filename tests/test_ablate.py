@@ -1,0 +1,194 @@
+"""ablate.py: the grid end to end (every output, skip on rerun, resume after Ctrl-C, N/A past L0), and its statistics."""
+
+import csv
+import json
+import math
+import os
+import signal
+
+import pytest
+import torch
+
+import ablate
+import train
+from data.tokenizer import load_meta
+from conftest import TINY, run
+from model import GPT, GPTConfig
+
+# 2 schemes x 2 seeds of a tiny model, a few steps; L0 = 32, scored at 16, 32 and 64 tokens
+GRID = [*TINY, "--schemes=rope,learned", "--seeds=2", "--max_iters=4", "--eval_interval=2", "--log_interval=2",
+        "--eval_lengths=0.5,1,2", "--eval_tokens=128", "--sample_tokens=8"]
+
+
+@pytest.fixture(autouse=True)
+def one_thread(monkeypatch):
+    """Tiny models gain nothing from a second thread, whose synchronisation on a busy machine costs many times the work."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # for the command run as a subprocess
+    yield
+    torch.set_num_threads(threads)
+
+
+def has_matplotlib():
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def ablate_main(capsys, *args):
+    """ablate.main in-process: (exit code, stdout, stderr)."""
+    try:
+        ablate.main([str(a) for a in args])
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_grid_writes_every_output_and_a_rerun_skips_finished_runs(data_dir, tmp_path, capsys):
+    out = tmp_path / "abl"
+    args = ["ablate.py", *GRID, f"--data_dir={data_dir}", f"--out_dir={out}"]
+    first = run(*args)
+    runs = sorted(p.name for p in (out / "runs").iterdir())
+    assert runs == ["learned-seed1337", "learned-seed1338", "rope-seed1337", "rope-seed1338"]
+    for r in runs:
+        assert {"ckpt.pt", "metrics.jsonl", "config.json", "summary.json", "eval.json"} <= {p.name for p in (out / "runs" / r).iterdir()}
+    plots = ["val_loss.png", "loss_vs_length.png", "loss_vs_position.png"]
+    if has_matplotlib():
+        assert all((out / p).stat().st_size > 0 for p in plots)
+    else:
+        assert "matplotlib is not installed" in first.stdout and not any((out / p).exists() for p in plots)
+
+    res = json.loads((out / "results.json").read_text())
+    rope, learned = res["schemes"]["rope"], res["schemes"]["learned"]
+    assert res["lengths"] == [16, 32, 64]
+    # learned positions: a number up to L0, N/A past it, and no loss-by-position curve for the 64-token windows
+    assert learned["loss_by_length"]["none"]["32"]["mean"] > 0 and learned["loss_by_length"]["none"]["64"] is None
+    assert learned["loss_by_position"] == {}
+    assert set(rope["loss_by_length"]) == {"none", "linear", "ntk", "yarn"}
+    assert set(rope["loss_by_length"]["yarn"]) == {"64"}  # scalings only beyond L0
+    assert len(rope["loss_by_position"]["none"]) == 64
+    # fairness: the two schemes differ by the learned table only, and the paired test uses both seeds
+    assert learned["params_delta"] == 32 * 32 and learned["vs_reference"]["n"] == 2
+    assert len(rope["final_val_loss"]["values"]) == 2 and rope["sample"].startswith("ROMEO:")
+
+    md = (out / "results.md").read_text()
+    learned_row = next(line for line in md.splitlines() if line.startswith("| learned | none |"))
+    assert learned_row.split("|")[-2].strip() == "N/A" and learned_row.split("|")[-3].strip() != "N/A"
+    with open(out / "results.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 4 and all(r["loss_64"] == "" for r in rows if r["scheme"] == "learned")
+    assert all(float(r["loss_64_yarn"]) > 0 for r in rows if r["scheme"] == "rope")
+
+    stamps = {r: (out / "runs" / r / "ckpt.pt").stat().st_mtime_ns for r in runs}
+    code, again, _ = ablate_main(capsys, *args[1:])
+    assert code == 0 and "4 finished, 0 to resume, 0 to train" in again
+    assert {r: (out / "runs" / r / "ckpt.pt").stat().st_mtime_ns for r in runs} == stamps
+    assert json.loads((out / "results.json").read_text())["schemes"] == res["schemes"]
+
+    # changed settings are refused, naming the difference, and nothing is touched
+    code, _, err = ablate_main(capsys, *GRID, f"--data_dir={data_dir}", f"--out_dir={out}", "--max_iters=6")
+    assert code == 1 and err.startswith("error: ") and "max_iters: 4 there, 6 now" in err and "Traceback" not in err
+    assert {r: (out / "runs" / r / "ckpt.pt").stat().st_mtime_ns for r in runs} == stamps
+
+
+def test_an_interrupted_run_resumes_to_the_uninterrupted_result(data_dir, tmp_path, capsys, monkeypatch):
+    one = [*GRID, "--schemes=rope", "--seeds=1", "--max_iters=6", "--sample_tokens=0", f"--data_dir={data_dir}"]
+    assert ablate_main(capsys, *one, f"--out_dir={tmp_path / 'straight'}")[0] == 0
+
+    real_lr_at = train.lr_at
+
+    def ctrl_c_at_step_2(it, tc):  # a real SIGINT, handled by train's own stop flag
+        if it == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real_lr_at(it, tc)
+
+    monkeypatch.setattr(train, "lr_at", ctrl_c_at_step_2)
+    code, _, err = ablate_main(capsys, *one, f"--out_dir={tmp_path / 'cut'}")
+    assert code == 130 and "stopped at iteration 3 of 6" in err and "rerun the same command" in err
+    assert not (tmp_path / "cut" / "runs" / "rope-seed1337" / "summary.json").exists()
+    monkeypatch.undo()
+
+    code, out, _ = ablate_main(capsys, *one, f"--out_dir={tmp_path / 'cut'}")
+    assert code == 0 and "0 finished, 1 to resume, 0 to train" in out
+    log = (tmp_path / "cut" / "runs" / "rope-seed1337" / "train.log").read_text()
+    assert "resuming from" in log and "at iteration 3" in log
+    straight, cut = (json.loads((tmp_path / d / "results.json").read_text())["schemes"]["rope"]
+                     for d in ("straight", "cut"))
+    for key in ("final_val_loss", "val_bpb", "val_curve", "loss_by_length", "loss_by_position"):
+        assert cut[key] == straight[key], key
+
+
+def test_dry_run_prints_the_grid_and_an_estimate_and_trains_nothing(data_dir, tmp_path, capsys):
+    code, out, _ = ablate_main(capsys, *GRID, f"--data_dir={data_dir}", f"--out_dir={tmp_path}",
+                               "--variants=b500: rope_base=500", "--dry_run=true")
+    assert code == 0 and "3 schemes x 2 seeds = 6 runs" in out and "0 finished, 0 to resume, 6 to train" in out
+    assert "rope_base=500.0" in out and "estimated time:" in out
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("arg, named", [("--schemes=rope,xpos", "'xpos'"), ("--variants=b: rope_bse=5", "rope_bse"),
+                                        ("--variants=b: rope_fraction=0.1", "rot_dim"), ("--schemes=rope,rope", "repeated: rope"),
+                                        ("--eval_lengths=1,abc", "abc"), ("--rope_scalings=ntk,nope", "'nope'"),
+                                        ("--eval_lengths=8000", "does not fit"), ("--sample_prompt=ROMEO€", "€")])
+def test_bad_settings_give_one_line_errors(data_dir, tmp_path, capsys, arg, named):
+    code, _, err = ablate_main(capsys, *GRID, f"--data_dir={data_dir}", f"--out_dir={tmp_path}", arg)
+    assert code == 1 and err.startswith("error: ") and named in err and err.count("\n") == 1
+    assert not any(tmp_path.iterdir())
+
+
+def test_variants_parse_into_typed_overrides():
+    assert ablate.parse_variants(" b500: rope_base=500 ; half:rope_fraction=0.5, rope_layout=half") == [
+        ("b500", {"rope_base": 500.0}), ("half", {"rope_fraction": 0.5, "rope_layout": "half"})]
+    with pytest.raises(ValueError, match="rope_base"):
+        ablate.parse_variants("b: rope_base=ten")
+    with pytest.raises(ValueError, match="name"):
+        ablate.parse_variants("rope_base=500")
+
+
+def test_position_losses_match_the_model_loss_on_each_prefix(data_dir):
+    # the loss at position p is the model's mean loss on prefixes of length p+1, times p+1, minus that of length p:
+    # an independent route (causality + the model's own loss) to check the per-position bookkeeping
+    meta = load_meta(data_dir / "shakespeare_char")
+    (batches,) = ablate.eval_sets(data_dir / "shakespeare_char", meta, [12], 48, 24, "cpu").values()
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=12, vocab_size=meta["vocab_size"])).eval()
+    rt = train.Runtime("cpu", torch.float32, False)
+    curve = ablate.position_losses(model, batches, rt)
+    x, y = map(torch.cat, zip(*batches.eval_batches("val")))  # (4, 12) each: 48 tokens, 2 windows per forward
+    assert len(x) == 4
+    with torch.no_grad():
+        prefix = [0.0] + [model(x[:, :p], y[:, :p])[1].item() * p for p in range(1, 13)]
+    torch.testing.assert_close(curve, torch.tensor(prefix).diff().double(), atol=1e-5, rtol=1e-5)
+    # the same windows for every model and every call: drawn from the evaluation seed alone
+    (again,) = ablate.eval_sets(data_dir / "shakespeare_char", meta, [12], 48, 24, "cpu").values()
+    assert torch.equal(again.eval_starts["val"], batches.eval_starts["val"])
+
+
+@pytest.mark.parametrize("t", [-7.5, -1.3, 0.0, 0.4, 2.0, 12.0])
+def test_t_cdf_matches_the_closed_forms_for_one_and_two_degrees_of_freedom(t):
+    assert ablate.t_cdf(t, 1) == pytest.approx(0.5 + math.atan(t) / math.pi, abs=1e-10)  # Cauchy
+    assert ablate.t_cdf(t, 2) == pytest.approx(0.5 + t / (2 * math.sqrt(t * t + 2)), abs=1e-10)
+
+
+@pytest.mark.parametrize("df, q", [(2, 4.302652730), (4, 2.776445105), (10, 2.228138852), (30, 2.042272456)])
+def test_t_quantile_matches_published_critical_values(df, q):
+    assert ablate.t_quantile(0.975, df) == pytest.approx(q, abs=1e-7)
+    assert ablate.t_quantile(0.025, df) == pytest.approx(-q, abs=1e-7)
+
+
+def test_paired_test_p_and_interval_agree_with_the_t_distribution():
+    diffs = [0.031, 0.012, 0.024]
+    r = ablate.paired_test(diffs)
+    mean = sum(diffs) / 3
+    se = math.sqrt(sum((d - mean) ** 2 for d in diffs) / 2 / 3)
+    t = mean / se
+    assert r["t"] == pytest.approx(t) and r["p"] == pytest.approx(1 - t / math.sqrt(t * t + 2), abs=1e-9)  # df = 2
+    # a 95% interval holds exactly the shifts that a two-sided test would not reject at p = 0.05
+    for end in r["ci"]:
+        assert ablate.paired_test([d - end for d in diffs])["p"] == pytest.approx(0.05, abs=1e-9)
+    assert ablate.paired_test([0.5])["ci"] is None
