@@ -100,9 +100,11 @@ def test_missing_unreadable_and_binary_config_files(tmp_path):
         parse(str(tmp_path / "bin.toml"))
 
 
-def test_the_shipped_configs_parse_into_the_real_dataclasses():
+def test_the_shipped_training_configs_parse_into_the_real_dataclasses():
     from conftest import ROOT
-    for path in sorted((ROOT / "configs").glob("*.toml")):
+    configs = [p for p in sorted((ROOT / "configs").glob("*.toml")) if not p.name.startswith("ablate")]  # ablate.py's own
+    assert configs
+    for path in configs:
         gcfg, tc = config.parse([str(path)], GPTConfig, TrainConfig)
         assert gcfg.n_layer > 0 and tc.max_iters > 0, path
 

@@ -47,6 +47,7 @@ def test_two_processes_train_as_one_and_checkpoints_cross_over(data_dir, tmp_pat
             os.killpg(proc.pid, signal.SIGKILL)
     stops = re.findall(r"stopped at iteration (\d+); checkpoint written", stdout)
     assert len(stops) == 1 and "error:" not in stderr and "interrupted:" not in stderr, stdout + stderr
+    assert stderr.count("Traceback") <= 1  # torchrun's own SignalException, never a worker's
     k = int(stops[0])  # rank 0 alone reports; a worker quitting at once would have said "interrupted:"
     ckpt = train.load_checkpoint(ddp / "ckpt.pt")
     assert ckpt["iter"] == k and ckpt["record"]["world_size"] == 2
@@ -81,6 +82,7 @@ def test_a_divergence_stops_every_rank_and_keeps_the_checkpoint(data_dir, tmp_pa
     errors = [line for line in proc.stderr.splitlines() if re.match(r"(\[rank \d\] )?error:", line)]
     assert proc.returncode != 0 and len(errors) == 1, proc.stderr
     assert errors[0].startswith("error: evaluation gave a non-finite loss at iteration 3: training diverged")
-    exits = dict(re.findall(r"rank\s*: (\d) \(local_rank: \d\)\s+exitcode\s*: (-?\d+)", proc.stderr))
-    assert exits == {"0": "1", "1": "1"}, proc.stderr  # torchrun's summary: each rank exited by itself, none killed
+    # a rank left behind would die in its next collective with a traceback (or hang until SIGKILL);
+    # the only traceback here is torchrun's own report of the failure
+    assert proc.stderr.count("Traceback") == 1 and "exitcode  : -9" not in proc.stderr, proc.stderr
     assert (out / "ckpt.pt").read_bytes() == before
