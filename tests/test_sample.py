@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 import sample
 from conftest import TINY, run
+from data.tokenizer import TiktokenTokenizer, bpe_encoding
 from train import load_checkpoint, model_from_checkpoint
 
 SCHEMES = ("rope", "sinusoidal")
@@ -88,6 +89,21 @@ def test_text_streams_to_stdout_token_by_token(runs, capsys, monkeypatch):
     pieces = [w for w in writes if w]
     assert pieces[0] == "A" and pieces[-1] == "\n"
     assert len(pieces) == 1 + 30 + 1 and all(len(p) == 1 for p in pieces)  # the prompt, each token, the end
+
+
+def test_streaming_waits_for_the_rest_of_a_multi_byte_character():
+    # a byte-level tokenizer spells "é" in two tokens: the stream must never show half of it
+    class Bytes:  # stands in for a model: generate yields the given token ids
+        def generate(self, *args, **kwargs):
+            yield from (torch.tensor([[b]]) for b in "aé!".encode("utf-8"))
+
+    sampler = object.__new__(sample.Sampler)
+    sampler.model, sampler.ids = Bytes(), torch.zeros(1, 1, dtype=torch.long)
+    sampler.tok = TiktokenTokenizer(bpe_encoding({bytes([i]): i for i in range(256)}), "bpe")
+    args = sample.arg_parser().parse_args(["--max_new_tokens=4"])
+    writes = []
+    text, _ = sampler.sample(args, None, write=writes.append)
+    assert text == "aé!" and [w for w in writes if w] == ["a", "é", "!"]
 
 
 def test_prompt_from_file_equals_the_same_prompt_inline(runs, capsys, tmp_path):
