@@ -37,13 +37,17 @@ class GPTConfig:
     def __post_init__(self):
         if self.pos_emb not in POS_EMBS:
             raise ValueError(f"pos_emb={self.pos_emb!r} is unknown; choose one of {', '.join(POS_EMBS)}")
-        if self.n_embd % self.n_head:
-            raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
         for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name}={getattr(self, name)} must be a positive integer")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout={self.dropout} must lie in [0, 1)")
+        if self.pos_emb == "rope" and int(self.head_dim * self.rope_fraction) % 2:
+            raise ValueError(f"RoPE rotates pairs of dims, but head size n_embd/n_head={self.head_dim} times "
+                             f"rope_fraction={self.rope_fraction} gives {int(self.head_dim * self.rope_fraction)} "
+                             "rotated dims; choose them so this is even")
         if self.pos_emb == "sinusoidal" and self.n_embd % 2:
             raise ValueError(f"n_embd={self.n_embd} must be even for sinusoidal embeddings")
 

@@ -6,6 +6,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+
+# Tiny models run fastest on one thread, and a shared 2-core machine thrashes with more
+# (one step went from 3 ms to over a second); subprocesses inherit the variable.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+torch.set_num_threads(1)
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = Path(os.environ.get("NANOROPE_CORPUS", ROOT.parent / "shared/data/tinyshakespeare/input.txt"))
