@@ -202,6 +202,9 @@ def generator_for(seed, device):
 
 
 def load_all(dirs, prompt, args, device):
+    if args.rope_scaling_factor is not None and not args.rope_scaling:
+        raise ValueError(f"--rope_scaling_factor={args.rope_scaling_factor} needs --rope_scaling "
+                         f"({', '.join(rope.SCALINGS)})")
     samplers = [Sampler(d, prompt, args, device) for d in dirs]
     if args.rope_scaling and not any(s.model.config.pos_emb == "rope" for s in samplers):
         schemes = ", ".join(f"{s.name} uses pos_emb={s.model.config.pos_emb}" for s in samplers)

@@ -242,6 +242,7 @@ def foreign(tmp_path):
     (["--rope_scaling=ntk", "--max_context=64"], "needs a RoPE model; {runs}/out-sinusoidal uses pos_emb=sinusoidal"),
     (["--out_dir={runs}/out-rope", "--rope_scaling=ntk", "--rope_scaling_factor=0.5"],
      "factor=0.5 must be a finite number >= 1"),
+    (["--rope_scaling_factor=2"], "--rope_scaling_factor=2.0 needs --rope_scaling (none, linear, ntk"),
     (["--rope_scaling=wild"], "--rope_scaling: invalid choice: 'wild'"),
     (["--format=html"], "--format: invalid choice: 'html'"),
     (["--start=FILE:{runs}/nowhere.txt"], "prompt file '{runs}/nowhere.txt' does not exist"),
