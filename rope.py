@@ -221,8 +221,10 @@ class Rotary(torch.nn.Module):
         """(Re)build inv_freq and the cos/sin tables for positions [0, n) in float32 on device."""
         inv_freq, self.attn_factor = scaled_frequencies(self.rot_dim, self.base, self.scaling, self.factor,
                                                         self.original_len)
-        inv_freq = inv_freq.to(device)
-        cos, sin = rope_cache(inv_freq, torch.arange(n, device=device))  # (n, rot/2) each
+        # a table grown during generation (inference mode) must still serve training afterwards
+        with torch.inference_mode(False):
+            inv_freq = inv_freq.to(device)
+            cos, sin = rope_cache(inv_freq, torch.arange(n, device=device))  # (n, rot/2) each
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
@@ -235,7 +237,8 @@ class Rotary(torch.nn.Module):
         return self
 
     def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
-        """Rotate x (B, H, T, hs) as positions offset..offset+T-1 (offset: a KV cache's length)."""
+        """Rotate x (..., T, hs), e.g. q and k stacked (2, B, H, T, hs), as positions offset..offset+T-1
+        (offset: a KV cache's length)."""
         if x.shape[-1] != self.head_dim:
             raise ValueError(f"x has hs={x.shape[-1]} but this Rotary was built for head_dim={self.head_dim}")
         if offset < 0:
