@@ -98,15 +98,24 @@ def timed_first_call(fn, sync):
 
 # ----------------------------------------------------------------------------- benches
 
-def bench_matmul_peak(run):
-    """The (n, n) @ (n, n) matmul rate in the training dtype: the denominator of MFU."""
+def square_matmul(run):
+    """n and a call of an (n, n) @ (n, n) matmul in the training dtype: big enough to reach the device's peak."""
     n = 128 if run.quick else 4096 if run.rt.device_type == "cuda" else 1024
     a, b = (torch.randn(n, n, device=run.rt.device, dtype=run.rt.dtype) for _ in range(2))
-    seconds = time_in_turns({"mm": lambda: a @ b}, run.repeats("matmul_peak"), number=5 if run.quick else 3,
+    return n, lambda: a @ b
+
+
+def gflops(n, seconds):
+    return 2 * n**3 / seconds / 1e9
+
+
+def bench_matmul_peak(run):
+    """The matmul rate: what MFU divides by."""
+    n, matmul = square_matmul(run)
+    seconds = time_in_turns({"mm": matmul}, run.repeats("matmul_peak"), number=5 if run.quick else 3,
                             sync=run.sync, desc="matmul_peak")["mm"]
     figures = spread(seconds)
-    figures["gflops"] = 2 * n**3 / (figures["ms_median"] / 1e3) / 1e9
-    run.peak_flops = figures["gflops"] * 1e9
+    figures["gflops"] = gflops(n, statistics.median(seconds))
     return [({"n": n, "dtype": run.dtype_name, "threads": torch.get_num_threads()}, figures)]
 
 
@@ -150,20 +159,24 @@ def bench_train_step(run):
     def with_batches(forward):
         return lambda: step(forward, next(turns))
 
-    variants = {False: with_batches(model)}
+    # MFU's peak is timed in the same rounds as the steps: on a shared machine a peak measured apart, under
+    # other load, can come out below what the steps reach
+    n, matmul = square_matmul(run)
+    variants = {"matmul": matmul, False: with_batches(model)}
     compile_s = None
     if run.compile:
         variants[True] = with_batches(torch.compile(model))
         compile_s = timed_first_call(variants[True], run.sync)
     seconds = time_in_turns(variants, run.repeats("train_step"), warmup=2, sync=run.sync, desc="train_step")
+    peak_gflops = gflops(n, statistics.median(seconds.pop("matmul")))
     tokens_per_step = micro * tc.batch_size * gcfg.block_size
     flops_per_token = model.flops_per_token(gcfg.block_size)
     rows = []
     for compiled, s in seconds.items():
         figures = spread(s)
         figures["tokens_per_s"] = tokens_per_step / (figures["ms_median"] / 1e3)
-        if run.peak_flops:
-            figures["mfu"] = flops_per_token * figures["tokens_per_s"] / run.peak_flops
+        figures["peak_gflops"] = peak_gflops
+        figures["mfu"] = flops_per_token * figures["tokens_per_s"] / (peak_gflops * 1e9)
         if compiled:
             figures["compile_s"] = compile_s
         rows.append(({"compiled": compiled, **run.shape(batch=True)}, figures))
@@ -262,7 +275,7 @@ def bench_rope_apply(run):
 
 
 BENCHES = {"matmul_peak": bench_matmul_peak, "train_step": bench_train_step, "generate": bench_generate,
-           "rope_apply": bench_rope_apply}  # in running order: train_step's MFU needs matmul_peak's figure
+           "rope_apply": bench_rope_apply}
 
 
 # ----------------------------------------------------------------------------- the run
@@ -295,7 +308,6 @@ class Run:
                 self.compile_note = f"skipped: {e}"
         self.new_tokens = args.new_tokens or (16 if args.quick else 500)
         self._repeats = args.repeats or (3 if args.quick else None)
-        self.peak_flops = None
 
     def repeats(self, bench):
         return self._repeats or REPEATS[bench]
@@ -326,6 +338,7 @@ def parse_only(text):
 # ----------------------------------------------------------------------------- output
 
 FIGURE_FORMATS = {"tokens_per_s": "{:,.0f} tok/s", "gflops": "{:.1f} GFLOP/s", "mfu": "MFU {:.1%}",
+                  "peak_gflops": "peak {:.1f} GFLOP/s",
                   "speedup": "{:.2f}x uncached", "vs_clone": "{:.2f}x clone", "vs_best_reference": "{:.2f}x best ref",
                   "compile_s": "compile {:.1f} s"}
 SHOWN_ONCE = ("config", "n_layer", "n_head", "n_embd", "block_size", "vocab_size", "pos_emb", "dtype", "batch_size",
@@ -359,8 +372,6 @@ def main(argv=None):
         run = Run(args)
         if not args.json:
             print(table_header(run, only), flush=True)
-        if "train_step" in only and "matmul_peak" not in only:
-            bench_matmul_peak(run)  # MFU needs the peak even when its line is not asked for
         for name in BENCHES:
             if name not in only:
                 continue
