@@ -109,7 +109,13 @@ def make_grid(ac, gcfg):
     if not names or len(set(names)) < len(names):
         raise ValueError(f"schemes={ac.schemes!r} and variants={ac.variants!r} must name at least one scheme, "
                          f"each once (repeated: {', '.join(sorted({n for n in names if names.count(n) > 1}))})")
-    return {name: replace(gcfg, **o) for name, o in entries}
+    grid = {}
+    for name, o in entries:
+        try:
+            grid[name] = replace(gcfg, **o)
+        except ValueError as e:
+            raise ValueError(f"scheme {name!r}: {e}") from None
+    return grid
 
 
 def param_counts(grid):
@@ -517,20 +523,20 @@ def write_plots(results, out):
     def save(fig, ax, file, title, xlabel, ylabel):
         ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize="small")
+        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1))  # beside the axes, never over a line
         fig.tight_layout()
         fig.savefig(out / file, dpi=110)
         plt.close(fig)
         plots.append((file, title))
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(8.5, 4.5))
     for name, x in schemes.items():
         c = x["val_curve"]
         ax.plot(c["iters"], c["mean"], color=colors[name], label=name)
         ax.fill_between(c["iters"], c["min"], c["max"], color=colors[name], alpha=0.2)
     save(fig, ax, "val_loss.png", "Validation loss during training (band: min-max over seeds)", "step", "val loss")
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(8.5, 4.5))
     for name, x in schemes.items():
         for sc, by_len in x["loss_by_length"].items():
             if sc != "none" and str(L0) in x["loss_by_length"]["none"]:  # at L0 the factor is 1: start from plain
@@ -546,9 +552,9 @@ def write_plots(results, out):
     save(fig, ax, "loss_vs_length.png", f"Loss vs evaluation context (trained at L0 = {L0})", "context length (tokens)",
          "val loss")
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(8.5, 4.5))
     longest = max(results["lengths"])
-    width = max(1, longest // 128)  # average positions in buckets: one position's mean over few windows is noisy
+    width = max(1, longest // 32)  # 32 buckets: one position's mean over a few dozen windows is too noisy to read
     for name, x in schemes.items():
         for sc, curve in x["loss_by_position"].items():
             buckets = np.array(curve[: len(curve) // width * width]).reshape(-1, width).mean(1)  # (n_buckets,)
