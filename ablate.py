@@ -67,7 +67,7 @@ class AblateConfig:
 
 
 class Interrupted(Exception):
-    pass
+    """A run stopped before max_iters (Ctrl-C, SIGTERM); rerunning the command resumes it."""
 
 
 # ----------------------------------------------------------------------------- the grid
@@ -106,9 +106,11 @@ def make_grid(ac, gcfg):
     entries = [(s, {"pos_emb": s}) for s in split_list(ac.schemes)]
     entries += [(name, {"pos_emb": "rope", **o}) for name, o in parse_variants(ac.variants)]
     names = [name for name, _ in entries]
-    if not names or len(set(names)) < len(names):
-        raise ValueError(f"schemes={ac.schemes!r} and variants={ac.variants!r} must name at least one scheme, "
-                         f"each once (repeated: {', '.join(sorted({n for n in names if names.count(n) > 1}))})")
+    if not names:
+        raise ValueError("schemes and variants are both empty; name at least one scheme, e.g. schemes=rope")
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ValueError(f"each scheme and variant needs its own name; repeated: {', '.join(repeated)}")
     grid = {}
     for name, o in entries:
         try:
