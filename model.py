@@ -81,6 +81,16 @@ class KVCache:
         return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
 
 
+def attention(q, k, v, mask, **kw):
+    """scaled_dot_product_attention; on CPU always in float32, even under bf16 autocast: there the bf16
+    flash-attention backward is ~4x slower than float32's, while the matmuls around it gain 2.5x (bench.py)."""
+    if q.device.type != "cpu":
+        mask = mask.to(q.dtype) if mask is not None and mask.is_floating_point() else mask
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **kw)
+    with torch.autocast("cpu", enabled=False):
+        return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask, **kw).to(q.dtype)
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, config, layer):
         super().__init__()
@@ -101,13 +111,12 @@ class CausalSelfAttention(nn.Module):
         scale = pos.attn_factor / math.sqrt(q.shape[-1])
         dropout = self.dropout if self.training else 0.0
         if pos.alibi_slopes is not None:
-            mask = rope.alibi_bias(pos.alibi_slopes, T, k.shape[2], past).to(q.dtype)  # (nh, T, past+T)
+            mask = rope.alibi_bias(pos.alibi_slopes, T, k.shape[2], past)  # (nh, T, past+T)
         elif past == 0 or T == 1:  # plain causal, or a lone new token that may see every key
             mask = None
         else:  # new tokens after cached ones: is_causal would align the triangle top-left
             mask = torch.ones(T, k.shape[2], dtype=torch.bool, device=x.device).tril(diagonal=past)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout,
-                                           is_causal=mask is None and T > 1, scale=scale)  # (B, nh, T, hs)
+        y = attention(q, k, v, mask, dropout_p=dropout, is_causal=mask is None and T > 1, scale=scale)  # (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
         return F.dropout(self.c_proj(y), self.dropout, self.training)
 
