@@ -137,6 +137,29 @@ def _complex_pairs(x):
     return torch.view_as_complex(x if viewable else x.contiguous())
 
 
+class _TurnPairs(torch.autograd.Function):
+    """x (..., T, hs) with its pairs as complex numbers, times cis = e^{i m theta} (T, hs/2).
+
+    Autograd would get the same gradients through view_as_complex, mul and view_as_real, but with
+    a kernel or a copy at each step; here the backward is one multiplication by conj(cis), R(m)^T."""
+
+    @staticmethod
+    def forward(ctx, x, cis):
+        xz = _complex_pairs(x)  # (..., T, hs/2)
+        ctx.save_for_backward(cis, xz if ctx.needs_input_grad[1] else None)
+        return torch.view_as_real(xz * cis).flatten(-2)  # (..., T, hs/2, 2) -> (..., T, hs)
+
+    @staticmethod
+    def backward(ctx, grad):
+        cis, xz = ctx.saved_tensors
+        gz = _complex_pairs(grad)  # (..., T, hs/2)
+        grad_x = torch.view_as_real(gz * cis.conj()).flatten(-2) if ctx.needs_input_grad[0] else None
+        grad_cis = None
+        if ctx.needs_input_grad[1]:  # the tables only need gradients in tests: summed over the broadcast dims
+            grad_cis = (gz * xz.conj()).reshape(-1, *cis.shape).sum(0)
+        return grad_x, grad_cis
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "interleaved") -> torch.Tensor:
     """Rotate the first 2*cos.shape[-1] dims of x (..., T, hs) by R(m) per pair; the rest pass
     through bit-identically. cos, sin (T, rot/2) broadcast over the leading dims. Computes in
@@ -152,8 +175,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: st
     if layout == "interleaved":
         # Pair (a, b) as a + ib times e^{i m theta} = cos + i sin is (a cos - b sin) + i(a sin + b cos):
         # R(m) in one kernel each way; real arithmetic on stride-2 views is several times slower on CPU.
-        z = _complex_pairs(xr) * torch.complex(cos, sin)  # (..., T, hs/2) complex
-        out = torch.view_as_real(z).flatten(-2)  # (..., T, hs/2, 2) -> (..., T, hs)
+        out = _TurnPairs.apply(xr, torch.complex(cos, sin))  # (..., T, hs)
     else:
         # rolling by hs/2 brings each partner under its pair-mate: x_{i+hs/2} under x_i and back
         out = xr * torch.cat((cos, cos), -1) + xr.roll(half, -1) * torch.cat((-sin, sin), -1)  # (..., T, hs)
