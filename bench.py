@@ -191,7 +191,8 @@ def bench_generate(run):
 
     def generation(use_cache):
         def call():
-            with run.rt.autocast():
+            # as sample.py decodes: autocast on CUDA only (batch-1 decoding on CPU gains nothing from bf16)
+            with torch.autocast(run.rt.device_type, dtype=run.rt.dtype, enabled=run.rt.device_type == "cuda"):
                 for _ in model.generate(prompt, run.new_tokens, temperature=0, use_cache=use_cache):
                     pass
         return call
