@@ -1,8 +1,11 @@
 """The decoder: causality, what each positional scheme does to it, the KV cache, sampling controls."""
 
+import math
+
 import pytest
 import torch
 
+import rope
 from model import GPT, POS_EMBS, GPTConfig, KVCache, sample_next
 
 
@@ -133,3 +136,14 @@ def test_sample_next_controls():
     a = [sample_next(logits, 1.0, generator=torch.Generator().manual_seed(3)).item() for _ in range(5)]
     b = [sample_next(logits, 1.0, generator=torch.Generator().manual_seed(3)).item() for _ in range(5)]
     assert a == b
+
+
+def test_sinusoidal_input_is_scaled_tokens_plus_the_table():
+    # the paper scales token embeddings by sqrt(d) before adding the table; without it the +-1 table
+    # drowns std-0.02 embeddings and the scheme cannot learn in a short run
+    model = tiny("sinusoidal")
+    tok = torch.randn(2, 5, 32)
+    expected = tok * math.sqrt(32) + rope.sinusoidal_table(8, 32)[3:8]
+    torch.testing.assert_close(model.pos.embed(tok, 3), expected)
+    far = model.pos.embed(tok, 40)  # past the built table: computed from the formula on demand
+    torch.testing.assert_close(far, tok * math.sqrt(32) + rope.sinusoidal_table(45, 32)[40:45])
