@@ -15,7 +15,6 @@ import contextlib
 import io
 import itertools
 import json
-import math
 import statistics
 import sys
 import time
@@ -127,8 +126,7 @@ def make_train_step(model, optimizer, tc, rt):
 
     def step(forward, batches):
         nonlocal it
-        for group in optimizer.param_groups:
-            group["lr"] = train.lr_at(it, tc)
+        train.set_lr(optimizer, it, tc)
         loss_sum = 0.0
         for x, y in batches:
             with rt.autocast():
@@ -136,11 +134,7 @@ def make_train_step(model, optimizer, tc, rt):
             scaler.scale(loss).backward()
             loss_sum += loss.detach()
         loss_sum.item()  # train.py reads the loss back every step (a device sync)
-        scaler.unscale_(optimizer)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip or math.inf)  # train.py logs the norm
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.zero_grad(set_to_none=True)
+        train.apply_gradients(model, optimizer, scaler, tc.grad_clip)
         it += 1
     return step
 

@@ -280,6 +280,23 @@ def lr_at(it, tc):
     return min_lr + 0.5 * (1 + math.cos(math.pi * progress)) * (tc.learning_rate - min_lr)
 
 
+def set_lr(optimizer, it, tc):
+    lr = lr_at(it, tc)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    return lr
+
+
+def apply_gradients(raw_model, optimizer, scaler, grad_clip):
+    """The end of every step: unscale, clip the global norm (0 = off), step, clear. Returns the norm."""
+    scaler.unscale_(optimizer)
+    grad_norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), grad_clip or math.inf)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    return grad_norm
+
+
 # ----------------------------------------------------------------------------- checkpoints
 
 RESUME_KEYS = ("model", "optimizer", "scaler", "iter", "best_val_loss", "rng", "tokenizer")
@@ -502,9 +519,7 @@ def train(gcfg, tc, argv=None):
         for it in range(start_iter, tc.max_iters):
             done = it + 1
             t0 = time.perf_counter()
-            lr = lr_at(it, tc)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
+            lr = set_lr(optimizer, it, tc)
             loss_sum = torch.zeros((), device=rt.device)
             for j in range(micro_steps):
                 micro = rt.rank * micro_steps + j  # place in the global batch: its data and dropout masks
@@ -523,11 +538,7 @@ def train(gcfg, tc, argv=None):
             train_loss, stop_now = status[0].item() / rt.world_size, status[1].item() > 0
             if not math.isfinite(train_loss):
                 raise Divergence(diverged(f"the training loss is {train_loss}"))
-            scaler.unscale_(optimizer)
-            grad_norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), tc.grad_clip or math.inf)
-            scaler.step(optimizer)
-            scaler.update()
-            optimizer.zero_grad(set_to_none=True)
+            grad_norm = apply_gradients(raw_model, optimizer, scaler, tc.grad_clip)
             step_time += time.perf_counter() - t0
             step_count += 1
             tokens_per_s = tokens_per_step * step_count / step_time
