@@ -38,14 +38,8 @@ QUICK = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, dropout=0.0, vocab_s
 ROPE_SHAPE, ROPE_SHAPE_QUICK = (8, 6, 256, 64), (2, 2, 32, 16)  # (B, H, T, d): six 64-wide heads at context 256
 
 
-class ArgumentParser(argparse.ArgumentParser):
-    def error(self, message):  # one line like the other commands' errors, not argparse's usage block
-        print(f"error: {message} (python bench.py --help lists the options)", file=sys.stderr)
-        sys.exit(1)
-
-
 def arg_parser():
-    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = config.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", action="store_true", help="print one JSON object a line instead of a table")
     p.add_argument("--device", default=None, help="auto, cpu, cuda, cuda:N or mps (default: the config's, auto)")
     p.add_argument("--config", default=None, metavar="TOML",

@@ -5,8 +5,10 @@ parsed together, so a flat TOML file or command line can set any of them. A bare
 sets a bool field to true.
 """
 
+import argparse
 import contextlib
 import difflib
+import sys
 import tomllib
 import types
 from dataclasses import field, fields
@@ -95,3 +97,12 @@ def parse(argv, *classes):
 
 def help_text(*classes):
     return "\n".join(f"  {f'--{key}={f.default}':<34} {f.metadata['help']}" for key, (_, f) in known_keys(classes).items())
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse for the commands that take flags (sample.py, bench.py): one `error:` line and exit 1 on a
+    bad flag, like every other error here, instead of argparse's usage block and exit 2."""
+
+    def error(self, message):
+        print(f"error: {message} (python {self.prog} --help lists the options)", file=sys.stderr)
+        sys.exit(1)

@@ -37,12 +37,6 @@ SEPARATOR = "-" * 40  # between samples of one model
 
 # ----------------------------------------------------------------------------- arguments
 
-class ArgumentParser(argparse.ArgumentParser):
-    def error(self, message):  # one line like train.py's errors, not argparse's usage block
-        print(f"error: {message} (python sample.py --help lists the options)", file=sys.stderr)
-        sys.exit(1)
-
-
 def checked(convert, valid, what):
     """An argparse type: convert the text, then insist on valid(value), naming the bad value and `what`."""
     def parse(text):
@@ -63,7 +57,7 @@ true_false = checked(lambda t: config.coerce("", t, bool), lambda v: True, "true
 
 
 def arg_parser():
-    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = config.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     where = p.add_mutually_exclusive_group()
     where.add_argument("--out_dir", help="run folder holding best.pt / ckpt.pt (default: out, else the newest "
                                          "out*/ folder here with a checkpoint)")
