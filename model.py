@@ -150,7 +150,7 @@ class Positions(nn.Module):
 
     def __init__(self, config):
         super().__init__()
-        self.config, self.attn_factor = config, 1.0
+        self.config = config
         self.rotary = self.wpe = None
         alibi = config.pos_emb == "alibi"
         self.register_buffer("alibi_slopes", rope.alibi_slopes(config.n_head) if alibi else None, persistent=False)
@@ -158,16 +158,19 @@ class Positions(nn.Module):
             self.rotary = rope.Rotary(config.head_dim, config.rope_base, config.rope_fraction, config.rope_layout,
                                       config.rope_scaling, config.rope_scaling_factor,
                                       original_len=config.block_size, max_len=config.block_size)
-            self.attn_factor = self.rotary.attn_factor
         elif config.pos_emb == "learned":
             self.wpe = nn.Embedding(config.block_size, config.n_embd)
         elif config.pos_emb == "sinusoidal":
             self.register_buffer("sinusoid", rope.sinusoidal_table(config.block_size, config.n_embd), persistent=False)
 
+    @property
+    def attn_factor(self):
+        """Multiplier of the softmax scale: YaRN's temperature, else 1."""
+        return self.rotary.attn_factor if self.rotary is not None else 1.0
+
     def set_rope_scaling(self, scaling, factor=1.0, original_len=None):
         assert self.rotary is not None, "RoPE scaling needs pos_emb='rope'"
         self.rotary.set_scaling(scaling, factor, original_len)
-        self.attn_factor = self.rotary.attn_factor
 
     def embed(self, tok, offset):
         """The input embedding of token embeddings tok (B, T, C) at positions offset..offset+T-1."""
@@ -232,7 +235,7 @@ class GPT(nn.Module):
         sit after the cached ones. Without targets only the last position's logits are computed
         (all that generation needs).
         """
-        B, T = idx.shape
+        T = idx.shape[1]
         offset = cache.length if cache is not None else start_pos
         x = self.drop(self.pos.embed(self.wte(idx), offset))  # (B, T, C)
         for block in self.blocks:
@@ -274,11 +277,10 @@ class GPT(nn.Module):
         idx = idx[:, -n_ctx:]
         cache, window = None, idx  # window: the tokens the model currently conditions on
         for _ in range(max_new_tokens):
-            if use_cache and cache is not None and cache.length < n_ctx:
+            if cache is not None:  # only the newest token is new to the cache
                 logits, _ = self(window[:, -1:], cache=cache)
-            else:
-                if use_cache:  # (re)fill the cache with the whole window
-                    cache = KVCache(self.config, idx.shape[0], n_ctx, idx.device, dtype)
+            else:  # read the whole window, filling a fresh cache if one is used
+                cache = KVCache(self.config, idx.shape[0], n_ctx, idx.device, dtype) if use_cache else None
                 logits, _ = self(window, cache=cache)
             nxt = sample_next(logits[:, -1, :], temperature, top_k, top_p, generator)
             yield nxt
