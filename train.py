@@ -33,7 +33,7 @@ from tqdm import tqdm
 
 import config
 from config import opt
-from data.tokenizer import load_meta, open_split
+from data.tokenizer import bytes_per_token, load_meta, open_split
 from model import GPT, GPTConfig
 
 EVAL_SEED = 1234  # validation batches are the same for every run and seed, so val losses compare
@@ -251,8 +251,7 @@ def evaluate(model, batches, rt):
             with rt.autocast():
                 losses.append(model(x, y)[1].item())
         out[f"{split}_loss"] = sum(losses) / len(losses)
-    meta = batches.meta
-    out["val_bpb"] = out["val_loss"] / math.log(2) * meta["val_tokens"] / meta["val_bytes"]
+    out["val_bpb"] = out["val_loss"] / math.log(2) / bytes_per_token(batches.meta)
     model.train()
     return out
 
