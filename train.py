@@ -169,8 +169,9 @@ def setup_runtime(tc):
         raise ValueError(f"gradient_accumulation_steps={tc.gradient_accumulation_steps} must be divisible by the "
                          f"number of processes ({world}), which share its micro-batches")
     device, reason = pick_device(tc.device, local_rank)
-    rt = Runtime(device, pick_dtype(tc.dtype, device.split(":")[0]), False, rank, local_rank, world)
-    rt.compile = check_compile(tc.compile, rt.device_type)
+    device_type = device.partition(":")[0]
+    rt = Runtime(device, pick_dtype(tc.dtype, device_type), check_compile(tc.compile, device_type), rank, local_rank,
+                 world)
     if "RANK" in os.environ:
         dist.init_process_group(backend="nccl" if rt.device_type == "cuda" else "gloo")
     if rt.device_type == "cuda":
@@ -209,8 +210,8 @@ class Batches:
     def __init__(self, dataset_dir, meta, block_size, batch_size, seed, device, eval_iters):
         self.meta, self.block_size, self.batch_size, self.seed, self.device = meta, block_size, batch_size, seed, device
         self.dataset_dir = dataset_dir
-        for split in ("train", "val"):
-            n = len(open_split(dataset_dir, split, meta))
+        self.lengths = {split: len(open_split(dataset_dir, split, meta)) for split in ("train", "val")}
+        for split, n in self.lengths.items():
             if n <= block_size:
                 raise ValueError(f"block_size={block_size} is too large for the {split} split ({n} tokens); "
                                  f"use a block_size below {n}")
@@ -218,7 +219,7 @@ class Batches:
         self.eval_starts = {s: self._starts(s, eval_iters * batch_size, g) for s in ("train", "val")}
 
     def _starts(self, split, n, generator):
-        high = len(open_split(self.dataset_dir, split, self.meta)) - self.block_size
+        high = self.lengths[split] - self.block_size
         return torch.randint(high, (n,), generator=generator)
 
     def _load(self, split, starts):
@@ -486,6 +487,7 @@ def train(gcfg, tc, argv=None):
     compiled = torch.compile(raw_model) if rt.compile else raw_model
     model = compiled if rt.world_size == 1 else DDP(compiled, device_ids=[rt.local_rank] if rt.device_type == "cuda" else None)
     record = {"model": gcfg.asdict(), "train": asdict(tc), **run_record(), "world_size": rt.world_size}
+    tokens_per_step = tc.batch_size * gcfg.block_size * tc.gradient_accumulation_steps
     if rt.master:
         out.mkdir(parents=True, exist_ok=True)
         if tc.resume:
@@ -493,7 +495,7 @@ def train(gcfg, tc, argv=None):
             print(f"resuming from {out / 'ckpt.pt'} at iteration {start_iter}")
         atomic_write(out / "config.json", lambda f: f.write((json.dumps(record, indent=2) + "\n").encode()))
         print(f"model: {raw_model.num_params() / 1e6:.2f}M parameters, pos_emb={gcfg.pos_emb}; "
-              f"tokens per step: {tc.batch_size * gcfg.block_size * tc.gradient_accumulation_steps:,}")
+              f"tokens per step: {tokens_per_step:,}")
 
     def checkpoint(path):
         save_checkpoint({"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
@@ -509,7 +511,6 @@ def train(gcfg, tc, argv=None):
                 f"high (lower it or raise warmup_iters), or {str(rt.dtype).removeprefix('torch.')} overflowing "
                 f"(try dtype=bfloat16 or float32); {kept}")
 
-    tokens_per_step = tc.batch_size * gcfg.block_size * tc.gradient_accumulation_steps
     flops_per_step = raw_model.flops_per_token(gcfg.block_size) * tokens_per_step
     t_start, step_time, step_count = time.perf_counter() - elapsed, 0.0, 0
     with (StopFlag(quit_on_repeat=rt.world_size == 1) as stop,
@@ -530,11 +531,13 @@ def train(gcfg, tc, argv=None):
                     loss = model(x, y)[1] / micro_steps
                 scaler.scale(loss).backward()
                 loss_sum += loss.detach()
-            # one collective carries the loss (for the log) and every rank's stop request, so all stop together
-            status = torch.stack([loss_sum, torch.tensor(float(stop.requested), device=rt.device)])
-            if rt.world_size > 1:
+            if rt.world_size == 1:
+                train_loss, stop_now = loss_sum.item(), stop.requested
+            else:  # one collective carries the loss (for the log) and every rank's stop request: all stop together
+                status = torch.stack([loss_sum, torch.tensor(float(stop.requested), device=rt.device)])
                 dist.all_reduce(status)
-            train_loss, stop_now = status[0].item() / rt.world_size, status[1].item() > 0
+                loss_total, requests = status.tolist()
+                train_loss, stop_now = loss_total / rt.world_size, requests > 0
             if not math.isfinite(train_loss):
                 raise Divergence(diverged(f"the training loss is {train_loss}"))
             grad_norm = apply_gradients(raw_model, optimizer, scaler, tc.grad_clip)
