@@ -128,11 +128,7 @@ class Sampler:
         self.ckpt = load_checkpoint(self.path, device)
         if "tokenizer" not in self.ckpt:
             raise ValueError(f"{str(self.path)!r} is not a nanorope checkpoint (it lacks the tokenizer entry)")
-        try:
-            self.model = model_from_checkpoint(self.ckpt, device).eval()
-        except (TypeError, RuntimeError) as e:  # config keys or weights of another model
-            why = str(e).splitlines()[0][:200]
-            raise ValueError(f"{str(self.path)!r} does not fit nanorope's model: {why}") from None
+        self.model = model_from_checkpoint(self.ckpt, device, self.path).eval()
         self.tok = tokenizer_from_meta(self.ckpt["tokenizer"])
         cfg = self.model.config
         try:
@@ -159,7 +155,7 @@ class Sampler:
         return (f"{self.path}: pos_emb={self.scheme}, {count(self.model.num_params())} params, "
                 f"iter {self.ckpt.get('iter', '?')}, best val loss {fmt(self.ckpt.get('best_val_loss'))}")
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def prompt_loss(self):
         """Mean cross-entropy (nats/token) of the prompt, its first token predicted from the start token:
         how surprised the model is by the prompt. None for an empty prompt; a long one is scored on its
@@ -171,7 +167,7 @@ class Sampler:
 
     def sample(self, args, generator, on_token=None, write=None):
         """Draw one sample, passing text to write as it becomes whole; returns (text, tokens per second)."""
-        out, shown = [], ""
+        out, pending = [], []  # pending: drawn but not yet written, only the tail is ever decoded
         t0 = time.perf_counter()
         for nxt in self.model.generate(self.ids, args.max_new_tokens, args.temperature, args.top_k, args.top_p,
                                        args.max_context, use_cache=args.kv_cache, generator=generator):
@@ -179,15 +175,15 @@ class Sampler:
             if on_token:
                 on_token()
             if write:
-                text = self.tok.decode(out)
-                if not text.endswith("\ufffd"):  # a byte-level token may end mid-character: wait for the rest
-                    write(text[len(shown):])
-                    shown = text
+                pending.append(out[-1])
+                piece = self.tok.decode(pending)
+                if not piece.endswith("\ufffd"):  # a byte-level token may end mid-character: wait for the rest
+                    write(piece)
+                    pending.clear()
         rate = len(out) / (time.perf_counter() - t0)
-        text = self.tok.decode(out)
-        if write:
-            write(text[len(shown):])
-        return text, rate
+        if write and pending:
+            write(self.tok.decode(pending))
+        return self.tok.decode(out), rate
 
 
 def generator_for(seed, device):
@@ -324,8 +320,7 @@ def main(argv=None):
         prompt = read_prompt(args.start)
         device, reason = pick_device(args.device)
         device_type = device.split(":")[0]
-        # inference mode skips autograd's bookkeeping that no_grad keeps: about 15% faster decoding on CPU
-        with torch.inference_mode(), torch.autocast(device_type, dtype=pick_dtype("auto", device_type),
+        with torch.autocast(device_type, dtype=pick_dtype("auto", device_type),
                                                     enabled=device_type == "cuda"):
             (compare if args.compare else sample_one)(args, prompt, device, reason)
     except ValueError as e:

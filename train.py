@@ -365,9 +365,13 @@ def load_checkpoint(path, device="cpu"):
     return ckpt
 
 
-def model_from_checkpoint(ckpt, device="cpu"):
-    model = GPT(GPTConfig(**ckpt["model_config"]))
-    model.load_state_dict(ckpt["model"])
+def model_from_checkpoint(ckpt, device="cpu", path="the checkpoint"):
+    """The GPT a load_checkpoint dict describes; one whose config or weights are another model's is refused."""
+    try:
+        model = GPT(GPTConfig(**ckpt["model_config"]))
+        model.load_state_dict(ckpt["model"])
+    except (TypeError, RuntimeError) as e:  # config keys or weight shapes of another model
+        raise ValueError(f"{str(path)!r} does not fit nanorope's model: {str(e).splitlines()[0][:200]}") from None
     return model.to(device)
 
 
