@@ -28,14 +28,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from tqdm import tqdm
 
 import config
 import rope
 import train
 from config import opt
-from data.tokenizer import load_meta, open_split, tokenizer_from_meta
+from data.tokenizer import load_meta, tokenizer_from_meta
 from model import GPT, POS_EMBS, GPTConfig
 
 REFERENCE = "rope"  # the scheme every other one is compared against, seed by seed
@@ -202,15 +201,13 @@ def train_run(name, gcfg, tc, out):
 def eval_sets(dataset_dir, meta, lengths, n_tokens, tokens_per_forward, device):
     """{L: train.Batches whose fixed validation set holds about n_tokens in windows of L tokens}. Batches draws
     that set from EVAL_SEED alone, so every model of the grid is scored on the same windows."""
-    n_val = len(open_split(dataset_dir, "val", meta))
-    if max(lengths) >= n_val:
-        raise ValueError(f"eval length {max(lengths)} does not fit the val split ({n_val} tokens); "
-                         "use smaller eval_lengths")
     sets = {}
     for L in lengths:
         rows = max(1, tokens_per_forward // L)  # windows per forward: long ones cost O(L^2) attention memory
-        # (seed 0: these Batches' training batches are never drawn)
-        sets[L] = train.Batches(dataset_dir, meta, L, rows, 0, device, eval_iters=max(1, n_tokens // (rows * L)))
+        try:  # (seed 0: these Batches' training batches are never drawn)
+            sets[L] = train.Batches(dataset_dir, meta, L, rows, 0, device, eval_iters=max(1, n_tokens // (rows * L)))
+        except ValueError as e:  # the window does not fit a split
+            raise ValueError(f"eval length {L} does not fit the data: {e}; use smaller eval_lengths") from None
     return sets
 
 
@@ -220,9 +217,8 @@ def position_losses(model, batches, rt):
     total, n = torch.zeros(batches.block_size, dtype=torch.float64), 0
     for x, y in batches.eval_batches("val"):  # (B, L) each
         with rt.autocast():
-            logits = model(x, y)[0]  # (B, L, vocab)
-        loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="none")  # (B*L,)
-        total += loss.view(y.shape).sum(0).double().cpu()
+            loss = model(x, y, reduction="none")[1]  # (B, L)
+        total += loss.sum(0).double().cpu()
         n += len(y)
     return total / n
 
@@ -260,9 +256,7 @@ def sample_text(model, meta, ac, seed, device):
 
 def write_json(path, obj):
     """Write atomically: these files mark a finished step, so a half-written one must never exist."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=1) + "\n")
-    tmp.replace(path)
+    train.atomic_write(path, lambda f: f.write((json.dumps(obj, indent=1) + "\n").encode()))
 
 
 def finish_run(name, gcfg, tc, plan):

@@ -228,8 +228,9 @@ class GPT(nn.Module):
         c = self.config
         return 6 * self.num_params() + 12 * c.n_layer * seq_len * c.n_embd
 
-    def forward(self, idx, targets=None, cache=None, start_pos=0):
-        """Logits (B, T, vocab) and the mean cross-entropy if targets are given.
+    def forward(self, idx, targets=None, cache=None, start_pos=0, reduction="mean"):
+        """Logits (B, T, vocab) and the cross-entropy if targets are given: their mean, or with
+        reduction="none" each position's (B, T).
 
         idx holds tokens at positions start_pos onwards; with a cache, only the new tokens, which
         sit after the cached ones. Without targets only the last position's logits are computed
@@ -246,7 +247,9 @@ class GPT(nn.Module):
         if targets is None:
             return self.lm_head(x[:, -1:, :]), None  # (B, 1, vocab)
         logits = self.lm_head(x)  # (B, T, vocab)
-        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-1)
+        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-1, reduction=reduction)
+        if reduction == "none":
+            loss = loss.view(targets.shape)  # (B, T)
         return logits, loss
 
     def max_context(self, requested=None):
