@@ -30,14 +30,12 @@ from data.tokenizer import (  # noqa: E402
     DATA_DIR,
     GPT2_PATTERN,
     TOKENIZERS,
-    CharTokenizer,
-    TiktokenTokenizer,
     Tokenizer,
-    bpe_encoding,
     dtype_for_vocab,
     encode_with_merges,
     gpt2_encoding,
     ranks_to_text,
+    tokenizer_from_meta,
     train_bpe,
 )
 
@@ -129,25 +127,29 @@ def split_text(text: str, val_fraction: float) -> tuple[str, str]:
 
 
 def build_tokenizer(args: argparse.Namespace, text: str, train: str, val: str) -> tuple[Tokenizer, dict]:
-    """The tokenizer and its meta fields (for bpe, 'bpe_ranks' holds the ranks file's text)."""
+    """The tokenizer and its meta fields (for bpe, 'bpe_ranks' holds the ranks file's text). The tokenizer
+    is rebuilt from those fields, exactly as train.py and sample.py will rebuild it."""
     if args.tokenizer == "char":
         # the vocabulary comes from the whole corpus, as nanoGPT's, so val has no unknown characters
-        tok = CharTokenizer(sorted(set(text)))
-        return tok, {"chars": tok.chars, "start_id": tok.stoi.get("\n", 0)}  # 0 if the corpus has no newline
-    if args.tokenizer == "gpt2":
-        tok = TiktokenTokenizer(gpt2_encoding(), "gpt2")
-        return tok, {"eot": tok.encoding.eot_token, "start_id": tok.encoding.eot_token}
-    t0 = time.time()
-    ranks, merges = train_bpe(train, args.vocab_size)
-    print(f"trained bpe: {len(ranks)} tokens, {len(merges)} merges in {time.time() - t0:.1f}s")
-    if len(ranks) < args.vocab_size:
-        print(f"warning: the train split ran out of pairs to merge at {len(ranks)} tokens, "
-              f"fewer than --vocab_size {args.vocab_size}")
-    tok = TiktokenTokenizer(bpe_encoding(ranks, GPT2_PATTERN, name=f"bpe{len(ranks)}"), "bpe")
-    sample = val[:BPE_CHECK_CHARS]
-    assert tok.encode(sample) == encode_with_merges(sample, merges), "tiktoken disagrees with the learned merges"
-    return tok, {"bpe_file": BPE_FILE, "bpe_pattern": GPT2_PATTERN, "start_id": ranks[b"\n"],
-                 "bpe_ranks": ranks_to_text(ranks)}
+        chars = sorted(set(text))
+        fields = {"chars": chars, "start_id": chars.index("\n") if "\n" in chars else 0}
+    elif args.tokenizer == "gpt2":
+        eot = gpt2_encoding().eot_token
+        fields = {"eot": eot, "start_id": eot}
+    else:
+        t0 = time.time()
+        ranks, merges = train_bpe(train, args.vocab_size)
+        print(f"trained bpe: {len(ranks)} tokens, {len(merges)} merges in {time.time() - t0:.1f}s")
+        if len(ranks) < args.vocab_size:
+            print(f"warning: the train split ran out of pairs to merge at {len(ranks)} tokens, "
+                  f"fewer than --vocab_size {args.vocab_size}")
+        fields = {"bpe_file": BPE_FILE, "bpe_pattern": GPT2_PATTERN, "start_id": ranks[b"\n"],
+                  "bpe_ranks": ranks_to_text(ranks)}
+    tok = tokenizer_from_meta({"tokenizer": args.tokenizer, **fields})
+    if args.tokenizer == "bpe":
+        sample = val[:BPE_CHECK_CHARS]
+        assert tok.encode(sample) == encode_with_merges(sample, merges), "tiktoken disagrees with the learned merges"
+    return tok, fields
 
 
 def write_ids(ids: list[int], dtype: str, path: Path) -> int:
