@@ -21,27 +21,13 @@ import tiktoken
 import tiktoken.load
 import torch
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from data import prepare  # noqa: E402
-from data import tokenizer as tk  # noqa: E402
-
-SHAKESPEARE_CANDIDATES = [
-    os.environ.get("NANOROPE_SHAKESPEARE", ""),
-    "/work/shared/data/tinyshakespeare/input.txt",
-    str(REPO / "data" / "shakespeare_char" / "input.txt"),  # where prepare.py caches its download
-]
-SHAKESPEARE = next((Path(p) for p in SHAKESPEARE_CANDIDATES if p and Path(p).is_file()), None)
-needs_shakespeare = pytest.mark.skipif(SHAKESPEARE is None, reason="tiny Shakespeare corpus not found")
+from conftest import ROOT as REPO
+from data import prepare
+from data import tokenizer as tk
 
 # whitespace runs, tabs, accents, CJK, emoji, a combining mark, a ZWJ sequence
 TRICKY = ("Héllo,  wörld!\t\tTabs\n\n\n   spaces   \r\n日本語テキスト 🎉👩‍💻 e\u0301 x²=4 "
           "'tis we'll\u00a0nbsp <|endoftext|>")
-
-
-def shakespeare_text() -> str:
-    return SHAKESPEARE.read_text(encoding="utf-8")
 
 
 def run_prepare(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -88,12 +74,10 @@ def naive_train_bpe(text: str, vocab_size: int) -> list[tuple[int, int, int]]:
 
 
 @pytest.fixture(scope="module")
-def small_corpus(tmp_path_factory) -> Path:
+def small_corpus(corpus, tmp_path_factory) -> Path:
     """The first 100 kB of tiny Shakespeare, as a corpus file."""
-    if SHAKESPEARE is None:
-        pytest.skip("tiny Shakespeare corpus not found")
     path = tmp_path_factory.mktemp("corpus") / "small.txt"
-    path.write_text(shakespeare_text()[:100_000], encoding="utf-8")
+    path.write_text(corpus.read_text(encoding="utf-8")[:100_000], encoding="utf-8")
     return path
 
 
@@ -106,11 +90,9 @@ def bpe_dataset(small_corpus, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def char_dataset(tmp_path_factory) -> Path:
-    if SHAKESPEARE is None:
-        pytest.skip("tiny Shakespeare corpus not found")
+def char_dataset(corpus, tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("datasets")
-    proc = run_prepare("--input", str(SHAKESPEARE), "--data_dir", str(root))
+    proc = run_prepare("--input", str(corpus), "--data_dir", str(root))
     assert proc.returncode == 0, proc.stderr
     return root / "shakespeare_char"
 
@@ -211,8 +193,7 @@ def test_bpe_meta_and_bins(bpe_dataset, small_corpus):
 # ----------------------------------------------------------------------------- prepare (char)
 
 
-@needs_shakespeare
-def test_prepare_char_shakespeare(char_dataset):
+def test_prepare_char_shakespeare(char_dataset, corpus):
     meta = json.loads((char_dataset / "meta.json").read_text(encoding="utf-8"))
     for field in ("dataset", "tokenizer", "vocab_size", "dtype", "train_tokens", "val_tokens",
                   "train_bytes", "val_bytes", "chars", "start_id"):
@@ -221,7 +202,7 @@ def test_prepare_char_shakespeare(char_dataset):
     assert (meta["train_tokens"], meta["val_tokens"]) == (1003854, 111540)
     assert meta["dtype"] == "uint16"
     assert meta["chars"][meta["start_id"]] == "\n"
-    text = shakespeare_text()
+    text = corpus.read_text(encoding="utf-8")
     tok = tk.tokenizer_from_meta(tk.load_meta(char_dataset))
     train = tk.open_split(char_dataset, "train", meta)
     val = tk.open_split(char_dataset, "val", meta)
@@ -231,7 +212,6 @@ def test_prepare_char_shakespeare(char_dataset):
     assert tok.decode(val.tolist()) == text[1003854:]
 
 
-@needs_shakespeare
 def test_meta_survives_checkpoint_round_trip(char_dataset, bpe_dataset, tmp_path):
     for dataset in (char_dataset, bpe_dataset):
         meta = tk.load_meta(dataset)
