@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 
-import pytest
 import torch
 
 import train

@@ -65,7 +65,7 @@ def last_logged(out):
     return last
 
 
-def one_error_line(capsys, code=1, prefix="error: "):
+def one_error_line(capsys, prefix="error: "):
     out, err = capsys.readouterr()
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(prefix), err
@@ -170,10 +170,19 @@ def test_rng_states_round_trip_through_a_weights_only_checkpoint(tmp_path):
     assert got[:2] == expected[:2] and torch.equal(got[2], expected[2])
 
 
-def test_micro_steps_draw_distinct_batches_and_seeds():
+def test_micro_steps_draw_distinct_batches_and_seeds(data_dir):
     seeds = {train.micro_seed(1, step, micro, stream) for step in range(3) for micro in range(3) for stream in (0, 1)}
     assert len(seeds) == 18
-    assert train.micro_seed(1, 2, 0, 0) == train.micro_seed(1, 2, 0, 0) != train.micro_seed(2, 2, 0, 0)
+    dataset = data_dir / "shakespeare_char"
+    meta = load_meta(dataset)
+    batches = train.Batches(dataset, meta, 32, 4, 1, "cpu", 1)
+    x, y = batches.train(0, 0)
+    assert torch.equal(y[:, :-1], x[:, 1:])  # targets are the inputs shifted by one
+    assert torch.equal(x, batches.train(0, 0)[0])  # a batch is a function of its coordinates
+    assert not torch.equal(x, batches.train(0, 1)[0]) and not torch.equal(x, batches.train(1, 0)[0])
+    other_seed = train.Batches(dataset, meta, 32, 4, 2, "cpu", 1)
+    assert not torch.equal(x, other_seed.train(0, 0)[0])
+    assert torch.equal(batches.eval_starts["val"], other_seed.eval_starts["val"])  # validation is seed-independent
 
 
 # ----------------------------------------------------------------------------- signals and kills
@@ -413,7 +422,7 @@ def snapshot(root):
     return {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
 
 
-def run_battery_case(world, data_dir, argv, monkeypatch, capsys):
+def run_battery_case(world, argv, monkeypatch, capsys):
     for arg in [a for a in argv if a.startswith("WORLD_SIZE=")]:  # a torchrun worker's environment, before any group
         monkeypatch.setenv(*arg.split("="))
         argv.remove(arg)
@@ -433,13 +442,13 @@ def run_battery_case(world, data_dir, argv, monkeypatch, capsys):
 @pytest.mark.parametrize("case, args, expected", BATTERY, ids=[c[0] for c in BATTERY])
 def test_battery(world, data_dir, case, args, expected, monkeypatch, capsys):
     base = flags(data_dir, world / "run", "--resume=true", "--max_iters=4")
-    assert expected.format(root=world) in run_battery_case(world, data_dir, base + args, monkeypatch, capsys)
+    assert expected.format(root=world) in run_battery_case(world, base + args, monkeypatch, capsys)
 
 
 @pytest.mark.parametrize("case, first, expected", CONFIG_FILE_BATTERY, ids=[c[0] for c in CONFIG_FILE_BATTERY])
 def test_battery_config_files(world, data_dir, case, first, expected, monkeypatch, capsys):
     base = flags(data_dir, world / "run", "--resume=true", "--max_iters=4")
-    assert expected.format(root=world) in run_battery_case(world, data_dir, [first, *base], monkeypatch, capsys)
+    assert expected.format(root=world) in run_battery_case(world, [first, *base], monkeypatch, capsys)
 
 
 # as real commands: exit status, one stderr line, no traceback (data/prepare.py and sample.py too)
