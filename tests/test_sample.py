@@ -67,8 +67,7 @@ def test_greedy_text_is_the_same_with_and_without_the_cache(runs, capsys, scheme
     args = [f"--out_dir={runs / f'out-{scheme}'}", f"--start={PROMPT}", *GREEDY]
     cached, err = cli(capsys, *args)
     assert cached.startswith(PROMPT) and len(cached) == len(PROMPT) + 80 + 1  # char-level: a token is a character
-    if scheme == "rope":  # sinusoidal learns slower: at this budget it greedily repeats spaces (test_model covers it)
-        assert len(set(cached[len(PROMPT):])) > 2, "the model is too untrained for the comparison to mean anything"
+    assert len(set(cached[len(PROMPT):])) > 2, "the model is too untrained for the comparison to mean anything"
     assert f"pos_emb={scheme}" in err and "kv cache on" in err
     recomputed, err = cli(capsys, *args, "--kv_cache=false")
     assert recomputed == cached
@@ -172,8 +171,8 @@ def test_compare_prints_each_model_with_its_stats_and_samples(runs, capsys, monk
         # each model's sample is the one it gives alone with the same seed
         alone = cli(capsys, f"--out_dir={d}", *args)[0].rstrip("\n")
         assert f"{d.name} ({scheme})" in out
-        for line in alone.splitlines():
-            assert line[:40].rstrip() in out  # the columns drop trailing spaces
+        shown = [line[:40].rstrip() for line in alone.splitlines() if line.strip()]  # columns drop trailing spaces
+        assert len(shown) >= 2 and all(line in out for line in shown)
     assert max(len(line) for line in out.splitlines() if " | " in line) <= 120
 
 
