@@ -246,11 +246,12 @@ def extrapolate(model, windows, scalings, rt):
     return loss, position
 
 
-def sample_text(model, meta, ac, seed, device):
+def sample_text(model, meta, ac, seed, rt):
     tok = tokenizer_from_meta(meta)
-    idx = torch.tensor([tok.encode(ac.sample_prompt)], device=device)
-    g = torch.Generator(device=device).manual_seed(seed)
-    new = [t.item() for t in model.generate(idx, ac.sample_tokens, ac.sample_temperature, generator=g)]
+    idx = torch.tensor([tok.encode(ac.sample_prompt)], device=rt.device)
+    g = torch.Generator(device=rt.device).manual_seed(seed)
+    with train.decode_autocast(rt.device_type, rt.dtype):  # as sample.py decodes, so the two agree
+        new = [t.item() for t in model.generate(idx, ac.sample_tokens, ac.sample_temperature, generator=g)]
     return ac.sample_prompt + tok.decode(new)
 
 
@@ -276,7 +277,7 @@ def finish_run(name, gcfg, tc, plan):
         t0 = time.perf_counter()
         model = train.model_from_checkpoint(train.load_checkpoint(out / "ckpt.pt", device), device).eval()
         # sample first: extrapolate leaves the last RoPE scaling switched on
-        sample = sample_text(model, plan.meta, ac, tc.seed, device) if sampled else None
+        sample = sample_text(model, plan.meta, ac, tc.seed, plan.rt) if sampled else None
         loss, position = extrapolate(model, plan.windows, plan.scalings, plan.rt)
         ev = {"settings": settings, "loss": loss, "position": position, "sample": sample,
               "eval_s": time.perf_counter() - t0}

@@ -27,7 +27,6 @@ import config
 import rope
 import train
 from model import GPT, GPTConfig
-from sample import positive_int
 from train import TrainConfig
 
 REPEATS = {"matmul_peak": 10, "train_step": 20, "generate": 5, "rope_apply": 20}
@@ -47,11 +46,11 @@ def arg_parser():
                         "nanoGPT's CPU recipe shape; --quick: a tiny model)")
     p.add_argument("--only", default=",".join(BENCHES), metavar="NAME[,NAME]", help="benches to run: " + ", ".join(BENCHES))
     p.add_argument("--quick", action="store_true", help="a tiny model, few repeats and no torch.compile: seconds, for CI")
-    p.add_argument("--repeats", type=positive_int, default=None, help="timed repeats per variant (default per bench)")
-    p.add_argument("--threads", type=positive_int, default=None,
+    p.add_argument("--repeats", type=config.positive_int, default=None, help="timed repeats per variant (default per bench)")
+    p.add_argument("--threads", type=config.positive_int, default=None,
                    help="CPU threads for torch (default: torch's choice; 1 with --quick, which on a busy machine "
                         "is faster than threads waiting on each other)")
-    p.add_argument("--new_tokens", type=positive_int, default=None, help="tokens per generation (default 500; 16 quick)")
+    p.add_argument("--new_tokens", type=config.positive_int, default=None, help="tokens per generation (default 500; 16 quick)")
     return p
 
 
@@ -179,8 +178,7 @@ def bench_generate(run):
 
     def generation(use_cache):
         def call():
-            # as sample.py decodes: autocast on CUDA only (batch-1 decoding on CPU gains nothing from bf16)
-            with torch.autocast(run.rt.device_type, dtype=run.rt.dtype, enabled=run.rt.device_type == "cuda"):
+            with train.decode_autocast(run.rt.device_type, run.rt.dtype):  # as sample.py decodes
                 for _ in model.generate(prompt, run.new_tokens, temperature=0, use_cache=use_cache):
                     pass
         return call

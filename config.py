@@ -106,3 +106,19 @@ class ArgumentParser(argparse.ArgumentParser):
     def error(self, message):
         print(f"error: {message} (python {self.prog} --help lists the options)", file=sys.stderr)
         sys.exit(1)
+
+
+def checked(convert, valid, what):
+    """An argparse type: convert the text, then insist on valid(value), naming the bad value and `what`."""
+    def parse(text):
+        try:
+            value = convert(text)
+        except ValueError:
+            value = None
+        if value is None or not valid(value):
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
+        return value
+    return parse
+
+
+positive_int = checked(int, lambda v: v > 0, "a positive integer")

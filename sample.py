@@ -27,7 +27,7 @@ from tqdm import tqdm
 import config
 import rope
 from data.tokenizer import tokenizer_from_meta
-from train import load_checkpoint, model_from_checkpoint, pick_device, pick_dtype
+from train import decode_autocast, load_checkpoint, model_from_checkpoint, pick_device, pick_dtype
 
 CHECKPOINTS = {"best": ("best.pt", "ckpt.pt"), "latest": ("ckpt.pt",)}  # file names tried, in order
 FORMATS = ("columns", "text", "markdown")
@@ -37,23 +37,9 @@ SEPARATOR = "-" * 40  # between samples of one model
 
 # ----------------------------------------------------------------------------- arguments
 
-def checked(convert, valid, what):
-    """An argparse type: convert the text, then insist on valid(value), naming the bad value and `what`."""
-    def parse(text):
-        try:
-            value = convert(text)
-        except ValueError:
-            value = None
-        if value is None or not valid(value):
-            raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
-        return value
-    return parse
-
-
-positive_int = checked(int, lambda v: v > 0, "a positive integer")
-non_negative_float = checked(float, lambda v: math.isfinite(v) and v >= 0, "a temperature >= 0 (0 is greedy)")
-unit_mass = checked(float, lambda v: 0 < v <= 1, "a probability mass in (0, 1]")
-true_false = checked(lambda t: config.coerce("", t, bool), lambda v: True, "true or false")
+non_negative_float = config.checked(float, lambda v: math.isfinite(v) and v >= 0, "a temperature >= 0 (0 is greedy)")
+unit_mass = config.checked(float, lambda v: 0 < v <= 1, "a probability mass in (0, 1]")
+true_false = config.checked(lambda t: config.coerce("", t, bool), lambda v: True, "true or false")
 
 
 def arg_parser():
@@ -64,14 +50,14 @@ def arg_parser():
     where.add_argument("--compare", nargs="+", metavar="DIR", help="run folders to sample side by side")
     p.add_argument("--checkpoint", choices=tuple(CHECKPOINTS), default="best", help="best.pt or ckpt.pt (latest)")
     p.add_argument("--start", default="\n", help="prompt text, or FILE:path; empty starts from the start token")
-    p.add_argument("--num_samples", type=positive_int, default=1, help="samples per model")
-    p.add_argument("--max_new_tokens", type=positive_int, default=500, help="tokens to generate per sample")
+    p.add_argument("--num_samples", type=config.positive_int, default=1, help="samples per model")
+    p.add_argument("--max_new_tokens", type=config.positive_int, default=500, help="tokens to generate per sample")
     p.add_argument("--temperature", type=non_negative_float, default=0.8, help="0 is greedy; higher is more random")
-    p.add_argument("--top_k", type=positive_int, default=None, help="sample among the k most likely tokens")
+    p.add_argument("--top_k", type=config.positive_int, default=None, help="sample among the k most likely tokens")
     p.add_argument("--top_p", type=unit_mass, default=None,
                    help="nucleus sampling: the smallest set of tokens with this much probability, in (0, 1]")
     p.add_argument("--seed", type=int, default=1337, help="same seed, same text")
-    p.add_argument("--max_context", type=positive_int, default=None,
+    p.add_argument("--max_context", type=config.positive_int, default=None,
                    help="tokens attended to (default block_size; more lets rope, alibi, none, sinusoidal "
                         "run past the trained length)")
     p.add_argument("--rope_scaling", choices=tuple(rope.SCALINGS), default=None,
@@ -320,8 +306,7 @@ def main(argv=None):
         prompt = read_prompt(args.start)
         device, reason = pick_device(args.device)
         device_type = device.split(":")[0]
-        with torch.autocast(device_type, dtype=pick_dtype("auto", device_type),
-                                                    enabled=device_type == "cuda"):
+        with decode_autocast(device_type, pick_dtype("auto", device_type)):
             (compare if args.compare else sample_one)(args, prompt, device, reason)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -148,6 +148,11 @@ def pick_dtype(requested, device_type):
     return torch.float32
 
 
+def decode_autocast(device_type, dtype):
+    """Autocast for generation: on CUDA only; batch-1 decoding on CPU gains nothing from bf16."""
+    return torch.autocast(device_type, dtype=dtype, enabled=device_type == "cuda")
+
+
 def check_compile(wanted, device_type):
     """Whether to torch.compile: on by default for CUDA; refuse where it cannot work."""
     if wanted is None:
