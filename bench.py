@@ -171,26 +171,36 @@ def bench_train_step(run):
 
 
 def bench_generate(run):
-    """Greedy decoding from a 1-token prompt, batch 1, with and without the KV cache."""
+    """Greedy decoding from a 1-token prompt, batch 1: with the KV cache (eager, and with its one-token
+    step compiled) and without it; speedup is each variant's tokens/s over the uncached one's."""
     torch.manual_seed(run.tc.seed)
     model = GPT(run.gcfg).to(run.rt.device).eval()
     prompt = torch.zeros((1, 1), dtype=torch.long, device=run.rt.device)
 
-    def generation(use_cache):
+    def generation(use_cache, compile=False):
         def call():
             with train.decode_autocast(run.rt.device_type, run.rt.dtype):  # as sample.py decodes
-                for _ in model.generate(prompt, run.new_tokens, temperature=0, use_cache=use_cache):
+                for _ in model.generate(prompt, run.new_tokens, temperature=0, use_cache=use_cache, compile=compile):
                     pass
         return call
 
-    seconds = time_in_turns({True: generation(True), False: generation(False)}, run.repeats("generate"),
-                            sync=run.sync, desc="generate")
+    variants = {(True, False): generation(True), (False, False): generation(False)}
+    compile_s = None
+    if run.compile:
+        variants[True, True] = generation(True, compile=True)
+        compile_s = timed_first_call(variants[True, True], run.sync)
+    seconds = time_in_turns(variants, run.repeats("generate"), sync=run.sync, desc="generate")
+    uncached_ms = statistics.median(seconds[False, False]) * 1e3
     rows = []
-    for kv_cache, s in seconds.items():
+    for (kv_cache, compiled), s in sorted(seconds.items(), key=lambda item: statistics.median(item[1])):
         figures = spread(s)
         figures["tokens_per_s"] = run.new_tokens / (figures["ms_median"] / 1e3)
-        rows.append(({"kv_cache": kv_cache, "new_tokens": run.new_tokens, **run.shape(batch=False)}, figures))
-    rows[0][1]["speedup"] = rows[0][1]["tokens_per_s"] / rows[1][1]["tokens_per_s"]
+        if kv_cache:
+            figures["speedup"] = uncached_ms / figures["ms_median"]
+        if compiled:
+            figures["compile_s"] = compile_s
+        variant = {"kv_cache": kv_cache, "compiled": compiled, "new_tokens": run.new_tokens, **run.shape(batch=False)}
+        rows.append((variant, figures))
     return rows
 
 

@@ -129,12 +129,15 @@ def rope_cache(inv_freq: torch.Tensor, positions: torch.Tensor) -> tuple[torch.T
 
 def _complex_pairs(x):
     """(..., rot) real -> (..., rot/2) complex a + ib of the pairs (a, b): a view when the memory
-    layout allows (a transposed q or k does), else a copy. Compiled graphs always copy (a no-op when
-    contiguous) because the storage offset cannot be traced."""
+    layout allows (a transposed q or k does), else a copy."""
     x = x.unflatten(-1, (-1, 2))  # (..., rot/2, 2)
-    viewable = (not torch.compiler.is_compiling() and x.stride(-1) == 1 and x.storage_offset() % 2 == 0
-                and all(s % 2 == 0 for s in x.stride()[:-1]))
+    viewable = (x.stride(-1) == 1 and x.storage_offset() % 2 == 0 and all(s % 2 == 0 for s in x.stride()[:-1]))
     return torch.view_as_complex(x if viewable else x.contiguous())
+
+
+def _turn(xz, cis):
+    """Pairs xz (..., T, hs/2) as complex numbers times cis (T, hs/2), back to real (..., T, hs)."""
+    return torch.view_as_real(xz * cis).flatten(-2)  # (..., T, hs/2, 2) -> (..., T, hs)
 
 
 class _TurnPairs(torch.autograd.Function):
@@ -147,13 +150,13 @@ class _TurnPairs(torch.autograd.Function):
     def forward(ctx, x, cis):
         xz = _complex_pairs(x)  # (..., T, hs/2)
         ctx.save_for_backward(cis, xz if ctx.needs_input_grad[1] else None)
-        return torch.view_as_real(xz * cis).flatten(-2)  # (..., T, hs/2, 2) -> (..., T, hs)
+        return _turn(xz, cis)
 
     @staticmethod
     def backward(ctx, grad):
         cis, xz = ctx.saved_tensors
         gz = _complex_pairs(grad)  # (..., T, hs/2)
-        grad_x = torch.view_as_real(gz * cis.conj()).flatten(-2) if ctx.needs_input_grad[0] else None
+        grad_x = _turn(gz, cis.conj()) if ctx.needs_input_grad[0] else None
         grad_cis = None
         if ctx.needs_input_grad[1]:  # the tables only need gradients in tests: summed over the broadcast dims
             grad_cis = (gz * xz.conj()).reshape(-1, *cis.shape).sum(0)
@@ -172,10 +175,19 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: st
     if rot < hs:  # partial rotary: the tail passes through as x's own values, never via float32
         return torch.cat((apply_rope(x[..., :rot], cos, sin, layout), x[..., rot:]), dim=-1)  # (..., T, hs)
     xr = x.to(torch.promote_types(x.dtype, torch.float32))  # no copy for float32
-    if layout == "interleaved":
+    if layout == "interleaved" and torch.compiler.is_compiling():
+        # the same R(m) in real arithmetic, which inductor fuses into the kernels around it; it has no
+        # complex kernels, and the complex form below would run as separate unfused calls
+        a, b = xr.unflatten(-1, (-1, 2)).unbind(-1)  # (..., T, rot/2) each
+        out = torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2)  # (..., T, hs)
+    elif layout == "interleaved":
         # Pair (a, b) as a + ib times e^{i m theta} = cos + i sin is (a cos - b sin) + i(a sin + b cos):
-        # R(m) in one kernel each way; real arithmetic on stride-2 views is several times slower on CPU.
-        out = _TurnPairs.apply(xr, torch.complex(cos, sin))  # (..., T, hs)
+        # R(m) in one kernel each way; real arithmetic on stride-2 views is several times slower in eager.
+        cis = torch.complex(cos, sin)  # (T, rot/2)
+        if torch.is_grad_enabled() and (xr.requires_grad or cis.requires_grad):
+            out = _TurnPairs.apply(xr, cis)  # (..., T, hs)
+        else:  # a Function call costs ~15 us, as much as the rotation itself when decoding a token
+            out = _turn(_complex_pairs(xr), cis)  # (..., T, hs)
     else:
         # rolling by hs/2 brings each partner under its pair-mate: x_{i+hs/2} under x_i and back
         out = xr * torch.cat((cos, cos), -1) + xr.roll(half, -1) * torch.cat((-sin, sin), -1)  # (..., T, hs)
@@ -273,18 +285,20 @@ class Rotary(torch.nn.Module):
                                           seq_len=end)[0].to(x.device)
             cos, sin = rope_cache(inv_freq, torch.arange(offset, end, device=x.device))  # (T, rot/2)
         else:
-            if end > self.cos.shape[0]:
-                self._grow(end)
+            self.reserve(end)
             cos, sin = self.cos[offset:end], self.sin[offset:end]  # (T, rot/2)
         return apply_rope(x, cos, sin, self.layout)
 
-    def _grow(self, end):
+    def reserve(self, n):
+        """Make the tables cover positions [0, n); call it before compiled code reaches position n - 1."""
+        if n <= self.cos.shape[0]:
+            return
         if torch.compiler.is_compiling():
-            raise RuntimeError(f"position {end - 1} is past the rotary table ({self.cos.shape[0]} positions) "
+            raise RuntimeError(f"position {n - 1} is past the rotary table ({self.cos.shape[0]} positions) "
                                f"inside a compiled region, where it cannot be rebuilt: "
-                               f"build Rotary with max_len >= {end}")
+                               f"call reserve({n}) first or build Rotary with max_len >= {n}")
         # doubling keeps rebuilds logarithmic when a KV cache grows one token at a time
-        self._build(max(end, 2 * self.cos.shape[0]), self.cos.device)
+        self._build(max(n, 2 * self.cos.shape[0]), self.cos.device)
 
 
 def sinusoidal_table(n_pos: int, d: int, base: float = 10000.0) -> torch.Tensor:

@@ -62,7 +62,8 @@ class TrainConfig:
     eval_iters: int = opt(20, "validation batches per evaluation (a fixed set)")
     log_interval: int = opt(10, "write a train line to metrics.jsonl every this many steps")
     device: str = opt("auto", "auto, cpu, cuda, cuda:N or mps")
-    dtype: str = opt("auto", "auto (bfloat16 on CUDA if supported, else float16; float32 elsewhere), float32, bfloat16, float16")
+    dtype: str = opt("auto", "auto (CUDA: bfloat16 if supported, else float16; CPU: bfloat16 where it multiplies "
+                             "bf16 natively, else float32; mps: float32), float32, bfloat16, float16")
     compile: bool | None = opt(None, "torch.compile the model (default: on for CUDA only)")
     seed: int = opt(1337, "seed for initialisation, batches and dropout")
     progress: bool = opt(True, "show a progress bar")
@@ -145,6 +146,11 @@ def pick_dtype(requested, device_type):
         return getattr(torch, requested)
     if device_type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    if device_type == "cpu":
+        # with AVX512-BF16 or AMX, bf16 matmuls run ~2.5x float32's (bench.py); without, bf16 is emulated
+        # and slower than float32
+        caps = torch.cpu.get_capabilities()
+        return torch.bfloat16 if caps.get("avx512_bf16") or caps.get("amx_bf16") else torch.float32
     return torch.float32
 
 
@@ -265,12 +271,13 @@ def evaluate(model, batches, rt):
 # ----------------------------------------------------------------------------- optimisation
 
 def make_optimizer(model, tc, device_type):
-    """AdamW; matrices decay, vectors (biases, norm gains) do not. Fused kernel on CUDA."""
+    """AdamW; matrices decay, vectors (biases, norm gains) do not. The fused kernel (one pass over each
+    parameter instead of a dozen foreach ops) on CUDA and on CPU, where it saves ~1 ms of a ~33 ms CPU-config step."""
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": tc.weight_decay},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=tc.learning_rate, betas=(tc.beta1, tc.beta2),
-                             fused=device_type == "cuda" or None)
+                             fused=device_type in ("cuda", "cpu") or None)
 
 
 def lr_at(it, tc):

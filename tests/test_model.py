@@ -92,9 +92,9 @@ def test_cached_logits_equal_full_recompute(pos_emb):
     torch.testing.assert_close(torch.cat(steps, 1), full[:, 9:], atol=1e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("pos_emb", POS_EMBS)
-def test_greedy_with_cache_matches_recompute_across_window_slides(pos_emb):
-    # a random model greedily repeats one token; one taught a random sequence continues it, varied
+def taught(pos_emb):
+    """A tiny model taught one random sequence, and that sequence: a random model greedily repeats
+    one token, a taught one continues it, varied."""
     model = tiny(pos_emb).train()
     seq = torch.randint(0, 11, (1, 17))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -103,13 +103,30 @@ def test_greedy_with_cache_matches_recompute_across_window_slides(pos_emb):
         opt.zero_grad()
         loss.backward()
         opt.step()
-    model.eval()
-    prompt = seq[:, :5]
+    return model.eval(), seq
+
+
+def greedy(model, prompt, **kw):
     n = 40  # 5 + 40 tokens through a 16-token window: several slides
-    cached = torch.cat(list(model.generate(prompt, n, temperature=0, use_cache=True)), 1)
-    full = torch.cat(list(model.generate(prompt, n, temperature=0, use_cache=False)), 1)
-    assert torch.equal(cached, full)
+    return torch.cat(list(model.generate(prompt, n, temperature=0, **kw)), 1)
+
+
+@pytest.mark.parametrize("pos_emb", POS_EMBS)
+def test_greedy_with_cache_matches_recompute_across_window_slides(pos_emb):
+    model, seq = taught(pos_emb)
+    cached = greedy(model, seq[:, :5], use_cache=True)
+    assert torch.equal(cached, greedy(model, seq[:, :5], use_cache=False))
     assert len(set(cached[0].tolist())) > 1
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore:Torchinductor does not support")
+def test_compiled_decoding_step_matches_recompute_across_window_slides():
+    model, seq = taught("rope")
+    compiled = greedy(model, seq[:, :5], compile=True)
+    assert torch.equal(compiled, greedy(model, seq[:, :5], use_cache=False))
+    assert len(set(compiled[0].tolist())) > 1
+    with pytest.raises(ValueError, match="needs use_cache=True"):
+        greedy(model, seq[:, :5], compile=True, use_cache=False)
 
 
 def test_extrapolating_schemes_generate_past_block_size_but_learned_refuses():

@@ -474,3 +474,15 @@ def test_battery_commands(world, data_dir, case, args, expected):
     assert proc.returncode != 0 and len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
     assert expected in lines[0] and "Traceback" not in proc.stderr + proc.stdout
     assert snapshot(world) == before
+
+
+@pytest.mark.parametrize("caps, expected", [
+    ({"avx512_bf16": True, "amx_bf16": False}, torch.bfloat16),
+    ({"avx512_bf16": False, "amx_bf16": True}, torch.bfloat16),
+    ({"avx512_bf16": False, "amx_bf16": False, "avx2": True}, torch.float32),  # bf16 would be emulated
+])
+def test_auto_dtype_on_cpu_is_bfloat16_only_where_the_cpu_multiplies_it_natively(monkeypatch, caps, expected):
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: caps)
+    assert train.pick_dtype("auto", "cpu") == expected
+    assert train.pick_dtype("float32", "cpu") == torch.float32  # an explicit choice is kept
+    assert train.pick_dtype("auto", "mps") == torch.float32
