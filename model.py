@@ -291,8 +291,9 @@ class GPT(nn.Module):
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else self.wte.weight.dtype
         if self.pos.rotary is not None:
             self.pos.rotary.reserve(n_ctx)  # the compiled step cannot grow the tables
-        # the C++ launcher (cpp_wrapper) saves ~80 us a token over inductor's Python one on the CPU model
-        step = torch.compile(self.forward, dynamic=True, options={"cpp_wrapper": True}) if compile else self
+        # on CPU a C++ launcher (cpp_wrapper) saves ~80 us a token over inductor's Python one (CPU model)
+        options = {"cpp_wrapper": device == "cpu"}
+        step = torch.compile(self.forward, dynamic=True, options=options) if compile else self
         idx = idx[:, -n_ctx:]
         cache, window = None, idx  # window: the tokens the model currently conditions on
         for _ in range(max_new_tokens):
