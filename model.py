@@ -297,8 +297,8 @@ class GPT(nn.Module):
         idx = idx[:, -n_ctx:]
         cache, window = None, idx  # window: the tokens the model currently conditions on
         for _ in range(max_new_tokens):
-            if cache is not None:  # only the newest token is new to the cache
-                logits, _ = step(window[:, -1:], cache=cache)
+            if cache is not None:  # only the newest token, nxt, is new to the cache
+                logits, _ = step(nxt, cache=cache)
             else:  # read the whole window, filling a fresh cache if one is used
                 cache = KVCache(self.config, idx.shape[0], n_ctx, idx.device, dtype) if use_cache else None
                 logits, _ = self(window, cache=cache)
