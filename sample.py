@@ -176,6 +176,13 @@ class Sampler:
         return self.tok.decode(out), rate
 
 
+def decoding(args):
+    """How tokens are drawn, for the speed reports: a compiled step's first sample includes the compile."""
+    if not args.kv_cache:
+        return "kv cache off"
+    return "kv cache on, step compiled: the first sample's rate includes compiling" if args.compile else "kv cache on"
+
+
 def generator_for(seed, device):
     """Each model's draws start from the seed, so every model, and every run, gets the same random numbers."""
     return torch.Generator(device=device).manual_seed(seed)
@@ -211,7 +218,7 @@ def sample_one(args, prompt, device, reason):
         rates.append(m.sample(args, g, write=write)[1])
         write("\n")
     print(f"{args.max_new_tokens} new tokens per sample at {statistics.median(rates):,.0f} tokens/s "
-          f"(kv cache {'on' if args.kv_cache else 'off'})", file=sys.stderr)
+          f"({decoding(args)})", file=sys.stderr)
 
 
 # ----------------------------------------------------------------------------- several models, compared
@@ -240,7 +247,7 @@ def settings(args, prompt):
     shown = repr(prompt if len(prompt) <= 60 else prompt[:57] + "...")
     return (f"prompt {shown} ({len(prompt)} chars)\nseed {args.seed}, temperature {args.temperature:g}, "
             f"top_k {args.top_k or '-'}, top_p {args.top_p or '-'}, {args.max_new_tokens} new tokens, "
-            f"context {args.max_context or 'block_size'}, kv cache {'on' if args.kv_cache else 'off'}; "
+            f"context {args.max_context or 'block_size'}, {decoding(args)}; "
             f"prompt loss in nats/token")
 
 
