@@ -171,8 +171,8 @@ def bench_train_step(run):
 
 
 def bench_generate(run):
-    """Greedy decoding from a 1-token prompt, batch 1: with the KV cache (eager, and with its one-token
-    step compiled) and without it; speedup is each variant's tokens/s over the uncached one's."""
+    """Greedy decoding from a 1-token prompt, batch 1: with the KV cache (eager, and compiled) and
+    without it; speedup is each variant's tokens/s over the uncached one's."""
     torch.manual_seed(run.tc.seed)
     model = GPT(run.gcfg).to(run.rt.device).eval()
     prompt = torch.zeros((1, 1), dtype=torch.long, device=run.rt.device)

@@ -64,17 +64,15 @@ class KVCache:
 
     One tensor per layer: a compiled decoding step then writes each in place, where with one all-layer
     tensor inductor copied the whole cache every token (at max_len 512 on the CPU model: 0.79 against
-    0.41 ms a token)."""
+    0.41 ms a token). One slot more than max_len is allocated and never used: the keys read are then
+    never the whole tensor, a case torch.compile would otherwise compile a graph of its own for."""
 
     def __init__(self, config, batch_size, max_len, device, dtype):
-        shape = (batch_size, config.n_head, max_len, config.head_dim)
+        shape = (batch_size, config.n_head, max_len + 1, config.head_dim)
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
+        self.max_len = max_len
         self.length = 0  # positions filled and committed by earlier forwards
-
-    @property
-    def max_len(self):
-        return self.k[0].shape[2]
 
     def update(self, layer, k, v):
         """Store this forward's k, v (B, nh, T, hs) after the cached ones; return all of them."""
@@ -114,13 +112,18 @@ class CausalSelfAttention(nn.Module):
         past = k.shape[2] - T  # keys before this forward's first query
         scale = pos.attn_factor / math.sqrt(q.shape[-1])
         dropout = self.dropout if self.training else 0.0
+        # branches rather than is_causal=(T > 1): with dynamic shapes under torch.compile that is a symbolic
+        # bool, which scaled_dot_product_attention refuses (a graph break per layer)
+        causal = False
         if pos.alibi_slopes is not None:
             mask = rope.alibi_bias(pos.alibi_slopes, T, k.shape[2], past)  # (nh, T, past+T)
-        elif past == 0 or T == 1:  # plain causal, or a lone new token that may see every key
+        elif T == 1:  # a lone new token may see every key
             mask = None
+        elif past == 0:  # plain causal
+            mask, causal = None, True
         else:  # new tokens after cached ones: is_causal would align the triangle top-left
             mask = torch.ones(T, k.shape[2], dtype=torch.bool, device=x.device).tril(diagonal=past)
-        y = attention(q, k, v, mask, dropout_p=dropout, is_causal=mask is None and T > 1, scale=scale)  # (B, nh, T, hs)
+        y = attention(q, k, v, mask, dropout_p=dropout, is_causal=causal, scale=scale)  # (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
         return F.dropout(self.c_proj(y), self.dropout, self.training)
 
@@ -276,13 +279,14 @@ class GPT(nn.Module):
         re-read from position 0. The cache and the recompute-everything path (use_cache=False) share this
         rule, so greedy decoding gives identical tokens either way.
 
-        compile=True runs the one-token cached step through torch.compile: a small model's step is
-        mostly per-operation overhead, which one fused graph removes (bench.py measures both). The
-        graph takes the cache length as a symbol, so one compile serves every position; prompts
-        and slides are read eagerly.
+        compile=True runs the cached forwards after the prompt through torch.compile: a small model's
+        step is mostly per-operation overhead, which fused graphs remove (bench.py measures both).
+        Three graphs serve every position: the first step, the later steps (torch.compile sees the
+        cache length change and makes it a symbol) and the window's re-read after a slide. The prompt
+        is read once, eagerly.
         """
         if compile and not use_cache:
-            raise ValueError("compile=True compiles the cached one-token step; it needs use_cache=True")
+            raise ValueError("compile=True compiles the cached decoding; it needs use_cache=True")
         n_ctx = self.max_context(max_context)
         keep = max(1, n_ctx // 2)
         device = idx.device.type
@@ -290,16 +294,18 @@ class GPT(nn.Module):
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else self.wte.weight.dtype
         if self.pos.rotary is not None:
             self.pos.rotary.reserve(n_ctx)  # the compiled step cannot grow the tables
-        # on CPU a C++ launcher (cpp_wrapper) saves ~80 us a token over inductor's Python one (CPU model)
-        step = torch.compile(self.forward, dynamic=True, options={"cpp_wrapper": device == "cpu"}) if compile else self
+        # on CPU a C++ launcher (cpp_wrapper) saves ~80 us a token over inductor's Python one (CPU model).
+        # Not dynamic=True: with every size a symbol the step is ~10% slower than with only the length
+        forward = torch.compile(self.forward, options={"cpp_wrapper": device == "cpu"}) if compile else self
         idx = idx[:, -n_ctx:]
         cache, window = None, idx  # window: the tokens the model currently conditions on
-        for _ in range(max_new_tokens):
+        for i in range(max_new_tokens):
             if cache is not None:  # only the newest token, nxt, is new to the cache
-                logits, _ = step(nxt, cache=cache)
+                logits, _ = forward(nxt, cache=cache)
             else:  # read the whole window, filling a fresh cache if one is used
                 cache = KVCache(self.config, idx.shape[0], n_ctx, idx.device, dtype) if use_cache else None
-                logits, _ = self(window, cache=cache)
+                read = forward if i else self  # the prompt, read once, is not worth a graph of its own
+                logits, _ = read(window, cache=cache)
             nxt = sample_next(logits[:, -1, :], temperature, top_k, top_p, generator)
             yield nxt
             window = torch.cat((window, nxt), dim=1)

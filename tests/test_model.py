@@ -120,11 +120,18 @@ def test_greedy_with_cache_matches_recompute_across_window_slides(pos_emb):
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore:Torchinductor does not support")
-def test_compiled_decoding_step_matches_recompute_across_window_slides():
+def test_compiled_decoding_matches_recompute_across_window_slides_in_three_whole_graphs():
     model, seq = taught("rope")
+    torch._dynamo.reset()  # count this test's graphs only
+    counters = torch._dynamo.utils.counters
+    counters.clear()
     compiled = greedy(model, seq[:, :5], compile=True)
     assert torch.equal(compiled, greedy(model, seq[:, :5], use_cache=False))
     assert len(set(compiled[0].tolist())) > 1
+    # the first step, the later steps, the re-read after a slide; no graph breaks (a break would
+    # compile each block on its own, several times slower)
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    assert counters["stats"]["unique_graphs"] == 3
     with pytest.raises(ValueError, match="needs use_cache=True"):
         greedy(model, seq[:, :5], compile=True, use_cache=False)
 

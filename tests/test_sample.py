@@ -237,7 +237,7 @@ def foreign(tmp_path):
     (["--temperature=-1"], "--temperature: '-1' is not a temperature >= 0"),
     (["--temperature=nan"], "'nan' is not a temperature >= 0"),
     (["--kv_cache=maybe"], "--kv_cache: 'maybe' is not true or false"),
-    (["--compile", "--kv_cache=false"], "--compile=true compiles the cached one-token step; it needs --kv_cache=true"),
+    (["--compile", "--kv_cache=false"], "--compile=true compiles the cached decoding; it needs --kv_cache=true"),
     (["--max_context=0"], "--max_context: '0' is not a positive integer"),
     (["--rope_scaling=ntk", "--max_context=64"], "needs a RoPE model; {runs}/out-sinusoidal uses pos_emb=sinusoidal"),
     (["--out_dir={runs}/out-rope", "--rope_scaling=ntk", "--rope_scaling_factor=0.5"],
