@@ -331,4 +331,8 @@ def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None)
         drop = sorted_p.cumsum(-1) - sorted_p >= top_p  # mass before this token already reached top_p
         sorted_p = sorted_p.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
-    return torch.multinomial(probs, 1, generator=generator)
+    # an exact draw: with E_i ~ Exp(1) independent, argmax_i p_i / E_i is token i with probability p_i (the
+    # exponential race), and never a token of probability 0. torch.multinomial draws one sample this way
+    # too (the same tokens for a seed, torch 2.13), after checks of probs that cost ~30 us a token on CPU,
+    # ~7% of a compiled step.
+    return (probs / torch.empty_like(probs).exponential_(generator=generator)).argmax(dim=-1, keepdim=True)

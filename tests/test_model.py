@@ -162,6 +162,20 @@ def test_sample_next_controls():
     assert a == b
 
 
+@pytest.mark.parametrize("temperature, top_k", [(1.0, None), (0.5, None), (1.0, 3)])
+def test_sampled_tokens_follow_the_tempered_truncated_distribution(temperature, top_k):
+    logits = torch.log(torch.tensor([0.4, 0.3, 0.2, 0.1]))
+    p = (logits.double() / temperature).softmax(-1)  # the reference, in float64
+    if top_k is not None:
+        p[p.argsort(descending=True)[top_k:]] = 0.0
+        p /= p.sum()
+    n = 40_000
+    draws = sample_next(logits.expand(n, 4), temperature, top_k, generator=torch.Generator().manual_seed(0))
+    freq = torch.bincount(draws.flatten(), minlength=4).double() / n
+    # 5 standard errors of a frequency; a dropped token is never drawn
+    assert torch.all((freq - p).abs() <= 5 * (p * (1 - p) / n).sqrt()), (freq, p)
+
+
 def test_sinusoidal_input_is_scaled_tokens_plus_the_table():
     # the paper scales token embeddings by sqrt(d) before adding the table; without it the +-1 table
     # drowns std-0.02 embeddings and the scheme cannot learn in a short run
