@@ -279,11 +279,12 @@ class GPT(nn.Module):
         re-read from position 0. The cache and the recompute-everything path (use_cache=False) share this
         rule, so greedy decoding gives identical tokens either way.
 
-        compile=True runs the cached forwards after the prompt through torch.compile: a small model's
-        step is mostly per-operation overhead, which fused graphs remove (bench.py measures both).
-        Three graphs serve every position: the first step, the later steps (torch.compile sees the
-        cache length change and makes it a symbol) and the window's re-read after a slide. The prompt
-        is read once, eagerly.
+        compile=True runs the cached steps after the prompt (a forward and the pick of the next token)
+        through torch.compile: a small model's step is mostly per-operation overhead, which fused graphs
+        remove (bench.py measures both). Three graphs serve every position: the first step, the later
+        steps (torch.compile sees the cache length change and makes it a symbol) and the window's
+        re-read after a slide. The prompt is read once, eagerly. Compiled sampling draws the same
+        tokens for a seed as eager unless two candidates tie within float rounding.
         """
         if compile and not use_cache:
             raise ValueError("compile=True compiles the cached decoding; it needs use_cache=True")
@@ -294,20 +295,26 @@ class GPT(nn.Module):
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else self.wte.weight.dtype
         if self.pos.rotary is not None:
             self.pos.rotary.reserve(n_ctx)  # the compiled step cannot grow the tables
+
+        def step(tokens, cache, noise):
+            """Read tokens (after the cached ones) and pick the next one; compiled, the pick runs in the graph."""
+            logits, _ = self(tokens, cache=cache)
+            return pick(logits[:, -1, :], noise, temperature, top_k, top_p)
+
         # on CPU a C++ launcher (cpp_wrapper) saves ~80 us a token over inductor's Python one (CPU model).
         # Not dynamic=True: with every size a symbol the step is ~10% slower than with only the length
-        forward = torch.compile(self.forward, options={"cpp_wrapper": device == "cpu"}) if compile else self
+        compiled = torch.compile(step, options={"cpp_wrapper": device == "cpu"}) if compile else step
         # the model conditions on window + drawn. With the cache, tokens drawn since the window was read
         # join it only when it is read again, at a slide: a cat a token cost ~3% of a compiled step
         window, drawn, cache = idx[:, -n_ctx:], [], None
         for i in range(max_new_tokens):
+            noise = None if temperature == 0 else race_noise(idx.shape[0], self.config.vocab_size, idx.device, generator)
             if cache is not None:  # only the newest token is new to the cache
-                logits, _ = forward(drawn[-1], cache=cache)
+                nxt = compiled(drawn[-1], cache, noise)
             else:  # read the whole window, filling a fresh cache if one is used
                 cache = KVCache(self.config, idx.shape[0], n_ctx, idx.device, dtype) if use_cache else None
-                read = forward if i else self  # the prompt, read once, is not worth a graph of its own
-                logits, _ = read(window, cache=cache)
-            nxt = sample_next(logits[:, -1, :], temperature, top_k, top_p, generator)
+                read = compiled if i else step  # the prompt, read once, is not worth a graph of its own
+                nxt = read(window, cache, noise)
             yield nxt
             drawn.append(nxt)
             if cache is None or window.shape[1] + len(drawn) > n_ctx:  # the next step reads the window
@@ -316,8 +323,20 @@ class GPT(nn.Module):
                     window = window[:, -keep:]
 
 
-def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
-    """Draw one token per row from logits (B, vocab); temperature 0 is greedy."""
+def race_noise(batch_size, vocab_size, device, generator=None):
+    """E ~ Exp(1), one per row and token: the randomness of a draw (see pick)."""
+    return torch.empty(batch_size, vocab_size, device=device).exponential_(generator=generator)
+
+
+def pick(logits, noise, temperature, top_k=None, top_p=None):
+    """The token each row of logits (B, vocab) draws with noise from race_noise (None when greedy).
+
+    The draw is exact: with E_i ~ Exp(1) independent, argmax_i p_i / E_i is token i with probability p_i
+    (the exponential race), and never a token of probability 0. torch.multinomial draws one sample
+    this way too (the same tokens for a seed, torch 2.13), after checks of probs that cost ~30 us a
+    token on CPU. With the noise drawn outside, the pick is pure arithmetic: a compiled decoding step
+    runs it inside its graph (~8% a sampled token on the CPU model).
+    """
     if temperature == 0:
         return logits.argmax(dim=-1, keepdim=True)
     logits = logits.float() / temperature
@@ -331,8 +350,4 @@ def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None)
         drop = sorted_p.cumsum(-1) - sorted_p >= top_p  # mass before this token already reached top_p
         sorted_p = sorted_p.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
-    # an exact draw: with E_i ~ Exp(1) independent, argmax_i p_i / E_i is token i with probability p_i (the
-    # exponential race), and never a token of probability 0. torch.multinomial draws one sample this way
-    # too (the same tokens for a seed, torch 2.13), after checks of probs that cost ~30 us a token on CPU,
-    # ~7% of a compiled step.
-    return (probs / torch.empty_like(probs).exponential_(generator=generator)).argmax(dim=-1, keepdim=True)
+    return (probs / noise).argmax(dim=-1, keepdim=True)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import rope
-from model import GPT, POS_EMBS, GPTConfig, KVCache, sample_next
+from model import GPT, POS_EMBS, GPTConfig, KVCache, pick, race_noise
 
 
 def tiny(pos_emb, **kw):
@@ -146,31 +146,34 @@ def test_extrapolating_schemes_generate_past_block_size_but_learned_refuses():
 
 # ----------------------------------------------------------------------------- sampling controls
 
-def test_sample_next_controls():
+def draw(logits, temperature, top_k=None, top_p=None, seed=None, generator=None):
+    generator = torch.Generator().manual_seed(seed) if seed is not None else generator
+    return pick(logits, race_noise(*logits.shape, logits.device, generator), temperature, top_k, top_p)
+
+
+def test_pick_controls():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
     g = torch.Generator().manual_seed(0)
-    assert sample_next(logits, temperature=0).item() == 0
-    draws = {sample_next(logits, 1.0, top_k=2, generator=g).item() for _ in range(200)}
+    assert pick(logits, None, temperature=0).item() == 0
+    draws = {draw(logits, 1.0, top_k=2, generator=g).item() for _ in range(200)}
     assert draws == {0, 1}
     # nucleus at 0.7: tokens 0 (0.5) and 1 (0.3) reach the mass, token 2 never appears
-    draws = {sample_next(logits, 1.0, top_p=0.7, generator=g).item() for _ in range(200)}
+    draws = {draw(logits, 1.0, top_p=0.7, generator=g).item() for _ in range(200)}
     assert draws == {0, 1}
-    draws = {sample_next(logits, 1.0, top_p=0.5, generator=g).item() for _ in range(50)}
+    draws = {draw(logits, 1.0, top_p=0.5, generator=g).item() for _ in range(50)}
     assert draws == {0}
-    a = [sample_next(logits, 1.0, generator=torch.Generator().manual_seed(3)).item() for _ in range(5)]
-    b = [sample_next(logits, 1.0, generator=torch.Generator().manual_seed(3)).item() for _ in range(5)]
-    assert a == b
+    assert [draw(logits, 1.0, seed=s).item() for s in range(8)] == [draw(logits, 1.0, seed=s).item() for s in range(8)]
 
 
 @pytest.mark.parametrize("temperature, top_k", [(1.0, None), (0.5, None), (1.0, 3)])
-def test_sampled_tokens_follow_the_tempered_truncated_distribution(temperature, top_k):
+def test_picked_tokens_follow_the_tempered_truncated_distribution(temperature, top_k):
     logits = torch.log(torch.tensor([0.4, 0.3, 0.2, 0.1]))
     p = (logits.double() / temperature).softmax(-1)  # the reference, in float64
     if top_k is not None:
         p[p.argsort(descending=True)[top_k:]] = 0.0
         p /= p.sum()
     n = 40_000
-    draws = sample_next(logits.expand(n, 4), temperature, top_k, generator=torch.Generator().manual_seed(0))
+    draws = draw(logits.expand(n, 4), temperature, top_k, seed=0)
     freq = torch.bincount(draws.flatten(), minlength=4).double() / n
     # 5 standard errors of a frequency; a dropped token is never drawn
     assert torch.all((freq - p).abs() <= 5 * (p * (1 - p) / n).sqrt()), (freq, p)
