@@ -162,7 +162,14 @@ def test_pick_controls():
     assert draws == {0, 1}
     draws = {draw(logits, 1.0, top_p=0.5, generator=g).item() for _ in range(50)}
     assert draws == {0}
-    assert [draw(logits, 1.0, seed=s).item() for s in range(8)] == [draw(logits, 1.0, seed=s).item() for s in range(8)]
+
+
+def test_picked_tokens_are_torch_multinomials_for_the_same_seed():
+    # pick's docstring: torch.multinomial draws one sample by the same race, so a seed gives the same text
+    logits = torch.randn(16, 65)
+    for seed in range(10):
+        expected = torch.multinomial((logits / 0.8).softmax(-1), 1, generator=torch.Generator().manual_seed(seed))
+        assert torch.equal(draw(logits, 0.8, seed=seed), expected)
 
 
 @pytest.mark.parametrize("temperature, top_k", [(1.0, None), (0.5, None), (1.0, 3)])
