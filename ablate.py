@@ -3,7 +3,7 @@
     python ablate.py configs/ablate_cpu.toml [--key=value ...]
     python ablate.py configs/ablate_cpu.toml --dry_run=true      print the grid and its estimated time
 
-Every run of a seed sees the same batches in the same order (train.Batches draws them from
+Every run of a seed sees the same batches in the same order (data.loader.Batches draws them from
 (seed, step), not from global RNG state) and the same token budget, so differences between
 schemes are paired by seed. After training at context L0 = block_size each model is scored on
 fixed validation windows at multiples of L0; RoPE models also with inference-time scaling
@@ -31,11 +31,16 @@ import torch
 from tqdm import tqdm
 
 import config
+import positions
 import rope
 import train
+from checkpoint import atomic_write, load_checkpoint, model_from_checkpoint
 from config import opt
+from data.loader import Batches
 from data.tokenizer import load_meta, tokenizer_from_meta
-from model import GPT, POS_EMBS, GPTConfig
+from generate import generate
+from model import GPT, GPTConfig
+from runtime import Runtime, decode_autocast, pick_device, pick_dtype, run_record
 
 REFERENCE = "rope"  # the scheme every other one is compared against, seed by seed
 VARIANT_KEYS = ("rope_base", "rope_fraction", "rope_layout")  # what a RoPE variant may change
@@ -44,7 +49,7 @@ NOT_SETTINGS = ("out_dir", "resume", "progress")  # train fields that do not cha
 
 @dataclass
 class AblateConfig:
-    schemes: str = opt(",".join(POS_EMBS), "positional schemes to compare (pos_emb values), comma-separated")
+    schemes: str = opt(",".join(positions.SCHEMES), "positional schemes to compare (pos_emb values), comma-separated")
     variants: str = opt("", "RoPE variants to add: 'name: key=value, ...; name: ...', keys " + ", ".join(VARIANT_KEYS))
     seeds: int = opt(3, "seeds per scheme: seed, seed+1, ...")
     eval_lengths: str = opt("0.5,1,2,4,8", "context lengths to evaluate at, as multiples of block_size")
@@ -100,8 +105,8 @@ def parse_variants(text):
 def make_grid(ac, gcfg):
     """{scheme name: its GPTConfig}, in the order of the tables."""
     for s in split_list(ac.schemes):
-        if s not in POS_EMBS:
-            raise ValueError(f"schemes: {s!r} is not a positional scheme; choose from {', '.join(POS_EMBS)}")
+        if s not in positions.SCHEMES:
+            raise ValueError(f"schemes: {s!r} is not a positional scheme; choose from {', '.join(positions.SCHEMES)}")
     entries = [(s, {"pos_emb": s}) for s in split_list(ac.schemes)]
     entries += [(name, {"pos_emb": "rope", **o}) for name, o in parse_variants(ac.variants)]
     names = [name for name, _ in entries]
@@ -178,13 +183,13 @@ def check_same_settings(path, settings, saved):
 def train_run(name, gcfg, tc, out):
     """Train (or resume) one run into out; its summary. Raises Interrupted when training stopped early."""
     ckpt_path = out / "ckpt.pt"
-    at = train.load_checkpoint(ckpt_path)["iter"] if ckpt_path.is_file() else 0
+    at = load_checkpoint(ckpt_path)["iter"] if ckpt_path.is_file() else 0
     if at < tc.max_iters:  # else training ended and only the summary is missing
         out.mkdir(parents=True, exist_ok=True)
         with open(out / "train.log", "a") as log, contextlib.redirect_stdout(log):
             # a copy of gcfg: train sets vocab_size on the one it gets
             train.train(replace(gcfg), replace(tc, out_dir=str(out), resume=at > 0, progress=False))
-        at = train.load_checkpoint(ckpt_path)["iter"]
+        at = load_checkpoint(ckpt_path)["iter"]
     if at < tc.max_iters:
         raise Interrupted(f"run {out.name} stopped at iteration {at} of {tc.max_iters}")
     # a resumed run's log was trimmed back to its checkpoint and its elapsed_s continues: one line per iteration
@@ -199,13 +204,13 @@ def train_run(name, gcfg, tc, out):
 
 
 def eval_sets(dataset_dir, meta, lengths, n_tokens, tokens_per_forward, device):
-    """{L: train.Batches whose fixed validation set holds about n_tokens in windows of L tokens}. Batches draws
+    """{L: Batches whose fixed validation set holds about n_tokens in windows of L tokens}. Batches draws
     that set from EVAL_SEED alone, so every model of the grid is scored on the same windows."""
     sets = {}
     for L in lengths:
         rows = max(1, tokens_per_forward // L)  # windows per forward: long ones cost O(L^2) attention memory
         try:  # (seed 0: these Batches' training batches are never drawn)
-            sets[L] = train.Batches(dataset_dir, meta, L, rows, 0, device, eval_iters=max(1, n_tokens // (rows * L)))
+            sets[L] = Batches(dataset_dir, meta, L, rows, 0, device, eval_iters=max(1, n_tokens // (rows * L)))
         except ValueError as e:  # the window does not fit a split
             raise ValueError(f"eval length {L} does not fit the data: {e}; use smaller eval_lengths") from None
     return sets
@@ -225,21 +230,21 @@ def position_losses(model, batches, rt):
 
 def extrapolate(model, windows, scalings, rt):
     """{scaling: {L: mean loss or None}} and {scaling: loss by position in the longest window}.
-    'none' is the model as trained; each RoPE scaling is scored beyond L0 with factor L/L0."""
+    'none' is the model as trained; each scaling its scheme takes is scored beyond L0 with factor L/L0."""
     cfg = model.config
+    scheme = positions.scheme(cfg.pos_emb)
     L0, longest = cfg.block_size, max(windows)
     loss, position = {}, {}
-    for scaling in ["none"] + (scalings if cfg.pos_emb == "rope" else []):
+    for scaling in ["none"] + [s for s in scalings if s in scheme.scalings]:
         loss[scaling] = {}
         for L, batches in windows.items():
             if scaling != "none" and L <= L0:
                 continue
-            if cfg.pos_emb == "learned" and L > L0:  # Positions.embed has no learned row past L0
+            if not scheme.extrapolates and L > L0:
                 loss[scaling][str(L)] = None
                 continue
-            if scaling != "none":
-                model.pos.set_rope_scaling(scaling, L / L0, L0)
-            curve = position_losses(model, batches, rt)
+            scaled = model if scaling == "none" else model.reconfigure(rope_scaling=scaling, rope_scaling_factor=L / L0)
+            curve = position_losses(scaled, batches, rt)
             loss[scaling][str(L)] = curve.mean().item()
             if L == longest:
                 position[scaling] = curve.tolist()
@@ -250,14 +255,14 @@ def sample_text(model, meta, ac, seed, rt):
     tok = tokenizer_from_meta(meta)
     idx = torch.tensor([tok.encode(ac.sample_prompt)], device=rt.device)
     g = torch.Generator(device=rt.device).manual_seed(seed)
-    with train.decode_autocast(rt.device_type, rt.dtype):  # as sample.py decodes, so the two agree
-        new = [t.item() for t in model.generate(idx, ac.sample_tokens, ac.sample_temperature, generator=g)]
+    with decode_autocast(rt.device_type, rt.dtype):  # as sample.py decodes, so the two agree
+        new = [t.item() for t in generate(model, idx, ac.sample_tokens, ac.sample_temperature, generator=g)]
     return ac.sample_prompt + tok.decode(new)
 
 
 def write_json(path, obj):
     """Write atomically: these files mark a finished step, so a half-written one must never exist."""
-    train.atomic_write(path, lambda f: f.write((json.dumps(obj, indent=1) + "\n").encode()))
+    atomic_write(path, lambda f: f.write((json.dumps(obj, indent=1) + "\n").encode()))
 
 
 def finish_run(name, gcfg, tc, plan):
@@ -275,8 +280,8 @@ def finish_run(name, gcfg, tc, plan):
     ev = json.loads((out / "eval.json").read_text()) if (out / "eval.json").is_file() else None
     if ev is None or ev["settings"] != settings:
         t0 = time.perf_counter()
-        model = train.model_from_checkpoint(train.load_checkpoint(out / "ckpt.pt", device), device).eval()
-        # sample first: extrapolate leaves the last RoPE scaling switched on
+        model = model_from_checkpoint(load_checkpoint(out / "ckpt.pt", device), device).eval()
+        # sample first: extrapolate leaves the model reconfigured with its last scaling
         sample = sample_text(model, plan.meta, ac, tc.seed, plan.rt) if sampled else None
         loss, position = extrapolate(model, plan.windows, plan.scalings, plan.rt)
         ev = {"settings": settings, "loss": loss, "position": position, "sample": sample,
@@ -363,7 +368,7 @@ def summarize(plan, done):
             "lengths": plan.lengths, "windows": {str(L): n_windows(b) for L, b in plan.windows.items()},
             "seeds": plan.seeds, "tokens_per_run": tokens_per_run(plan.gcfg, plan.tc),
             "settings": {"ablate": asdict(plan.ac), **train_settings(plan.gcfg, plan.tc)},
-            "device": plan.rt.device, "environment": train.run_record(), "schemes": schemes}
+            "device": plan.rt.device, "environment": run_record(), "schemes": schemes}
 
 
 def n_windows(batches):
@@ -576,8 +581,8 @@ class Plan:
     lengths: list
     scalings: list
     meta: dict
-    rt: train.Runtime
-    windows: dict  # {L: train.Batches holding the fixed validation windows of length L}
+    rt: Runtime
+    windows: dict  # {L: Batches holding the fixed validation windows of length L}
     params: dict  # {scheme: parameter count}
 
 
@@ -589,8 +594,8 @@ def make_plan(ac, gcfg, tc):
         if not ac.sample_prompt:
             raise ValueError("sample_prompt is empty; give a prompt, or sample_tokens=0 for no samples")
         tokenizer_from_meta(meta).encode(ac.sample_prompt)  # an unknown character fails now, not after training
-    device, _ = train.pick_device(tc.device)
-    rt = train.Runtime(device, train.pick_dtype(tc.dtype, device.split(":")[0]), compile=False)
+    device, _ = pick_device(tc.device)
+    rt = Runtime(device, pick_dtype(tc.dtype, device.split(":")[0]), compile=False)
     lengths = eval_lengths(ac, gcfg.block_size)
     windows = eval_sets(dataset_dir, meta, lengths, ac.eval_tokens, tc.batch_size * gcfg.block_size, device)
     grid = make_grid(ac, gcfg)
@@ -600,33 +605,27 @@ def make_plan(ac, gcfg, tc):
 
 def calibrate(plan):
     """Training FLOP/s reached here and now: the median of a few timed steps of the first scheme on random tokens."""
-    cfg = next(iter(plan.grid.values()))
+    cfg, tc, rt = next(iter(plan.grid.values())), plan.tc, plan.rt
     torch.manual_seed(0)
-    model = GPT(cfg).to(plan.rt.device)
-    optimizer = train.make_optimizer(model, plan.tc, plan.rt.device_type)
-    x = torch.randint(cfg.vocab_size, (plan.tc.batch_size, cfg.block_size), device=plan.rt.device)
+    state = train.TrainState(GPT(cfg).to(rt.device), tc, rt)
+    x = torch.randint(cfg.vocab_size, (tc.batch_size, cfg.block_size), device=rt.device)
     times = []
     for _ in range(10):
         t0 = time.perf_counter()
-        with plan.rt.autocast():
-            loss = model(x, x)[1]
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if plan.rt.device_type == "cuda":
-            torch.cuda.synchronize()
+        train.train_step(state.model, state, [(x, x, None)], tc.learning_rate, tc.grad_clip, rt)[0].item()
         times.append(time.perf_counter() - t0)
-    return model.flops_per_token(cfg.block_size) * x.numel() / statistics.median(times[3:])  # the first steps warm up
+    return state.model.flops_per_token(cfg.block_size) * x.numel() / statistics.median(times[3:])  # the first warm up
 
 
 def run_flops(cfg, plan):
     """(training, evaluation) FLOPs of one run: its steps, then its in-training and extrapolation evaluations.
     flops_per_token counts forward + backward; a forward alone is a third of it."""
     tc, L0, fpt = plan.tc, cfg.block_size, GPT(cfg).flops_per_token
+    scheme = positions.scheme(cfg.pos_emb)
     n_evals = len({*range(tc.eval_interval, tc.max_iters + 1, tc.eval_interval), tc.max_iters})
     in_training = n_evals * 2 * tc.eval_iters * tc.batch_size * L0 * fpt(L0) / 3  # train and val splits
-    scored = [(L, 1 + len(plan.scalings) if cfg.pos_emb == "rope" and L > L0 else 1) for L in plan.lengths
-              if not (cfg.pos_emb == "learned" and L > L0)]
+    rescaled = [s for s in plan.scalings if s in scheme.scalings]
+    scored = [(L, 1 + len(rescaled) if L > L0 else 1) for L in plan.lengths if scheme.extrapolates or L <= L0]
     extrapolation = sum(n * n_windows(plan.windows[L]) * L * fpt(L) / 3 for L, n in scored)
     return tokens_per_run(cfg, tc) * fpt(L0), in_training + extrapolation
 

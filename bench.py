@@ -11,8 +11,6 @@ and their ratios stay fair on a shared machine.
 """
 
 import argparse
-import contextlib
-import io
 import itertools
 import json
 import statistics
@@ -25,9 +23,10 @@ from tqdm import tqdm
 
 import config
 import rope
-import train
+from generate import generate
 from model import GPT, GPTConfig
-from train import TrainConfig
+from runtime import check_compile, decode_autocast, setup_runtime
+from train import TrainConfig, TrainState, lr_at, train_step
 
 REPEATS = {"matmul_peak": 10, "train_step": 20, "generate": 5, "rope_apply": 20}
 # nanoGPT README's CPU recipe shape (4 layers, 4 heads, 128 wide, context 64, batch 12, no dropout; vocab 65
@@ -111,23 +110,15 @@ def bench_matmul_peak(run):
     return [({"n": n, "dtype": run.dtype_name, "threads": torch.get_num_threads()}, figures)]
 
 
-def make_train_step(model, optimizer, tc, rt):
-    """One optimizer step as train.py's loop takes it (lr schedule, micro-batches, the loss read back, clip,
-    AdamW, zero_grad), over the given forward (the model or its compiled form) and batches [(x, y), ...]."""
-    scaler = torch.amp.GradScaler(rt.device_type, enabled=rt.dtype == torch.float16)
-    it = 0
+def make_train_step(model, tc, rt):
+    """train.py's optimizer step over the given forward (the model or its compiled form) and micro-batches
+    [(x, y), ...], its lr following the schedule and its loss read back as train.py reads it every step."""
+    state, it = TrainState(model, tc, rt), 0
 
     def step(forward, batches):
         nonlocal it
-        train.set_lr(optimizer, it, tc)
-        loss_sum = 0.0
-        for x, y in batches:
-            with rt.autocast():
-                loss = forward(x, y)[1] / len(batches)
-            scaler.scale(loss).backward()
-            loss_sum += loss.detach()
-        loss_sum.item()  # train.py reads the loss back every step (a device sync)
-        train.apply_gradients(model, optimizer, scaler, tc.grad_clip)
+        loss_sum, _ = train_step(forward, state, [(x, y, None) for x, y in batches], lr_at(it, tc), tc.grad_clip, rt)
+        loss_sum.item()  # a device sync, as in train.py
         it += 1
     return step
 
@@ -136,7 +127,7 @@ def bench_train_step(run):
     gcfg, tc, rt = run.gcfg, run.tc, run.rt
     torch.manual_seed(tc.seed)
     model = GPT(gcfg).to(rt.device)
-    step = make_train_step(model, train.make_optimizer(model, tc, rt.device_type), tc, rt)
+    step = make_train_step(model, tc, rt)
     micro = tc.gradient_accumulation_steps
     # a few fixed random batches, cycled: the step's cost does not depend on which tokens it sees
     data = torch.randint(gcfg.vocab_size, (4, micro, tc.batch_size, gcfg.block_size + 1), device=rt.device)
@@ -179,8 +170,8 @@ def bench_generate(run):
 
     def generation(use_cache, compile=False):
         def call():
-            with train.decode_autocast(run.rt.device_type, run.rt.dtype):  # as sample.py decodes
-                for _ in model.generate(prompt, run.new_tokens, temperature=0, use_cache=use_cache, compile=compile):
+            with decode_autocast(run.rt.device_type, run.rt.dtype):  # as sample.py decodes
+                for _ in generate(model, prompt, run.new_tokens, temperature=0, use_cache=use_cache, compile=compile):
                     pass
         return call
 
@@ -293,14 +284,13 @@ class Run:
             self.tc.device = args.device
         if args.threads or args.quick:
             torch.set_num_threads(args.threads or 1)
-        self.tc.compile = False  # the benches time eager and compiled side by side; see compile_note
-        with contextlib.redirect_stdout(io.StringIO()):  # its report says compile: False; the header says more
-            self.rt = train.setup_runtime(self.tc)
-        self.dtype_name = str(self.rt.dtype).removeprefix("torch.")
+        # the benches time eager and compiled side by side (see compile_note); the header reports the runtime
+        self.rt = setup_runtime(self.tc.device, self.tc.dtype, compile=False, quiet=True)
+        self.dtype_name = self.rt.dtype_name
         self.compile, self.compile_note = False, "off with --quick"
         if not args.quick:
             try:
-                self.compile, self.compile_note = train.check_compile(True, self.rt.device_type), "on"
+                self.compile, self.compile_note = check_compile(True, self.rt.device_type), "on"
             except ValueError as e:
                 self.compile_note = f"skipped: {e}"
         self.new_tokens = args.new_tokens or (16 if args.quick else 500)

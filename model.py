@@ -1,21 +1,19 @@
-"""The GPT decoder, its KV cache, and generation.
+"""The GPT decoder: a pre-norm transformer in the GPT-2 mould.
 
-A pre-norm transformer decoder in the GPT-2 mould. The positional scheme is a
-config switch (`pos_emb`); all of its maths lives in rope.py. This module knows
-nothing about training.
+The positional scheme is a config switch (`pos_emb`), built from positions.py's registry;
+decoding (KV cache, sampling) is generate.py's. This module knows nothing about training.
 """
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+import positions
 import rope
 from config import opt
-
-POS_EMBS = ("rope", "sinusoidal", "learned", "alibi", "none")
 
 
 @dataclass
@@ -27,7 +25,7 @@ class GPTConfig:
     n_embd: int = opt(384, "model width")
     dropout: float = opt(0.0, "dropout probability (0 for pretraining small models)")
     bias: bool = opt(False, "biases in linear layers and layer norms")
-    pos_emb: str = opt("rope", "positional scheme: " + ", ".join(POS_EMBS))
+    pos_emb: str = opt("rope", "positional scheme: " + ", ".join(positions.SCHEMES))
     rope_base: float = opt(10000.0, "RoPE base b in theta_i = b^(-2(i-1)/d)")
     rope_fraction: float = opt(1.0, "fraction of each head's dims that RoPE rotates")
     rope_layout: str = opt("interleaved", "RoPE pairing: " + ", ".join(rope.LAYOUTS))
@@ -35,8 +33,7 @@ class GPTConfig:
     rope_scaling_factor: float = opt(1.0, "RoPE scaling factor s (1 = plain RoPE)")
 
     def __post_init__(self):
-        if self.pos_emb not in POS_EMBS:
-            raise ValueError(f"pos_emb={self.pos_emb!r} is unknown; choose one of {', '.join(POS_EMBS)}")
+        scheme = positions.scheme(self.pos_emb)  # an unknown name fails first
         for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name}={getattr(self, name)} must be a positive integer")
@@ -44,12 +41,7 @@ class GPTConfig:
             raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout={self.dropout} must lie in [0, 1)")
-        if self.pos_emb == "rope" and int(self.head_dim * self.rope_fraction) % 2:
-            raise ValueError(f"RoPE rotates pairs of dims, but head size n_embd/n_head={self.head_dim} times "
-                             f"rope_fraction={self.rope_fraction} gives {int(self.head_dim * self.rope_fraction)} "
-                             "rotated dims; choose them so this is even")
-        if self.pos_emb == "sinusoidal" and self.n_embd % 2:
-            raise ValueError(f"n_embd={self.n_embd} must be even for sinusoidal embeddings")
+        scheme.check(self)
 
     @property
     def head_dim(self):
@@ -59,33 +51,9 @@ class GPTConfig:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-class KVCache:
-    """Keys and values of every layer for positions [0, length), preallocated for max_len.
-
-    One tensor per layer: a compiled decoding step then writes each in place, where with one all-layer
-    tensor inductor copied the whole cache every token (at max_len 512 on the CPU model: 0.79 against
-    0.41 ms a token). One slot more than max_len is allocated and never used: the keys read are then
-    never the whole tensor, a case torch.compile would otherwise compile a graph of its own for."""
-
-    def __init__(self, config, batch_size, max_len, device, dtype):
-        shape = (batch_size, config.n_head, max_len + 1, config.head_dim)
-        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
-        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
-        self.max_len = max_len
-        self.length = 0  # positions filled and committed by earlier forwards
-
-    def update(self, layer, k, v):
-        """Store this forward's k, v (B, nh, T, hs) after the cached ones; return all of them."""
-        start, end = self.length, self.length + k.shape[2]
-        assert end <= self.max_len, f"KV cache overflow: {end} > {self.max_len}"
-        self.k[layer][:, :, start:end] = k
-        self.v[layer][:, :, start:end] = v
-        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
-
-
 def attention(q, k, v, mask, **kw):
     """scaled_dot_product_attention; on CPU always in float32, even under bf16 autocast: there the bf16
-    flash-attention backward is ~4x slower than float32's, while the matmuls around it gain 2.5x (bench.py)."""
+    flash-attention backward is much slower than float32's, while the matmuls around it gain (bench.py)."""
     if q.device.type != "cpu" or not torch.is_autocast_enabled("cpu"):
         mask = mask.to(q.dtype) if mask is not None and mask.is_floating_point() else mask
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **kw)
@@ -104,25 +72,21 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x, pos, cache, offset):
         B, T, C = x.shape
         qkv = self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)  # (3, B, nh, T, hs)
-        q, k, v = qkv
-        if pos.rotary is not None:  # RoPE turns queries and keys, never values; one call rotates both
-            q, k = pos.rotary(qkv[:2], offset)  # (2, B, nh, T, hs)
+        q, k = pos.rotate(qkv[:2], offset)  # (B, nh, T, hs) each; values never carry position
+        v = qkv[2]
         if cache is not None:
             k, v = cache.update(self.layer, k, v)  # (B, nh, past+T, hs)
         past = k.shape[2] - T  # keys before this forward's first query
         scale = pos.attn_factor / math.sqrt(q.shape[-1])
         dropout = self.dropout if self.training else 0.0
-        # branches rather than is_causal=(T > 1): with dynamic shapes under torch.compile that is a symbolic
-        # bool, which scaled_dot_product_attention refuses (a graph break per layer)
-        causal = False
-        if pos.alibi_slopes is not None:
-            mask = rope.alibi_bias(pos.alibi_slopes, T, k.shape[2], past)  # (nh, T, past+T)
-        elif T == 1:  # a lone new token may see every key
-            mask = None
-        elif past == 0:  # plain causal
-            mask, causal = None, True
-        else:  # new tokens after cached ones: is_causal would align the triangle top-left
-            mask = torch.ones(T, k.shape[2], dtype=torch.bool, device=x.device).tril(diagonal=past)
+        # a lone new token (T == 1) may see every key. Branches rather than is_causal=(T > 1): with dynamic shapes
+        # under torch.compile that is a symbolic bool, which scaled_dot_product_attention refuses (a graph break)
+        mask, causal = pos.bias(T, k.shape[2], past), False  # (nh, T, past+T) with the causal mask built in, or None
+        if mask is None and T > 1:
+            if past == 0:
+                causal = True
+            else:  # new tokens after cached ones: is_causal would align the triangle top-left
+                mask = torch.ones(T, k.shape[2], dtype=torch.bool, device=x.device).tril(diagonal=past)
         y = attention(q, k, v, mask, dropout_p=dropout, is_causal=causal, scale=scale)  # (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
         return F.dropout(self.c_proj(y), self.dropout, self.training)
@@ -152,56 +116,12 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
-class Positions(nn.Module):
-    """What each scheme adds to the model: an input embedding, a query/key rotation, or an attention bias."""
-
-    def __init__(self, config):
-        super().__init__()
-        self.config = config
-        self.rotary = self.wpe = None
-        alibi = config.pos_emb == "alibi"
-        self.register_buffer("alibi_slopes", rope.alibi_slopes(config.n_head) if alibi else None, persistent=False)
-        if config.pos_emb == "rope":
-            self.rotary = rope.Rotary(config.head_dim, config.rope_base, config.rope_fraction, config.rope_layout,
-                                      config.rope_scaling, config.rope_scaling_factor,
-                                      original_len=config.block_size, max_len=config.block_size)
-        elif config.pos_emb == "learned":
-            self.wpe = nn.Embedding(config.block_size, config.n_embd)
-        elif config.pos_emb == "sinusoidal":
-            self.register_buffer("sinusoid", rope.sinusoidal_table(config.block_size, config.n_embd), persistent=False)
-
-    @property
-    def attn_factor(self):
-        """Multiplier of the softmax scale: YaRN's temperature, else 1."""
-        return self.rotary.attn_factor if self.rotary is not None else 1.0
-
-    def set_rope_scaling(self, scaling, factor=1.0, original_len=None):
-        assert self.rotary is not None, "RoPE scaling needs pos_emb='rope'"
-        self.rotary.set_scaling(scaling, factor, original_len)
-
-    def embed(self, tok, offset):
-        """The input embedding of token embeddings tok (B, T, C) at positions offset..offset+T-1."""
-        end = offset + tok.shape[1]
-        if self.wpe is not None:
-            if end > self.config.block_size:
-                raise ValueError(f"position {end - 1} is past the learned table (block_size={self.config.block_size}); "
-                                 "learned positions cannot extrapolate")
-            return tok + self.wpe(torch.arange(offset, end, device=tok.device))
-        if self.config.pos_emb == "sinusoidal":
-            # the formula extends to any position; past the built table it is computed on demand
-            table = self.sinusoid if end <= len(self.sinusoid) else rope.sinusoidal_table(end, tok.shape[2]).to(tok.device)
-            # as in the paper, token embeddings are scaled by sqrt(d) before the +-1 table is added; unscaled
-            # (std 0.02) they would be drowned by it and sinusoidal would lose any short ablation
-            return tok * math.sqrt(tok.shape[2]) + table[offset:end].to(tok.dtype)
-        return tok
-
-
 class GPT(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.config = config
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
-        self.pos = Positions(config)
+        self.pos = positions.scheme(config.pos_emb)(config)
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layer))
         self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
@@ -226,9 +146,7 @@ class GPT(nn.Module):
     def num_params(self, non_embedding=True):
         """Parameter count; the tied token embedding counts once (it is also the head)."""
         n = sum(p.numel() for p in self.parameters())
-        if non_embedding and self.pos.wpe is not None:
-            n -= self.pos.wpe.weight.numel()
-        return n
+        return n - self.pos.embedding_numel() if non_embedding else n
 
     def flops_per_token(self, seq_len):
         """Training FLOPs per token (forward + backward): 6N for the weights plus attention's 12·L·T·d (PaLM appendix B)."""
@@ -259,95 +177,19 @@ class GPT(nn.Module):
             loss = loss.view(targets.shape)  # (B, T)
         return logits, loss
 
-    def max_context(self, requested=None):
-        """How many tokens generation may attend to: block_size for absolute schemes, else what was asked."""
-        if requested is None or requested == self.config.block_size:
-            return self.config.block_size
-        if self.config.pos_emb == "learned":
-            raise ValueError(f"max_context={requested} needs a scheme that extrapolates; learned positions stop at "
-                             f"block_size={self.config.block_size} (use rope, alibi, sinusoidal or none)")
-        if requested < 1:
-            raise ValueError(f"max_context={requested} must be a positive integer")
-        return requested
-
-    @torch.inference_mode()  # lighter than no_grad: no version counters or views tracked (~20% per token on CPU)
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, max_context=None,
-                 use_cache=True, compile=False, generator=None):
-        """Sample max_new_tokens after the prompt idx (B, T); yields each new token (B, 1) as it is drawn.
-
-        When the text outgrows the context N, the window slides: the newest N//2 tokens are kept and
-        re-read from position 0. The cache and the recompute-everything path (use_cache=False) share this
-        rule, so greedy decoding gives identical tokens either way.
-
-        compile=True runs the cached steps after the prompt (a forward and the pick of the next token)
-        through torch.compile: a small model's step is mostly per-operation overhead, which fused graphs
-        remove (bench.py measures both). Three graphs serve every position: the first step, the later
-        steps (torch.compile sees the cache length change and makes it a symbol) and the window's
-        re-read after a slide. The prompt is read once, eagerly. Compiled sampling draws the same
-        tokens for a seed as eager unless two candidates tie within float rounding.
-        """
-        if compile and not use_cache:
-            raise ValueError("compile=True compiles the cached decoding; it needs use_cache=True")
-        n_ctx = self.max_context(max_context)
-        keep = max(1, n_ctx // 2)
-        device = idx.device.type
-        # under autocast keys and values come out in the autocast dtype: the cache must hold that
-        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else self.wte.weight.dtype
-        if self.pos.rotary is not None:
-            self.pos.rotary.reserve(n_ctx)  # the compiled step cannot grow the tables
-
-        def step(tokens, cache, noise):
-            """Read tokens (after the cached ones) and pick the next one; compiled, the pick runs in the graph."""
-            logits, _ = self(tokens, cache=cache)
-            return pick(logits[:, -1, :], noise, temperature, top_k, top_p)
-
-        # on CPU a C++ launcher (cpp_wrapper) saves ~80 us a token over inductor's Python one (CPU model).
-        # Not dynamic=True: with every size a symbol the step is ~10% slower than with only the length
-        compiled = torch.compile(step, options={"cpp_wrapper": device == "cpu"}) if compile else step
-        # the model conditions on window + drawn. With the cache, tokens drawn since the window was read
-        # join it only when it is read again, at a slide: a cat a token cost ~3% of a compiled step
-        window, drawn, cache = idx[:, -n_ctx:], [], None
-        for i in range(max_new_tokens):
-            noise = None if temperature == 0 else race_noise(idx.shape[0], self.config.vocab_size, idx.device, generator)
-            if cache is not None:  # only the newest token is new to the cache
-                nxt = compiled(drawn[-1], cache, noise)
-            else:  # read the whole window, filling a fresh cache if one is used
-                cache = KVCache(self.config, idx.shape[0], n_ctx, idx.device, dtype) if use_cache else None
-                read = compiled if i else step  # the prompt, read once, is not worth a graph of its own
-                nxt = read(window, cache, noise)
-            yield nxt
-            drawn.append(nxt)
-            if cache is None or window.shape[1] + len(drawn) > n_ctx:  # the next step reads the window
-                window, drawn, cache = torch.cat((window, *drawn), dim=1), [], None
-                if window.shape[1] > n_ctx:  # slide
-                    window = window[:, -keep:]
-
-
-def race_noise(batch_size, vocab_size, device, generator=None):
-    """E ~ Exp(1), one per row and token: the randomness of a draw (see pick)."""
-    return torch.empty(batch_size, vocab_size, device=device).exponential_(generator=generator)
-
-
-def pick(logits, noise, temperature, top_k=None, top_p=None):
-    """The token each row of logits (B, vocab) draws with noise from race_noise (None when greedy).
-
-    The draw is exact: with E_i ~ Exp(1) independent, argmax_i p_i / E_i is token i with probability p_i
-    (the exponential race), and never a token of probability 0. torch.multinomial draws one sample
-    this way too (the same tokens for a seed, torch 2.13), after checks of probs that cost ~30 us a
-    token on CPU. With the noise drawn outside, the pick is pure arithmetic: a compiled decoding step
-    runs it inside its graph (~9% a sampled token on the CPU model).
-    """
-    if temperature == 0:
-        return logits.argmax(dim=-1, keepdim=True)
-    logits = logits.float() / temperature
-    if top_k is not None and top_k < logits.size(-1):
-        kth = torch.topk(logits, top_k).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = F.softmax(logits, dim=-1)
-    if top_p is not None and top_p < 1.0:
-        # nucleus: keep the smallest set of most likely tokens whose mass reaches top_p
-        sorted_p, order = probs.sort(dim=-1, descending=True)
-        drop = sorted_p.cumsum(-1) - sorted_p >= top_p  # mass before this token already reached top_p
-        sorted_p = sorted_p.masked_fill(drop, 0.0)
-        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
-    return (probs / noise).argmax(dim=-1, keepdim=True)
+    def reconfigure(self, **changes):
+        """Change settings that no weight depends on (the RoPE scaling, to evaluate or sample past block_size):
+        the config is replaced and the positional scheme rebuilt from it, so model.config always tells the truth."""
+        fixed = [k for k in changes if k not in ("rope_scaling", "rope_scaling_factor")]
+        if fixed:
+            raise ValueError(f"{', '.join(fixed)} cannot change on a built model; only rope_scaling and "
+                             "rope_scaling_factor can")
+        config = replace(self.config, **changes)
+        scheme = positions.scheme(config.pos_emb)
+        if config.rope_scaling not in scheme.scalings:
+            raise ValueError(f"rope_scaling={config.rope_scaling!r} does not apply to pos_emb={config.pos_emb!r}, "
+                             f"which takes {', '.join(scheme.scalings) or 'no scaling'}")
+        pos = scheme(config).to(self.wte.weight.device)
+        pos.load_state_dict(self.pos.state_dict())  # a scheme's trained parameters are kept
+        self.pos, self.config = pos, config
+        return self

@@ -1,7 +1,8 @@
-"""Positional schemes for nanorope: rotary embeddings (RoPE) first, plus sinusoidal and ALiBi.
+"""Rotary position embeddings (RoPE, Su et al. RoFormer): RoPE's maths and nothing else.
 
-All positional maths lives here; the model asks for tables and applies them, and this file
-knows nothing of the model. Conventions:
+Frequencies and their context-extension scalings, the cos/sin tables, the rotation in both
+layouts (partial rotary included) and the explicit matrix R(d, m) for teaching and tests. The
+scheme that puts it in the model is positions.RoPE; this file knows nothing of the model. Conventions:
 
 * Sign. Each pair (a, b) is multiplied by RoFormer's R(m) = [[cos, -sin], [sin, cos]] (eq. 15):
   (a, b) -> (a cos - b sin, a sin + b cos), the vector turned counter-clockwise by m*theta.
@@ -186,7 +187,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: st
         cis = torch.complex(cos, sin)  # (T, rot/2)
         if torch.is_grad_enabled() and (xr.requires_grad or cis.requires_grad):
             out = _TurnPairs.apply(xr, cis)  # (..., T, hs)
-        else:  # a Function call costs ~15 us, as much as the rotation itself when decoding a token
+        else:  # no graph to record: skip the Function's call overhead, as large as the rotation for one token
             out = _turn(_complex_pairs(xr), cis)  # (..., T, hs)
     else:
         # rolling by hs/2 brings each partner under its pair-mate: x_{i+hs/2} under x_i and back
@@ -300,38 +301,3 @@ class Rotary(torch.nn.Module):
         # doubling keeps rebuilds logarithmic when a KV cache grows one token at a time
         self._build(max(n, 2 * self.cos.shape[0]), self.cos.device)
 
-
-def sinusoidal_table(n_pos: int, d: int, base: float = 10000.0) -> torch.Tensor:
-    """(n_pos, d) float32 absolute encodings of "Attention Is All You Need":
-    PE[p, 2i] = sin(p / base^(2i/d)), PE[p, 2i+1] = cos(p / base^(2i/d)): RoPE's angles, added."""
-    if not (isinstance(d, int) and d > 0 and d % 2 == 0):
-        raise ValueError(f"d={d!r} must be a positive even int: sin and cos fill pairs of dims")
-    angles = torch.arange(n_pos, dtype=torch.float64)[:, None] * _inv_freq64(d, base)[None, :]  # (n_pos, d/2)
-    return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2).float()  # (n_pos, d/2, 2) -> (n_pos, d)
-
-
-def alibi_slopes(n_head: int) -> torch.Tensor:
-    """(n_head,) float32 ALiBi slopes (Press et al. 2022). For H a power of two: 2^(-8h/H),
-    h = 1..H. Otherwise, with 2^k the largest power of two below H: the 2^k slopes of that
-    sequence, then every other slope (h = 1, 3, 5, ...) of the 2^(k+1) sequence for the rest."""
-    if not (isinstance(n_head, int) and n_head >= 1):
-        raise ValueError(f"n_head={n_head!r} must be a positive int")
-
-    def geometric(n):  # 2^(-8h/n), h = 1..n
-        return 2.0 ** (-8.0 * torch.arange(1, n + 1, dtype=torch.float64) / n)
-
-    k = 1 << (n_head.bit_length() - 1)  # largest power of two <= n_head
-    return torch.cat((geometric(k), geometric(2 * k)[0::2][: n_head - k])).float()
-
-
-def alibi_bias(slopes: torch.Tensor, q_len: int, k_len: int, offset: int = 0) -> torch.Tensor:
-    """(H, q_len, k_len) float32 additive attention bias with the causal mask built in: query i
-    sits at position offset + i, key j at j; bias = -slope * (q_pos - k_pos) for k_pos <= q_pos,
-    -inf for future keys."""
-    if offset < 0:
-        raise ValueError(f"offset={offset} must be >= 0")
-    q_pos = torch.arange(offset, offset + q_len, device=slopes.device)
-    k_pos = torch.arange(k_len, device=slopes.device)
-    rel = (k_pos[None, :] - q_pos[:, None]).float()  # (q_len, k_len): <= 0 for visible keys
-    bias = slopes.float()[:, None, None] * rel  # (H, q_len, k_len)
-    return bias.masked_fill(rel > 0, float("-inf"))

@@ -26,8 +26,10 @@ from tqdm import tqdm
 
 import config
 import rope
+from checkpoint import load_checkpoint, model_from_checkpoint
 from data.tokenizer import tokenizer_from_meta
-from train import check_compile, decode_autocast, load_checkpoint, model_from_checkpoint, pick_device, pick_dtype
+from generate import context_length, generate
+from runtime import check_compile, decode_autocast, pick_device, pick_dtype
 
 CHECKPOINTS = {"best": ("best.pt", "ckpt.pt"), "latest": ("ckpt.pt",)}  # file names tried, in order
 FORMATS = ("columns", "text", "markdown")
@@ -121,10 +123,10 @@ class Sampler:
         self.tok = tokenizer_from_meta(self.ckpt["tokenizer"])
         cfg = self.model.config
         try:
-            self.max_context = self.model.max_context(args.max_context)
-            if args.rope_scaling and cfg.pos_emb == "rope":
+            self.max_context = context_length(cfg, args.max_context)
+            if args.rope_scaling in self.model.pos.scalings:
                 factor = args.rope_scaling_factor or max(1.0, self.max_context / cfg.block_size)
-                self.model.pos.set_rope_scaling(args.rope_scaling, factor, cfg.block_size)
+                self.model.reconfigure(rope_scaling=args.rope_scaling, rope_scaling_factor=factor)
             ids = self.tok.encode(prompt) if prompt else []
         except ValueError as e:
             raise ValueError(f"{self.name}: {e}") from None
@@ -135,10 +137,10 @@ class Sampler:
     @property
     def scheme(self):
         """The positional scheme, with the RoPE scaling in force if any."""
-        rot = self.model.pos.rotary
-        if rot is None or rot.scaling == "none":
-            return self.model.config.pos_emb
-        return f"rope ({rot.scaling} x{rot.factor:g})"
+        cfg = self.model.config
+        if cfg.rope_scaling == "none":
+            return cfg.pos_emb
+        return f"{cfg.pos_emb} ({cfg.rope_scaling} x{cfg.rope_scaling_factor:g})"
 
     def describe(self):
         return (f"{self.path}: pos_emb={self.scheme}, {count(self.model.num_params())} params, "
@@ -158,9 +160,8 @@ class Sampler:
         """Draw one sample, passing text to write as it becomes whole; returns (text, tokens per second)."""
         out, pending = [], []  # pending: drawn but not yet written, only the tail is ever decoded
         t0 = time.perf_counter()
-        for nxt in self.model.generate(self.ids, args.max_new_tokens, args.temperature, args.top_k, args.top_p,
-                                       args.max_context, use_cache=args.kv_cache, compile=args.compile,
-                                       generator=generator):
+        for nxt in generate(self.model, self.ids, args.max_new_tokens, args.temperature, args.top_k, args.top_p,
+                            args.max_context, use_cache=args.kv_cache, compile=args.compile, generator=generator):
             out.append(nxt.item())
             if on_token:
                 on_token()
@@ -193,7 +194,7 @@ def load_all(dirs, prompt, args, device):
         raise ValueError(f"--rope_scaling_factor={args.rope_scaling_factor} needs --rope_scaling "
                          f"({', '.join(rope.SCALINGS)})")
     samplers = [Sampler(d, prompt, args, device) for d in dirs]
-    if args.rope_scaling and not any(s.model.config.pos_emb == "rope" for s in samplers):
+    if args.rope_scaling and not any(args.rope_scaling in s.model.pos.scalings for s in samplers):
         schemes = ", ".join(f"{s.name} uses pos_emb={s.model.config.pos_emb}" for s in samplers)
         raise ValueError(f"--rope_scaling={args.rope_scaling} needs a RoPE model; {schemes}")
     return samplers

@@ -12,33 +12,25 @@ import contextlib
 import json
 import math
 import os
-import platform
-import random
-import re
 import shlex
-import shutil
 import signal
-import subprocess
 import sys
 import time
-import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 import config
+from checkpoint import atomic_write, resumable_checkpoint, rng_state, save_checkpoint, set_rng_state
 from config import opt
-from data.tokenizer import bytes_per_token, load_meta, open_split
+from data.loader import DROPOUT, Batches, micro_seed
+from data.tokenizer import bytes_per_token, load_meta
 from model import GPT, GPTConfig
-
-EVAL_SEED = 1234  # validation batches are the same for every run and seed, so val losses compare
-BATCH, DROPOUT = 0, 1  # the two random streams of a micro-step
-DTYPES = ("auto", "float32", "bfloat16", "float16")
+from runtime import DTYPES, any_rank, run_record, setup_runtime
 
 
 @dataclass
@@ -91,167 +83,6 @@ class Divergence(RuntimeError):
     """A non-finite loss; every process of a run raises it at the same step."""
 
 
-# ----------------------------------------------------------------------------- runtime
-
-@dataclass
-class Runtime:
-    """Where and how this process computes: device, precision and its place in a DDP group."""
-    device: str
-    dtype: torch.dtype
-    compile: bool
-    rank: int = 0
-    local_rank: int = 0
-    world_size: int = 1
-
-    @property
-    def device_type(self):
-        return self.device.split(":")[0]
-
-    @property
-    def master(self):
-        return self.rank == 0
-
-    def autocast(self):
-        if self.dtype == torch.float32:
-            return contextlib.nullcontext()
-        return torch.autocast(device_type=self.device_type, dtype=self.dtype)
-
-
-def pick_device(requested, local_rank=0):
-    """The device to use and the reason, checked against what this machine has."""
-    has_mps = getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
-    reason = "as requested"
-    if requested == "auto":
-        if not torch.cuda.is_available():
-            return ("mps", "Apple MPS is available, CUDA is not") if has_mps else ("cpu", "no CUDA or MPS device found")
-        requested, reason = "cuda", "CUDA is available"
-    kind, _, index = requested.partition(":")
-    available = {"cpu": True, "cuda": torch.cuda.is_available(), "mps": has_mps}
-    if kind not in available or (index and not (kind == "cuda" and index.isdigit())):
-        raise ValueError(f"device={requested!r} is unknown; choose auto, cpu, cuda, cuda:N or mps")
-    if not available[kind]:
-        here = ", ".join(k for k, ok in available.items() if ok)
-        raise ValueError(f"device={requested!r} is not available on this machine; available: {here}")
-    if kind == "cuda":  # a bare "cuda" means this process's own GPU under torchrun
-        index, count = int(index or local_rank), torch.cuda.device_count()
-        if index >= count:
-            raise ValueError(f"device cuda:{index} does not exist: this machine has {count} CUDA device(s), cuda:0 "
-                             f"to cuda:{count - 1} (under torchrun, run at most that many processes per node)")
-        requested = f"cuda:{index}"
-    return requested, reason
-
-
-def pick_dtype(requested, device_type):
-    if requested != "auto":
-        return getattr(torch, requested)
-    if device_type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    if device_type == "cpu":
-        # with AVX512-BF16 or AMX, bf16 matmuls run ~2.5x float32's (bench.py); without, bf16 is emulated
-        # and slower than float32
-        caps = torch.cpu.get_capabilities()
-        return torch.bfloat16 if caps.get("avx512_bf16") or caps.get("amx_bf16") else torch.float32
-    return torch.float32
-
-
-def decode_autocast(device_type, dtype):
-    """Autocast for generation: on CUDA only; batch-1 decoding on CPU gains nothing from bf16."""
-    return torch.autocast(device_type, dtype=dtype, enabled=device_type == "cuda")
-
-
-def check_compile(wanted, device_type):
-    """Whether to torch.compile: on by default for CUDA; refuse where it cannot work."""
-    if wanted is None:
-        return device_type == "cuda"
-    if wanted and device_type == "mps":
-        raise ValueError("compile=True is not supported on mps; use --compile=False")
-    if wanted and device_type == "cpu" and not (shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")):
-        raise ValueError("compile=True on CPU needs a C++ compiler on PATH (none found); install one or use --compile=False")
-    return wanted
-
-
-def setup_runtime(tc):
-    """Device, precision, compile and (under torchrun) the process group, printed with reasons."""
-    rank, local_rank, world = (int(os.environ.get(k, d)) for k, d in (("RANK", 0), ("LOCAL_RANK", 0), ("WORLD_SIZE", 1)))
-    if world > 1 and (":" in tc.device or tc.device == "mps"):
-        raise ValueError(f"device={tc.device!r} cannot serve {world} processes: under torchrun each takes its own GPU "
-                         "(device=auto or cuda gives cuda:LOCAL_RANK), or all share the CPU (device=cpu)")
-    if tc.gradient_accumulation_steps % world:
-        raise ValueError(f"gradient_accumulation_steps={tc.gradient_accumulation_steps} must be divisible by the "
-                         f"number of processes ({world}), which share its micro-batches")
-    device, reason = pick_device(tc.device, local_rank)
-    device_type = device.partition(":")[0]
-    rt = Runtime(device, pick_dtype(tc.dtype, device_type), check_compile(tc.compile, device_type), rank, local_rank,
-                 world)
-    if "RANK" in os.environ:
-        dist.init_process_group(backend="nccl" if rt.device_type == "cuda" else "gloo")
-    if rt.device_type == "cuda":
-        torch.cuda.set_device(rt.device)
-        # TF32 matmuls: ~8x the float32 tensor-core rate, precision ample for training
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-    if rt.master:
-        print(f"device: {rt.device} ({reason}); dtype: {str(rt.dtype).removeprefix('torch.')}; "
-              f"compile: {rt.compile}; processes: {world}")
-    return rt
-
-
-def any_rank(flag, rt):
-    """True on every process if it is True on any: one collective, so all take the same branch."""
-    t = torch.tensor(float(flag), device=rt.device)
-    if rt.world_size > 1:
-        dist.all_reduce(t)
-    return t.item() > 0
-
-
-# ----------------------------------------------------------------------------- data
-
-def micro_seed(seed, step, micro, stream):
-    """A seed fixed by a micro-step's coordinates in the global batch, one per random stream."""
-    return int(np.random.SeedSequence([seed, step, micro, stream]).generate_state(1)[0])
-
-
-class Batches:
-    """Training batches drawn by (seed, step, micro-step) and a fixed validation set.
-
-    Each batch's generator is seeded from its coordinates, not from global RNG state, so a
-    resumed run, every positional scheme of an ablation, and every DDP layout see the same
-    sequences in the same order: the iteration is the sampler's whole position.
-    """
-
-    def __init__(self, dataset_dir, meta, block_size, batch_size, seed, device, eval_iters):
-        self.meta, self.block_size, self.batch_size, self.seed, self.device = meta, block_size, batch_size, seed, device
-        self.dataset_dir = dataset_dir
-        self.lengths = {split: len(open_split(dataset_dir, split, meta)) for split in ("train", "val")}
-        for split, n in self.lengths.items():
-            if n <= block_size:
-                raise ValueError(f"block_size={block_size} is too large for the {split} split ({n} tokens); "
-                                 f"use a block_size below {n}")
-        g = torch.Generator().manual_seed(EVAL_SEED)
-        self.eval_starts = {s: self._starts(s, eval_iters * batch_size, g) for s in ("train", "val")}
-
-    def _starts(self, split, n, generator):
-        high = self.lengths[split] - self.block_size
-        return torch.randint(high, (n,), generator=generator)
-
-    def _load(self, split, starts):
-        # a fresh memmap per batch: numpy keeps pages of a long-lived one resident (nanoGPT's leak fix)
-        data = open_split(self.dataset_dir, split, self.meta)
-        rows = torch.from_numpy(data[starts.numpy()[:, None] + np.arange(self.block_size + 1)].astype(np.int64))  # (B, T+1)
-        if self.device.startswith("cuda"):
-            rows = rows.pin_memory().to(self.device, non_blocking=True)
-        else:
-            rows = rows.to(self.device)
-        return rows[:, :-1], rows[:, 1:]
-
-    def train(self, step, micro):
-        g = torch.Generator().manual_seed(micro_seed(self.seed, step, micro, BATCH))
-        return self._load("train", self._starts("train", self.batch_size, g))
-
-    def eval_batches(self, split):
-        for chunk in self.eval_starts[split].split(self.batch_size):
-            yield self._load(split, chunk)
-
-
 @torch.no_grad()
 def evaluate(model, batches, rt):
     """Mean loss on the fixed train and val batches, and val bits per byte."""
@@ -272,7 +103,7 @@ def evaluate(model, batches, rt):
 
 def make_optimizer(model, tc, device_type):
     """AdamW; matrices decay, vectors (biases, norm gains) do not. The fused kernel (one pass over each
-    parameter instead of a dozen foreach ops) on CUDA and on CPU, where it saves ~1 ms of a ~33 ms CPU-config step."""
+    parameter instead of a dozen foreach ops) on CUDA and on CPU alike."""
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": tc.weight_decay},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
@@ -292,121 +123,79 @@ def lr_at(it, tc):
     return min_lr + 0.5 * (1 + math.cos(math.pi * progress)) * (tc.learning_rate - min_lr)
 
 
-def set_lr(optimizer, it, tc):
-    lr = lr_at(it, tc)
-    for group in optimizer.param_groups:
+class TrainState:
+    """What a run's checkpoint holds and its resume restores: weights, optimizer, loss scaler, progress, RNG."""
+
+    def __init__(self, model, tc, rt):
+        self.model = model  # unwrapped: saved without any compile or DDP prefix
+        self.optimizer = make_optimizer(model, tc, rt.device_type)
+        self.scaler = torch.amp.GradScaler(rt.device_type, enabled=rt.dtype == torch.float16)
+        self.iter, self.best_val, self.saved_at = 0, float("inf"), None
+        self.started = time.perf_counter()  # elapsed_s counts from here, evaluation included
+
+    def elapsed(self):
+        return time.perf_counter() - self.started
+
+    def state_dict(self):
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else {}, "iter": self.iter,
+                "best_val_loss": self.best_val, "rng": rng_state(), "elapsed_s": self.elapsed()}
+
+    def load_state_dict(self, ckpt):
+        self.model.load_state_dict(ckpt["model"])
+        self.optimizer.load_state_dict(ckpt["optimizer"])
+        if ckpt["scaler"]:
+            self.scaler.load_state_dict(ckpt["scaler"])
+        self.iter = self.saved_at = ckpt["iter"]
+        self.best_val = ckpt["best_val_loss"]
+        self.started = time.perf_counter() - ckpt.get("elapsed_s", 0.0)  # the clock runs on from the checkpoint's
+        set_rng_state(ckpt["rng"])
+
+
+def train_step(model, state, micro_batches, lr, grad_clip, rt):
+    """One optimizer step, the one train.py, bench.py and ablate.py all take: forward and backward over each
+    micro-batch (x, y, dropout seed or None) under rt's autocast, then unscale, clip the global gradient norm
+    (0 = off), step and clear. model is state.model or its compiled or DDP wrapper. Returns the loss summed
+    over micro-batches and the gradient norm, as tensors (reading them is a device sync the caller chooses)."""
+    for group in state.optimizer.param_groups:
         group["lr"] = lr
-    return lr
+    loss_sum, n = torch.zeros((), device=rt.device), len(micro_batches)
+    for j, (x, y, seed) in enumerate(micro_batches):
+        if seed is not None:
+            torch.manual_seed(seed)
+        # DDP all-reduces (averages) gradients on the last micro-step only
+        sync = model.no_sync() if isinstance(model, DDP) and j < n - 1 else contextlib.nullcontext()
+        with sync, rt.autocast():
+            loss = model(x, y)[1] / n
+        state.scaler.scale(loss).backward()
+        loss_sum += loss.detach()
+    state.scaler.unscale_(state.optimizer)
+    grad_norm = torch.nn.utils.clip_grad_norm_(state.model.parameters(), grad_clip or math.inf)
+    state.scaler.step(state.optimizer)
+    state.scaler.update()
+    state.optimizer.zero_grad(set_to_none=True)
+    return loss_sum, grad_norm
 
 
-def apply_gradients(raw_model, optimizer, scaler, grad_clip):
-    """The end of every step: unscale, clip the global norm (0 = off), step, clear. Returns the norm."""
-    scaler.unscale_(optimizer)
-    grad_norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), grad_clip or math.inf)
-    scaler.step(optimizer)
-    scaler.update()
-    optimizer.zero_grad(set_to_none=True)
-    return grad_norm
+def micro_batches(batches, it, tc, rt):
+    """This process's share of step it's global batch: (x, y, dropout seed), each fixed by its place in it."""
+    per_rank = tc.gradient_accumulation_steps // rt.world_size
+    places = range(rt.rank * per_rank, (rt.rank + 1) * per_rank)
+    return [(*batches.train(it, micro), micro_seed(tc.seed, it, micro, DROPOUT)) for micro in places]
 
 
-# ----------------------------------------------------------------------------- checkpoints
-
-RESUME_KEYS = ("model", "optimizer", "scaler", "iter", "best_val_loss", "rng", "tokenizer")
-
-
-def rng_state():
-    np_state = np.random.get_state()
-    return {"python": random.getstate(), "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-            # numpy's key array is stored as a tensor: weights_only loading accepts no numpy objects
-            "numpy": (np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:])}
+def step_outcome(loss_sum, stop_requested, rt):
+    """(the step's mean loss, whether any process asked to stop): one collective under DDP carries both, so
+    every rank stops together."""
+    if rt.world_size == 1:
+        return loss_sum.item(), stop_requested
+    status = torch.stack([loss_sum, torch.tensor(float(stop_requested), device=rt.device)])
+    dist.all_reduce(status)
+    loss_total, requests = status.tolist()
+    return loss_total / rt.world_size, requests > 0
 
 
-def set_rng_state(state):
-    random.setstate(state["python"])
-    torch.set_rng_state(state["torch"])
-    if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-    name, keys, *rest = state["numpy"]
-    np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))
-
-
-def atomic_write(path, write):
-    """write(file) to path through a temporary file in the same folder, flushed, fsynced and renamed over
-    path: a crash at any moment leaves either the old file or the new one, whole."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")  # one fixed name, so a killed write leaves no pile of them
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)  # make the rename itself durable
-    finally:
-        os.close(dir_fd)
-
-
-def save_checkpoint(obj, path):
-    atomic_write(path, lambda f: torch.save(obj, f))
-
-
-def load_checkpoint(path, device="cpu"):
-    """A checkpoint dict, loaded with weights_only=True so a foreign pickle can never run code."""
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"no checkpoint at {str(path)!r}; train first (python train.py ...) or pass the right out_dir")
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # torch warns about the pickle protocol of files it then refuses
-            ckpt = torch.load(path, map_location=device, weights_only=True)
-    except Exception as e:  # arbitrary bytes make torch.load fail in arbitrary ways; each means "not loadable"
-        code = re.search(r"Unsupported global: GLOBAL (\S+)", str(e))
-        if code:
-            raise ValueError(f"refused to load {str(path)!r}: it asks to call {code[1]}, not just to hold tensors and "
-                             "plain data; weights_only loading never runs such code (use checkpoints you trust)") from None
-        why = next((line.strip() for line in str(e).splitlines() if "Unsupported" in line), str(e).partition(". ")[0])
-        raise ValueError(f"{str(path)!r} is not a readable checkpoint, it is truncated or corrupt "
-                         f"({type(e).__name__}: {why[:120]})") from None
-    if not isinstance(ckpt, dict) or not {"model", "model_config"} <= ckpt.keys():
-        raise ValueError(f"{str(path)!r} is not a nanorope checkpoint (it lacks the model and model_config entries)")
-    return ckpt
-
-
-def model_from_checkpoint(ckpt, device="cpu", path="the checkpoint"):
-    """The GPT a load_checkpoint dict describes; one whose config or weights are another model's is refused."""
-    try:
-        model = GPT(GPTConfig(**ckpt["model_config"]))
-        model.load_state_dict(ckpt["model"])
-    except (TypeError, RuntimeError) as e:  # config keys or weight shapes of another model
-        raise ValueError(f"{str(path)!r} does not fit nanorope's model: {str(e).splitlines()[0][:200]}") from None
-    return model.to(device)
-
-
-def resumable_checkpoint(path, config, meta, tc):
-    """ckpt.pt, loaded to the CPU (RNG states must stay there), or a refusal naming every field that differs."""
-    ckpt = load_checkpoint(path)
-    missing = [k for k in RESUME_KEYS if k not in ckpt]
-    if missing:
-        raise ValueError(f"cannot resume from {str(path)!r}: it lacks {', '.join(missing)} (it holds weights only); "
-                         "start a new run in another out_dir")
-    saved = ckpt["model_config"]
-    diff = [f"{k}: checkpoint {saved[k]!r}, now {v!r}" for k, v in config.asdict().items()
-            if k in saved and saved[k] != v and k not in ("dropout", "rope_scaling", "rope_scaling_factor")]
-    if any(ckpt["tokenizer"].get(k) != meta.get(k) for k in ("tokenizer", "chars", "eot", "bpe_ranks")):
-        diff.append(f"tokenizer: dataset {meta['dataset']!r} has another vocabulary")
-    if diff:
-        raise ValueError("cannot resume: this run's model differs from the checkpoint's (" + "; ".join(diff) +
-                         f"); pass the settings in {str(path.parent / 'config.json')!r} or use a new out_dir")
-    if ckpt["iter"] >= tc.max_iters:
-        raise ValueError(f"nothing to do: the checkpoint is at iteration {ckpt['iter']} and max_iters={tc.max_iters}; "
-                         "raise max_iters to train on")
-    return ckpt
-
+# ----------------------------------------------------------------------------- the run's files
 
 def trim_log(path, upto):
     """Keep the log lines of iterations up to upto: the resumed run logs the later ones again."""
@@ -419,19 +208,6 @@ def trim_log(path, upto):
                 kept.append(line)
     atomic_write(path, lambda f: f.write("".join(kept).encode()))
 
-
-def run_record():
-    """Code version and environment, saved with every run."""
-    try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                             cwd=Path(__file__).parent, timeout=5).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        rev = ""
-    return {"code_version": rev or "unknown", "python": platform.python_version(), "torch": str(torch.__version__),
-            "platform": platform.platform(), "cpu_threads": torch.get_num_threads()}
-
-
-# ----------------------------------------------------------------------------- the loop
 
 class StopFlag:
     """While entered, SIGINT/SIGTERM ask the loop to finish its step, checkpoint and exit; a second
@@ -473,125 +249,118 @@ def resume_command(argv, rt):
     return f"python train.py {shlex.join(args)}"
 
 
-def train(gcfg, tc, argv=None):
-    """Train; argv (the command's arguments) only shapes the resume hint printed on a stop."""
-    rt = setup_runtime(tc)
+class Progress:
+    """The progress bar and out_dir/metrics.jsonl (written by the master process only), and tokens/s,
+    measured afresh over each logging window."""
+
+    def __init__(self, out, tc, rt, start_iter, tokens_per_step):
+        self.bar = tqdm(total=tc.max_iters, initial=start_iter, disable=not (rt.master and tc.progress),
+                        dynamic_ncols=True)
+        self.metrics = open(out / "metrics.jsonl", "a") if rt.master else None
+        self.tokens_per_step, self.seconds, self.steps = tokens_per_step, 0.0, 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.bar.close()
+        if self.metrics:
+            self.metrics.close()
+
+    def step(self, seconds, train_loss):
+        """Count a step that took seconds (evaluation excluded); the window's tokens/s."""
+        self.seconds += seconds
+        self.steps += 1
+        tokens_per_s = self.tokens_per_step * self.steps / self.seconds
+        self.bar.update(1)
+        self.bar.set_postfix(loss=f"{train_loss:.4f}", tok_s=f"{tokens_per_s:,.0f}", refresh=False)
+        return tokens_per_s
+
+    def log(self, line):
+        self.metrics.write(json.dumps(line) + "\n")
+        self.metrics.flush()
+        self.seconds, self.steps = 0.0, 0
+
+
+def diverged(what, state, tc, rt, out):
+    kept = (f"the last checkpoint, {out / 'ckpt.pt'} (iteration {state.saved_at}), is untouched"
+            if state.saved_at is not None else "no checkpoint had been written yet")
+    return Divergence(f"{what} at iteration {state.iter}: training diverged. Likely causes: learning_rate="
+                      f"{tc.learning_rate} too high (lower it or raise warmup_iters), or {rt.dtype_name} overflowing "
+                      f"(try dtype=bfloat16 or float32); {kept}")
+
+
+def start_run(gcfg, tc):
+    """Everything before the first step: the runtime, the data, the state (restored on resume) and the run's
+    files; fails on bad settings before anything slow."""
+    rt = setup_runtime(tc.device, tc.dtype, tc.compile)
+    if tc.gradient_accumulation_steps % rt.world_size:
+        raise ValueError(f"gradient_accumulation_steps={tc.gradient_accumulation_steps} must be divisible by the "
+                         f"number of processes ({rt.world_size}), which share its micro-batches")
     dataset_dir = Path(tc.data_dir) / tc.dataset
     meta = load_meta(dataset_dir)
     gcfg.vocab_size = meta["vocab_size"]
-    micro_steps = tc.gradient_accumulation_steps // rt.world_size
     batches = Batches(dataset_dir, meta, gcfg.block_size, tc.batch_size, tc.seed, rt.device, tc.eval_iters)
     out = check_out_dir(tc) if rt.master else Path(tc.out_dir)
-
     torch.manual_seed(tc.seed)  # the same initial weights on every rank
-    raw_model = GPT(gcfg).to(rt.device)
-    ckpt = resumable_checkpoint(out / "ckpt.pt", gcfg, meta, tc) if tc.resume else None  # fail before the slow setup
-    optimizer = make_optimizer(raw_model, tc, rt.device_type)
-    scaler = torch.amp.GradScaler(rt.device_type, enabled=rt.dtype == torch.float16)
-    start_iter, best_val, elapsed, saved_at = 0, float("inf"), 0.0, None
-    if ckpt:
-        raw_model.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        if ckpt["scaler"]:
-            scaler.load_state_dict(ckpt["scaler"])
-        start_iter = saved_at = ckpt["iter"]
-        best_val, elapsed = ckpt["best_val_loss"], ckpt.get("elapsed_s", 0.0)
-        set_rng_state(ckpt["rng"])
-        del ckpt
-
-    # evaluate with this one, never the DDP wrapper: its forward may talk to the ranks that are not evaluating
-    compiled = torch.compile(raw_model) if rt.compile else raw_model
-    model = compiled if rt.world_size == 1 else DDP(compiled, device_ids=[rt.local_rank] if rt.device_type == "cuda" else None)
+    state = TrainState(GPT(gcfg).to(rt.device), tc, rt)
+    if tc.resume:
+        state.load_state_dict(resumable_checkpoint(out / "ckpt.pt", gcfg, meta, tc.max_iters))
     record = {"model": gcfg.asdict(), "train": asdict(tc), **run_record(), "world_size": rt.world_size}
-    tokens_per_step = tc.batch_size * gcfg.block_size * tc.gradient_accumulation_steps
     if rt.master:
         out.mkdir(parents=True, exist_ok=True)
         if tc.resume:
-            trim_log(out / "metrics.jsonl", start_iter)
-            print(f"resuming from {out / 'ckpt.pt'} at iteration {start_iter}")
+            trim_log(out / "metrics.jsonl", state.iter)
+            print(f"resuming from {out / 'ckpt.pt'} at iteration {state.iter}")
         atomic_write(out / "config.json", lambda f: f.write((json.dumps(record, indent=2) + "\n").encode()))
-        print(f"model: {raw_model.num_params() / 1e6:.2f}M parameters, pos_emb={gcfg.pos_emb}; "
-              f"tokens per step: {tokens_per_step:,}")
+        print(f"model: {state.model.num_params() / 1e6:.2f}M parameters, pos_emb={gcfg.pos_emb}; "
+              f"tokens per step: {tc.batch_size * gcfg.block_size * tc.gradient_accumulation_steps:,}")
+    run_info = {"model_config": gcfg.asdict(), "train_config": asdict(tc), "tokenizer": meta, "record": record}
+    return rt, batches, out, state, run_info
 
-    def checkpoint(path):
-        save_checkpoint({"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
-                         "scaler": scaler.state_dict() if scaler.is_enabled() else {}, "iter": done,
-                         "best_val_loss": best_val, "rng": rng_state(), "elapsed_s": time.perf_counter() - t_start,
-                         "model_config": gcfg.asdict(), "train_config": asdict(tc), "tokenizer": meta,
-                         "record": record}, path)
 
-    def diverged(what):
-        kept = (f"the last checkpoint, {out / 'ckpt.pt'} (iteration {saved_at}), is untouched" if saved_at is not None
-                else "no checkpoint had been written yet")
-        return (f"{what} at iteration {done}: training diverged. Likely causes: learning_rate={tc.learning_rate} too "
-                f"high (lower it or raise warmup_iters), or {str(rt.dtype).removeprefix('torch.')} overflowing "
-                f"(try dtype=bfloat16 or float32); {kept}")
-
-    flops_per_step = raw_model.flops_per_token(gcfg.block_size) * tokens_per_step
-    t_start, step_time, step_count = time.perf_counter() - elapsed, 0.0, 0
+def train(gcfg, tc, argv=None):
+    """Train; argv (the command's arguments) only shapes the resume hint printed on a stop."""
+    rt, batches, out, state, run_info = start_run(gcfg, tc)
+    # evaluate with this one, never the DDP wrapper: its forward may talk to the ranks that are not evaluating
+    compiled = torch.compile(state.model) if rt.compile else state.model
+    model = compiled if rt.world_size == 1 else DDP(compiled, device_ids=[rt.local_rank] if rt.device_type == "cuda" else None)
+    tokens_per_step = tc.batch_size * gcfg.block_size * tc.gradient_accumulation_steps
+    flops_per_step = state.model.flops_per_token(gcfg.block_size) * tokens_per_step
     with (StopFlag(quit_on_repeat=rt.world_size == 1) as stop,
-          tqdm(total=tc.max_iters, initial=start_iter, disable=not (rt.master and tc.progress), dynamic_ncols=True) as bar,
-          open(out / "metrics.jsonl", "a") if rt.master else contextlib.nullcontext() as metrics):
-        for it in range(start_iter, tc.max_iters):
-            done = it + 1
+          Progress(out, tc, rt, state.iter, tokens_per_step) as progress):
+        for it in range(state.iter, tc.max_iters):
             t0 = time.perf_counter()
-            lr = set_lr(optimizer, it, tc)
-            loss_sum = torch.zeros((), device=rt.device)
-            for j in range(micro_steps):
-                micro = rt.rank * micro_steps + j  # place in the global batch: its data and dropout masks
-                x, y = batches.train(it, micro)
-                torch.manual_seed(micro_seed(tc.seed, it, micro, DROPOUT))
-                # DDP all-reduces (averages) gradients on the last micro-step only
-                sync = contextlib.nullcontext() if j == micro_steps - 1 or rt.world_size == 1 else model.no_sync()
-                with sync, rt.autocast():
-                    loss = model(x, y)[1] / micro_steps
-                scaler.scale(loss).backward()
-                loss_sum += loss.detach()
-            if rt.world_size == 1:
-                train_loss, stop_now = loss_sum.item(), stop.requested
-            else:  # one collective carries the loss (for the log) and every rank's stop request: all stop together
-                status = torch.stack([loss_sum, torch.tensor(float(stop.requested), device=rt.device)])
-                dist.all_reduce(status)
-                loss_total, requests = status.tolist()
-                train_loss, stop_now = loss_total / rt.world_size, requests > 0
+            lr = lr_at(it, tc)
+            loss_sum, grad_norm = train_step(model, state, micro_batches(batches, it, tc, rt), lr, tc.grad_clip, rt)
+            train_loss, stop_now = step_outcome(loss_sum, stop.requested, rt)
+            state.iter = done = it + 1
             if not math.isfinite(train_loss):
-                raise Divergence(diverged(f"the training loss is {train_loss}"))
-            grad_norm = apply_gradients(raw_model, optimizer, scaler, tc.grad_clip)
-            step_time += time.perf_counter() - t0
-            step_count += 1
-            tokens_per_s = tokens_per_step * step_count / step_time
-            bar.update(1)
-            bar.set_postfix(loss=f"{train_loss:.4f}", tok_s=f"{tokens_per_s:,.0f}", refresh=False)
-
+                raise diverged(f"the training loss is {train_loss}", state, tc, rt, out)
+            tokens_per_s = progress.step(time.perf_counter() - t0, train_loss)
             eval_due = done % tc.eval_interval == 0 or done == tc.max_iters or stop_now
+            if rt.master and stop_now:
+                progress.bar.write(f"stop requested: finishing at iteration {done} with a checkpoint"
+                                   + (" (Ctrl-C again to quit at once)" if stop.quit_on_repeat else ""))
             line = None
             if rt.master and (eval_due or done % tc.log_interval == 0):
                 line = {"iter": done, "train_loss": train_loss, "grad_norm": grad_norm.item(), "lr": lr,
                         "tokens_per_s": tokens_per_s}
                 if rt.device_type == "cuda":
-                    line["mfu"] = flops_per_step * step_count / step_time / peak_flops(rt)
-            if rt.master and stop_now:
-                bar.write(f"stop requested: finishing at iteration {done} with a checkpoint"
-                          + (" (Ctrl-C again to quit at once)" if stop.quit_on_repeat else ""))
+                    line["mfu"] = flops_per_step / tokens_per_step * tokens_per_s / peak_flops(rt)
             if eval_due:
                 ev = evaluate(compiled, batches, rt) if rt.master else {}
                 # rank 0's verdict goes to every rank, so a divergence seen in evaluation stops all of them
                 if any_rank(not all(map(math.isfinite, ev.values())), rt):
-                    raise Divergence(diverged("evaluation gave a non-finite loss"))
+                    raise diverged("evaluation gave a non-finite loss", state, tc, rt, out)
                 if rt.master:  # train_loss stays the step's: the evaluation's is on its fixed batches
                     line |= {"eval_train_loss": ev["train_loss"], "val_loss": ev["val_loss"], "val_bpb": ev["val_bpb"]}
-                    bar.write(f"iter {done}: train {ev['train_loss']:.4f}, val {ev['val_loss']:.4f} "
-                              f"({ev['val_bpb']:.3f} bits/byte), {tokens_per_s:,.0f} tokens/s")
-                    if ev["val_loss"] < best_val:
-                        best_val = ev["val_loss"]
-                        checkpoint(out / "best.pt")
-                    checkpoint(out / "ckpt.pt")
-                saved_at = done
-            if line is not None:  # tokens/s is measured afresh over each logging window
-                line["elapsed_s"] = time.perf_counter() - t_start
-                metrics.write(json.dumps(line) + "\n")
-                metrics.flush()
-                step_time, step_count = 0.0, 0
+                    progress.bar.write(f"iter {done}: train {ev['train_loss']:.4f}, val {ev['val_loss']:.4f} "
+                                       f"({ev['val_bpb']:.3f} bits/byte), {tokens_per_s:,.0f} tokens/s")
+                    save(state, ev["val_loss"], out, run_info)
+                state.saved_at = done
+            if line is not None:
+                progress.log(line | {"elapsed_s": state.elapsed()})
             if stop_now:
                 break
     if rt.master:
@@ -599,8 +368,16 @@ def train(gcfg, tc, argv=None):
             print(f"stopped at iteration {done}; checkpoint written to {out / 'ckpt.pt'}. "
                   f"To continue: {resume_command(argv, rt)}")
         else:
-            print(f"done: {done} iterations in {time.perf_counter() - t_start:.1f}s, best val loss {best_val:.4f}")
-    return best_val
+            print(f"done: {done} iterations in {state.elapsed():.1f}s, best val loss {state.best_val:.4f}")
+    return state.best_val
+
+
+def save(state, val_loss, out, run_info):
+    """out_dir/ckpt.pt after every evaluation, and best.pt when val_loss is the run's lowest yet."""
+    if val_loss < state.best_val:
+        state.best_val = val_loss
+        save_checkpoint(state.state_dict() | run_info, out / "best.pt")
+    save_checkpoint(state.state_dict() | run_info, out / "ckpt.pt")
 
 
 def peak_flops(rt):

@@ -14,6 +14,7 @@ import train
 from data.tokenizer import load_meta
 from conftest import TINY, run
 from model import GPT, GPTConfig
+from runtime import Runtime
 
 # 2 schemes x 2 seeds of a tiny model, a few steps; L0 = 32, scored at 16, 32 and 64 tokens
 GRID = [*TINY, "--schemes=rope,learned", "--seeds=2", "--max_iters=4", "--eval_interval=2", "--log_interval=2",
@@ -152,7 +153,7 @@ def test_position_losses_match_the_model_loss_on_each_prefix(data_dir):
     (batches,) = ablate.eval_sets(data_dir / "shakespeare_char", meta, [12], 48, 24, "cpu").values()
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=12, vocab_size=meta["vocab_size"])).eval()
-    rt = train.Runtime("cpu", torch.float32, False)
+    rt = Runtime("cpu", torch.float32, False)
     curve = ablate.position_losses(model, batches, rt)
     x, y = map(torch.cat, zip(*batches.eval_batches("val")))  # (4, 12) each: 48 tokens, 2 windows per forward
     assert len(x) == 4

@@ -10,9 +10,12 @@ import sys
 
 import torch
 
+import pytest
 import train
-from conftest import ROOT
-from test_train import ONE_THREAD, flags, last_logged, log, one_thread, same_tensors, wait_for  # noqa: F401
+from checkpoint import load_checkpoint
+from conftest import ONE_THREAD, ROOT, flags, last_logged, log, wait_for
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 # two micro-batches a step: one per rank under DDP, both in turn in one process; dropout, so the
 # masks must follow the micro-batch too; evaluation only at the end or on a stop
@@ -48,7 +51,7 @@ def test_two_processes_train_as_one_and_checkpoints_cross_over(data_dir, tmp_pat
     assert len(stops) == 1 and "error:" not in stderr and "interrupted:" not in stderr, stdout + stderr
     assert stderr.count("Traceback") <= 1  # torchrun's own SignalException, never a worker's
     k = int(stops[0])  # rank 0 alone reports; a worker quitting at once would have said "interrupted:"
-    ckpt = train.load_checkpoint(ddp / "ckpt.pt")
+    ckpt = load_checkpoint(ddp / "ckpt.pt")
     assert ckpt["iter"] == k and ckpt["record"]["world_size"] == 2
 
     train.main(flags(data_dir, single, *COMMON, f"--max_iters={k}", "--resume"))  # the same steps in one process

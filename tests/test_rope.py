@@ -1,4 +1,4 @@
-"""Tests for rope.py: every positional scheme against the paper's explicit matrices or an
+"""Tests for rope.py: RoPE's maths against the paper's explicit matrices or an
 independent float64 computation. Each test pins a property that a plausible bug would break."""
 import math
 
@@ -362,43 +362,6 @@ def test_compiled_rotary_matches_eager_forward_and_backward():
     (dq_eager,) = torch.autograd.grad(y_eager, q, g)
     torch.testing.assert_close(y, y_eager, atol=1e-6, rtol=0)
     torch.testing.assert_close(dq, dq_eager, atol=1e-6, rtol=0)
-
-
-# ---- sinusoidal and ALiBi ---------------------------------------------------------------------
-
-def test_sinusoidal_table_matches_its_formula():
-    pe = rope.sinusoidal_table(100, 16, base=10000.0)
-    assert pe.shape == (100, 16) and pe.dtype == torch.float32
-    for p in (0, 1, 37, 99):
-        for i in range(8):
-            w = 10000.0 ** (2 * i / 16)
-            assert pe[p, 2 * i].item() == pytest.approx(math.sin(p / w), abs=1e-6)
-            assert pe[p, 2 * i + 1].item() == pytest.approx(math.cos(p / w), abs=1e-6)
-    with pytest.raises(ValueError, match="d=15"):
-        rope.sinusoidal_table(10, 15)
-
-
-def test_alibi_slopes_follow_the_papers_rule():
-    assert rope.alibi_slopes(8).tolist() == [1 / 2, 1 / 4, 1 / 8, 1 / 16, 1 / 32, 1 / 64, 1 / 128, 1 / 256]
-    # 12 heads: the 8-head sequence 2^(-8h/8), then h = 1, 3, 5, 7 of the 16-head one 2^(-8h/16)
-    expected = [2.0 ** -h for h in range(1, 9)] + [2.0 ** -0.5, 2.0 ** -1.5, 2.0 ** -2.5, 2.0 ** -3.5]
-    torch.testing.assert_close(rope.alibi_slopes(12), torch.tensor(expected), rtol=1e-7, atol=0)
-    torch.testing.assert_close(rope.alibi_slopes(16), torch.tensor([2.0 ** (-h / 2) for h in range(1, 17)]))
-    assert rope.alibi_slopes(1).tolist() == [2.0 ** -8]
-    with pytest.raises(ValueError, match="n_head=0"):
-        rope.alibi_slopes(0)
-
-
-def test_alibi_bias_values_mask_and_offset():
-    slopes = rope.alibi_slopes(4)  # 1/4, 1/16, 1/64, 1/256
-    b = rope.alibi_bias(slopes, q_len=3, k_len=5, offset=2)  # queries at positions 2, 3, 4
-    assert b.shape == (4, 3, 5) and b.dtype == torch.float32
-    assert b[0, 0, 0].item() == -0.5 and b[0, 0, 2].item() == 0.0 and b[1, 2, 1].item() == -3 / 16
-    assert b[0, 0, 3].item() == -math.inf and b[3, 1, 4].item() == -math.inf and b[2, 2, 4].item() == 0.0
-    square = rope.alibi_bias(slopes, 6, 6)
-    assert torch.equal(torch.isinf(square[1]), torch.ones(6, 6).triu(1).bool())
-    # one new token with a KV cache of 5 sees the last row of the full square
-    torch.testing.assert_close(rope.alibi_bias(slopes, 1, 6, offset=5), square[:, 5:])
 
 
 # ---- input validation -------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 import sample
 from conftest import TINY, run
 from data.tokenizer import TiktokenTokenizer, bpe_encoding
-from train import load_checkpoint, model_from_checkpoint
+from checkpoint import load_checkpoint, model_from_checkpoint
 
 SCHEMES = ("rope", "sinusoidal")
 PROMPT = "ROMEO:\nThe"
@@ -90,14 +90,14 @@ def test_text_streams_to_stdout_token_by_token(runs, capsys, monkeypatch):
     assert len(pieces) == 1 + 30 + 1 and all(len(p) == 1 for p in pieces)  # the prompt, each token, the end
 
 
-def test_streaming_waits_for_the_rest_of_a_multi_byte_character():
+def test_streaming_waits_for_the_rest_of_a_multi_byte_character(monkeypatch):
     # a byte-level tokenizer spells "é" in two tokens: the stream must never show half of it
-    class Bytes:  # stands in for a model: generate yields the given token ids
-        def generate(self, *args, **kwargs):
-            yield from (torch.tensor([[b]]) for b in "aé!".encode("utf-8"))
+    def generate(*args, **kwargs):  # stands in for the decoding engine: yields the given token ids
+        yield from (torch.tensor([[b]]) for b in "aé!".encode("utf-8"))
 
+    monkeypatch.setattr(sample, "generate", generate)
     sampler = object.__new__(sample.Sampler)
-    sampler.model, sampler.ids = Bytes(), torch.zeros(1, 1, dtype=torch.long)
+    sampler.model, sampler.ids = None, torch.zeros(1, 1, dtype=torch.long)
     sampler.tok = TiktokenTokenizer(bpe_encoding({bytes([i]): i for i in range(256)}), "bpe")
     args = sample.arg_parser().parse_args(["--max_new_tokens=4"])
     writes = []

@@ -1,17 +1,13 @@
-"""train.py's reliability: exact resume, atomic checkpoints, graceful stop, safe loading, the
+"""train.py's reliability: exact resume, graceful stop, checkpoints that survive kills, the
 divergence guard, and a battery of user mistakes, each answered in one line with nothing destroyed."""
 
-import contextlib
 import json
 import os
-import pickle
 import random
 import re
 import shlex
 import shutil
 import signal
-import subprocess
-import sys
 import time
 
 import numpy as np
@@ -19,50 +15,12 @@ import pytest
 import torch
 
 import train
-from conftest import ROOT, TINY, run
+from checkpoint import RESUME_KEYS, load_checkpoint
+from conftest import ONE_THREAD, TINY, Payload, flags, last_logged, log, run, same_tensors, trainer, wait_for
 from data import prepare
 from data.tokenizer import load_meta
 
-ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}  # tiny models: a second thread only contends for a shared CPU
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-def flags(data_dir, out, *more):
-    return [*TINY, f"--data_dir={data_dir}", f"--out_dir={out}", *more]
-
-
-def log(out):
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-
-
-def trainer(args):
-    """train.py as a child process, for what only a real process shows: signals, kills, exit codes."""
-    return subprocess.Popen([sys.executable, "train.py", *map(str, args)], cwd=ROOT, env=ONE_THREAD,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def wait_for(condition, proc, timeout=120):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert proc.poll() is None, f"trainer exited early: {proc.communicate()}"
-        assert time.monotonic() < deadline, "timed out waiting for the trainer"
-        time.sleep(0.02)
-
-
-def last_logged(out):
-    """The last iteration in a live run's log (0 before it has one), skipping a line still being written."""
-    path, last = out / "metrics.jsonl", 0
-    for line in path.read_text().splitlines() if path.is_file() else []:
-        with contextlib.suppress(ValueError):
-            last = json.loads(line)["iter"]
-    return last
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def one_error_line(capsys, prefix="error: "):
@@ -70,17 +28,6 @@ def one_error_line(capsys, prefix="error: "):
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(prefix), err
     return lines[0]
-
-
-def same_tensors(a, b):
-    """Nested dicts/lists of tensors and numbers, bit for bit."""
-    if isinstance(a, torch.Tensor):
-        return torch.equal(a, b)
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(same_tensors(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(same_tensors(x, y) for x, y in zip(a, b))
-    return a == b
 
 
 # ----------------------------------------------------------------------------- exact resume
@@ -136,7 +83,7 @@ def test_checkpoint_holds_everything_a_resume_needs(data_dir, tmp_path):
     out = tmp_path / "run"
     train.main(flags(data_dir, out, "--max_iters=2", "--seed=7"))
     ckpt = torch.load(out / "ckpt.pt", weights_only=True)
-    assert set(train.RESUME_KEYS) | {"model_config", "train_config", "record", "elapsed_s"} <= ckpt.keys()
+    assert set(RESUME_KEYS) | {"model_config", "train_config", "record", "elapsed_s"} <= ckpt.keys()
     assert not any(k.startswith(("_orig_mod.", "module.")) for k in ckpt["model"])
     assert ckpt["iter"] == 2 and ckpt["train_config"]["seed"] == 7 and ckpt["model_config"]["n_embd"] == 32
     assert ckpt["tokenizer"] == load_meta(data_dir / "shakespeare_char")
@@ -156,35 +103,6 @@ def test_lr_warms_up_linearly_then_follows_half_a_cosine_to_the_floor():
     assert train.lr_at(10, train.TrainConfig(learning_rate=1.0, warmup_iters=0, max_iters=10)) == pytest.approx(0.1)
 
 
-def test_rng_states_round_trip_through_a_weights_only_checkpoint(tmp_path):
-    random.seed(1)
-    np.random.seed(2)
-    torch.manual_seed(3)
-    train.save_checkpoint({"rng": train.rng_state()}, tmp_path / "r.pt")
-    expected = random.random(), np.random.rand(), torch.rand(3)
-    random.seed(9)
-    np.random.seed(9)
-    torch.manual_seed(9)
-    train.set_rng_state(torch.load(tmp_path / "r.pt", weights_only=True)["rng"])
-    got = random.random(), np.random.rand(), torch.rand(3)
-    assert got[:2] == expected[:2] and torch.equal(got[2], expected[2])
-
-
-def test_micro_steps_draw_distinct_batches_and_seeds(data_dir):
-    seeds = {train.micro_seed(1, step, micro, stream) for step in range(3) for micro in range(3) for stream in (0, 1)}
-    assert len(seeds) == 18
-    dataset = data_dir / "shakespeare_char"
-    meta = load_meta(dataset)
-    batches = train.Batches(dataset, meta, 32, 4, 1, "cpu", 1)
-    x, y = batches.train(0, 0)
-    assert torch.equal(y[:, :-1], x[:, 1:])  # targets are the inputs shifted by one
-    assert torch.equal(x, batches.train(0, 0)[0])  # a batch is a function of its coordinates
-    assert not torch.equal(x, batches.train(0, 1)[0]) and not torch.equal(x, batches.train(1, 0)[0])
-    other_seed = train.Batches(dataset, meta, 32, 4, 2, "cpu", 1)
-    assert not torch.equal(x, other_seed.train(0, 0)[0])
-    assert torch.equal(batches.eval_starts["val"], other_seed.eval_starts["val"])  # validation is seed-independent
-
-
 # ----------------------------------------------------------------------------- signals and kills
 
 def test_ctrl_c_finishes_the_step_writes_a_checkpoint_and_exits_0(data_dir, tmp_path):
@@ -196,7 +114,7 @@ def test_ctrl_c_finishes_the_step_writes_a_checkpoint_and_exits_0(data_dir, tmp_
     assert proc.returncode == 0 and "Traceback" not in stderr, stderr
     done = int(re.search(r"stopped at iteration (\d+); checkpoint written to (.*)ckpt.pt", stdout)[1])
     assert f"To continue: python train.py {shlex.join(TINY)}" in stdout and stdout.rstrip().endswith("--resume=true")
-    assert train.load_checkpoint(out / "ckpt.pt")["iter"] == done == log(out)[-1]["iter"]
+    assert load_checkpoint(out / "ckpt.pt")["iter"] == done == log(out)[-1]["iter"]
     assert "val_loss" in log(out)[-1]  # the stop's evaluation is on record
 
 
@@ -253,69 +171,13 @@ def test_sigkill_at_random_moments_around_writes_leaves_a_checkpoint_that_resume
         proc.kill()
         proc.communicate()
         mid_write += any(p.exists() for p in temporaries)
-        ckpt = train.load_checkpoint(out / "ckpt.pt")
+        ckpt = load_checkpoint(out / "ckpt.pt")
         assert ckpt["iter"] > last
         last = ckpt["iter"]
     assert mid_write >= 1  # at least one kill landed inside a write
     train.main(args + ["--resume", f"--max_iters={last + 2}"])
     iters = [m["iter"] for m in log(out)]
     assert iters == sorted(set(iters)) and iters[-1] == last + 2
-
-
-def test_a_failed_write_keeps_the_previous_checkpoint_and_no_temporary(tmp_path, monkeypatch):
-    path = tmp_path / "ckpt.pt"
-    train.save_checkpoint({"v": 1}, path)
-
-    def broken_save(obj, f):
-        f.write(b"half a checkpoint")
-        raise OSError("No space left on device")
-    monkeypatch.setattr(torch, "save", broken_save)
-    with pytest.raises(OSError):
-        train.save_checkpoint({"v": 2}, path)
-    assert torch.load(path, weights_only=True) == {"v": 1} and os.listdir(tmp_path) == ["ckpt.pt"]
-
-
-# ----------------------------------------------------------------------------- safe loading
-
-class Payload:
-    """Unpickling this creates a file: proof that code in a checkpoint ran."""
-
-    def __init__(self, path):
-        self.path = str(path)
-
-    def __reduce__(self):
-        return open, (self.path, "w")
-
-
-REFUSED = r"refused to load .*: it asks to call \S*open, not just to hold tensors and plain data"
-
-
-@pytest.mark.parametrize("protocol, message", [
-    ("torch.save", REFUSED),
-    (2, REFUSED),  # a bare pickle, as torch's legacy format
-    (4, r"is not a readable checkpoint, it is truncated or corrupt \(UnpicklingError: Unsupported operand"),
-])
-def test_a_checkpoint_carrying_code_is_refused_and_the_code_never_runs(tmp_path, protocol, message):
-    marker, path = tmp_path / "pwned", tmp_path / "ckpt.pt"
-    evil = {"model": Payload(marker), "model_config": {}}
-    if protocol == "torch.save":
-        torch.save(evil, path)
-    else:
-        path.write_bytes(pickle.dumps(evil, protocol=protocol))
-    with pytest.raises(ValueError, match=message):
-        train.load_checkpoint(path)
-    assert not marker.exists()
-    if protocol == "torch.save":
-        torch.load(path, weights_only=False)  # control: a full unpickler does run it
-    else:
-        pickle.loads(path.read_bytes())
-    assert marker.exists()
-
-
-def test_every_torch_load_in_the_repo_is_weights_only():
-    calls = [(p.name, m[0]) for p in [*ROOT.glob("*.py"), *ROOT.glob("data/*.py")]
-             for m in re.finditer(r"torch\.load\([^)]*\)", p.read_text())]
-    assert calls and all("weights_only=True" in call for _, call in calls), calls
 
 
 # ----------------------------------------------------------------------------- divergence
@@ -343,7 +205,7 @@ def test_divergence_found_by_evaluation_leaves_the_last_good_checkpoint(data_dir
     assert f"the last checkpoint, {out / 'ckpt.pt'} (iteration 2), is untouched" in err
     assert all((out / p).read_bytes() == b for p, b in before.items())
     train.main(flags(data_dir, out, "--resume", "--max_iters=3"))  # and it resumes
-    assert train.load_checkpoint(out / "ckpt.pt")["iter"] == 3
+    assert load_checkpoint(out / "ckpt.pt")["iter"] == 3
 
 
 # ----------------------------------------------------------------------------- bad input battery
@@ -476,13 +338,3 @@ def test_battery_commands(world, data_dir, case, args, expected):
     assert snapshot(world) == before
 
 
-@pytest.mark.parametrize("caps, expected", [
-    ({"avx512_bf16": True, "amx_bf16": False}, torch.bfloat16),
-    ({"avx512_bf16": False, "amx_bf16": True}, torch.bfloat16),
-    ({"avx512_bf16": False, "amx_bf16": False, "avx2": True}, torch.float32),  # bf16 would be emulated
-])
-def test_auto_dtype_on_cpu_is_bfloat16_only_where_the_cpu_multiplies_it_natively(monkeypatch, caps, expected):
-    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: caps)
-    assert train.pick_dtype("auto", "cpu") == expected
-    assert train.pick_dtype("float32", "cpu") == torch.float32  # an explicit choice is kept
-    assert train.pick_dtype("auto", "mps") == torch.float32

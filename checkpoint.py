@@ -1,0 +1,112 @@
+"""Checkpoints: atomic writes, safe (weights_only) loads, the RNG state a resume needs, a model from a file.
+
+A checkpoint is a plain dict of tensors, numbers and strings, so torch.load(weights_only=True) reads
+it; model weights are saved from the unwrapped module, without any compile prefix.
+"""
+
+import os
+import random
+import re
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from model import GPT, GPTConfig
+
+RESUME_KEYS = ("model", "optimizer", "scaler", "iter", "best_val_loss", "rng", "tokenizer")
+
+
+def rng_state():
+    np_state = np.random.get_state()
+    return {"python": random.getstate(), "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+            # numpy's key array is stored as a tensor: weights_only loading accepts no numpy objects
+            "numpy": (np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:])}
+
+
+def set_rng_state(state):
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    name, keys, *rest = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))
+
+
+def atomic_write(path, write):
+    """write(file) to path through a temporary file in the same folder, flushed, fsynced and renamed over
+    path: a crash at any moment leaves either the old file or the new one, whole."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")  # one fixed name, so a killed write leaves no pile of them
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)  # make the rename itself durable
+    finally:
+        os.close(dir_fd)
+
+
+def save_checkpoint(obj, path):
+    atomic_write(path, lambda f: torch.save(obj, f))
+
+
+def load_checkpoint(path, device="cpu"):
+    """A checkpoint dict, loaded with weights_only=True so a foreign pickle can never run code."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"no checkpoint at {str(path)!r}; train first (python train.py ...) or pass the right out_dir")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch warns about the pickle protocol of files it then refuses
+            ckpt = torch.load(path, map_location=device, weights_only=True)
+    except Exception as e:  # arbitrary bytes make torch.load fail in arbitrary ways; each means "not loadable"
+        code = re.search(r"Unsupported global: GLOBAL (\S+)", str(e))
+        if code:
+            raise ValueError(f"refused to load {str(path)!r}: it asks to call {code[1]}, not just to hold tensors and "
+                             "plain data; weights_only loading never runs such code (use checkpoints you trust)") from None
+        why = next((line.strip() for line in str(e).splitlines() if "Unsupported" in line), str(e).partition(". ")[0])
+        raise ValueError(f"{str(path)!r} is not a readable checkpoint, it is truncated or corrupt "
+                         f"({type(e).__name__}: {why[:120]})") from None
+    if not isinstance(ckpt, dict) or not {"model", "model_config"} <= ckpt.keys():
+        raise ValueError(f"{str(path)!r} is not a nanorope checkpoint (it lacks the model and model_config entries)")
+    return ckpt
+
+
+def model_from_checkpoint(ckpt, device="cpu", path="the checkpoint"):
+    """The GPT a load_checkpoint dict describes; one whose config or weights are another model's is refused."""
+    try:
+        model = GPT(GPTConfig(**ckpt["model_config"]))
+        model.load_state_dict(ckpt["model"])
+    except (TypeError, RuntimeError) as e:  # config keys or weight shapes of another model
+        raise ValueError(f"{str(path)!r} does not fit nanorope's model: {str(e).splitlines()[0][:200]}") from None
+    return model.to(device)
+
+
+def resumable_checkpoint(path, config, meta, max_iters):
+    """ckpt.pt, loaded to the CPU (RNG states must stay there), or a refusal naming every field that differs."""
+    ckpt = load_checkpoint(path)
+    missing = [k for k in RESUME_KEYS if k not in ckpt]
+    if missing:
+        raise ValueError(f"cannot resume from {str(path)!r}: it lacks {', '.join(missing)} (it holds weights only); "
+                         "start a new run in another out_dir")
+    saved = ckpt["model_config"]
+    diff = [f"{k}: checkpoint {saved[k]!r}, now {v!r}" for k, v in config.asdict().items()
+            if k in saved and saved[k] != v and k not in ("dropout", "rope_scaling", "rope_scaling_factor")]
+    if any(ckpt["tokenizer"].get(k) != meta.get(k) for k in ("tokenizer", "chars", "eot", "bpe_ranks")):
+        diff.append(f"tokenizer: dataset {meta['dataset']!r} has another vocabulary")
+    if diff:
+        raise ValueError("cannot resume: this run's model differs from the checkpoint's (" + "; ".join(diff) +
+                         f"); pass the settings in {str(path.parent / 'config.json')!r} or use a new out_dir")
+    if ckpt["iter"] >= max_iters:
+        raise ValueError(f"nothing to do: the checkpoint is at iteration {ckpt['iter']} and max_iters={max_iters}; "
+                         "raise max_iters to train on")
+    return ckpt

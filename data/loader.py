@@ -1,0 +1,56 @@
+"""The batch loader: training batches drawn by (seed, step, micro-step), and fixed evaluation windows."""
+
+import numpy as np
+import torch
+
+from data.tokenizer import open_split
+
+EVAL_SEED = 1234  # validation batches are the same for every run and seed, so val losses compare
+BATCH, DROPOUT = 0, 1  # the two random streams of a micro-step
+
+
+def micro_seed(seed, step, micro, stream):
+    """A seed fixed by a micro-step's coordinates in the global batch, one per random stream."""
+    return int(np.random.SeedSequence([seed, step, micro, stream]).generate_state(1)[0])
+
+
+class Batches:
+    """Training batches drawn by (seed, step, micro-step) and a fixed validation set.
+
+    Each batch's generator is seeded from its coordinates, not from global RNG state, so a
+    resumed run, every positional scheme of an ablation, and every DDP layout see the same
+    sequences in the same order: the iteration is the sampler's whole position.
+    """
+
+    def __init__(self, dataset_dir, meta, block_size, batch_size, seed, device, eval_iters):
+        self.meta, self.block_size, self.batch_size, self.seed, self.device = meta, block_size, batch_size, seed, device
+        self.dataset_dir = dataset_dir
+        self.lengths = {split: len(open_split(dataset_dir, split, meta)) for split in ("train", "val")}
+        for split, n in self.lengths.items():
+            if n <= block_size:
+                raise ValueError(f"block_size={block_size} is too large for the {split} split ({n} tokens); "
+                                 f"use a block_size below {n}")
+        g = torch.Generator().manual_seed(EVAL_SEED)
+        self.eval_starts = {s: self._starts(s, eval_iters * batch_size, g) for s in ("train", "val")}
+
+    def _starts(self, split, n, generator):
+        high = self.lengths[split] - self.block_size
+        return torch.randint(high, (n,), generator=generator)
+
+    def _load(self, split, starts):
+        # a fresh memmap per batch: numpy keeps pages of a long-lived one resident (nanoGPT's leak fix)
+        data = open_split(self.dataset_dir, split, self.meta)
+        rows = torch.from_numpy(data[starts.numpy()[:, None] + np.arange(self.block_size + 1)].astype(np.int64))  # (B, T+1)
+        if self.device.startswith("cuda"):
+            rows = rows.pin_memory().to(self.device, non_blocking=True)
+        else:
+            rows = rows.to(self.device)
+        return rows[:, :-1], rows[:, 1:]
+
+    def train(self, step, micro):
+        g = torch.Generator().manual_seed(micro_seed(self.seed, step, micro, BATCH))
+        return self._load("train", self._starts("train", self.batch_size, g))
+
+    def eval_batches(self, split):
+        for chunk in self.eval_starts[split].split(self.batch_size):
+            yield self._load(split, chunk)
