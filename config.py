@@ -20,6 +20,14 @@ def opt(default, help):
     return field(default=default, metadata={"help": help})
 
 
+def require_positive(settings, *names):
+    """A dataclass's __post_init__ check: each named field is a positive integer (None allowed: a default rule)."""
+    for name in names:
+        value = getattr(settings, name)
+        if value is not None and value <= 0:
+            raise ValueError(f"{name}={value} must be a positive integer")
+
+
 def known_keys(classes):
     """Every settable key, mapped to (dataclass, field)."""
     out = {}

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 import positions
 import rope
-from config import opt
+from config import opt, require_positive
 
 
 @dataclass
@@ -34,9 +34,7 @@ class GPTConfig:
 
     def __post_init__(self):
         scheme = positions.scheme(self.pos_emb)  # an unknown name fails first
-        for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name}={getattr(self, name)} must be a positive integer")
+        require_positive(self, "block_size", "vocab_size", "n_layer", "n_head", "n_embd")
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
         if not 0.0 <= self.dropout < 1.0:

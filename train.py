@@ -61,11 +61,8 @@ class TrainConfig:
     progress: bool = opt(True, "show a progress bar")
 
     def __post_init__(self):
-        for name in ("batch_size", "gradient_accumulation_steps", "max_iters", "lr_decay_iters", "eval_interval",
-                     "eval_iters", "log_interval"):
-            value = getattr(self, name)
-            if value is not None and value <= 0:
-                raise ValueError(f"{name}={value} must be a positive integer")
+        config.require_positive(self, "batch_size", "gradient_accumulation_steps", "max_iters", "lr_decay_iters",
+                                "eval_interval", "eval_iters", "log_interval")
         for name in ("warmup_iters", "weight_decay", "grad_clip", "min_lr", "seed"):
             value = getattr(self, name)
             if value is not None and not 0 <= value < math.inf:
