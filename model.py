@@ -184,7 +184,7 @@ class GPT(nn.Module):
                              "rope_scaling_factor can")
         config = replace(self.config, **changes)
         scheme = positions.scheme(config.pos_emb)
-        if config.rope_scaling not in scheme.scalings:
+        if config.rope_scaling not in ("none", *scheme.scalings):
             raise ValueError(f"rope_scaling={config.rope_scaling!r} does not apply to pos_emb={config.pos_emb!r}, "
                              f"which takes {', '.join(scheme.scalings) or 'no scaling'}")
         pos = scheme(config).to(self.wte.weight.device)

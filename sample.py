@@ -69,8 +69,9 @@ def arg_parser():
     p.add_argument("--kv_cache", type=true_false, nargs="?", const=True, default=True,
                    help="reuse keys and values across steps (true/false)")
     p.add_argument("--compile", type=true_false, nargs="?", const=True, default=False,
-                   help="torch.compile the cached decoding (true/false): ~2.5x the tokens/s of a small model on "
-                        "CPU after a compile of 6-45 s, so worth it for long or many samples")
+                   help="torch.compile the cached decoding (true/false): several times the tokens/s of a small "
+                        "model on CPU after a compile of seconds to a minute (README: Benchmarks), so worth it for "
+                        "long or many samples")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
     p.add_argument("--format", choices=FORMATS, default="columns",
                    help="how --compare prints: samples side by side, one block per model, or a markdown table")

@@ -10,7 +10,9 @@ import pytest
 import torch
 
 import checkpoint
-from conftest import ROOT, Payload
+import positions
+from conftest import ROOT, Payload, all_logits
+from conftest import tiny_model as tiny
 
 
 def test_rng_states_round_trip_through_a_weights_only_checkpoint(tmp_path):
@@ -73,3 +75,14 @@ def test_every_torch_load_in_the_repo_is_weights_only():
     calls = [(p.name, m[0]) for p in [*ROOT.glob("*.py"), *ROOT.glob("data/*.py")]
              for m in re.finditer(r"torch\.load\([^)]*\)", p.read_text())]
     assert calls and all("weights_only=True" in call for _, call in calls), calls
+
+
+@pytest.mark.parametrize("pos_emb", positions.SCHEMES)
+def test_a_saved_model_loads_back_to_the_same_logits(pos_emb, tmp_path):
+    model = tiny(pos_emb)
+    for p in model.parameters():  # away from init, so a parameter that failed to load would show
+        p.data.add_(torch.randn_like(p), alpha=0.1)
+    checkpoint.save_checkpoint({"model": model.state_dict(), "model_config": model.config.asdict()}, tmp_path / "m.pt")
+    loaded = checkpoint.model_from_checkpoint(checkpoint.load_checkpoint(tmp_path / "m.pt")).eval()
+    idx = torch.randint(0, 11, (2, 16))
+    assert torch.equal(all_logits(loaded, idx), all_logits(model, idx))

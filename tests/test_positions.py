@@ -8,7 +8,10 @@ import pytest
 import torch
 
 import positions
+from conftest import all_logits
 from conftest import tiny_model as tiny
+from generate import generate
+from model import GPTConfig
 
 
 def test_sinusoidal_table_matches_its_formula():
@@ -57,3 +60,42 @@ def test_sinusoidal_input_is_scaled_tokens_plus_the_table():
     torch.testing.assert_close(model.pos.embed(tok, 3), expected)
     far = model.pos.embed(tok, 40)  # past the built table: computed from the formula on demand
     torch.testing.assert_close(far, tok * math.sqrt(32) + positions.sinusoidal_table(45, 32)[40:45])
+
+
+# ----------------------------------------------------------------------------- the registry's contract
+
+@pytest.mark.parametrize("name", positions.SCHEMES)
+def test_each_scheme_keeps_shapes_and_its_bias_carries_the_causal_mask(name):
+    scheme = tiny(name).pos
+    assert scheme.name == name and positions.scheme(name) is type(scheme)
+    tok, qk = torch.randn(2, 5, 32), torch.randn(2, 2, 2, 5, 16)  # (B, T, C); q and k (2, B, nh, T, hs)
+    assert scheme.embed(tok, 3).shape == tok.shape and scheme.rotate(qk, 3).shape == qk.shape
+    bias = scheme.bias(5, 8, 3)  # 5 queries after 3 cached keys
+    if bias is not None:
+        assert bias.shape == (2, 5, 8)
+        future = torch.ones(5, 8, dtype=torch.bool).triu(4)  # query i at position 3 + i never sees key j > 3 + i
+        assert torch.isneginf(bias[:, future]).all() and torch.isfinite(bias[:, ~future]).all()
+
+
+def test_an_unknown_scheme_is_refused_naming_the_registered_ones():
+    with pytest.raises(ValueError, match="pos_emb='rotary' is unknown; choose one of rope, sinusoidal, learned, alibi"):
+        GPTConfig(pos_emb="rotary")
+
+
+def test_a_scheme_is_one_registered_class(monkeypatch):
+    # a toy scheme registered from outside the library reaches the config, the model and decoding unchanged
+    monkeypatch.setattr(positions, "SCHEMES", dict(positions.SCHEMES))
+
+    @positions.register("toy")
+    class Toy(positions.Scheme):
+        """Every score lowered by a constant beyond the causal mask: a softmax does not see it."""
+
+        def bias(self, q_len, k_len, past):
+            visible = torch.ones(q_len, k_len, dtype=torch.bool).tril(past)
+            return torch.full((self.config.n_head, q_len, k_len), -3.0).masked_fill(~visible, float("-inf"))
+
+    model, plain = tiny("toy"), tiny("none")
+    idx = torch.randint(0, 11, (1, 12))
+    torch.testing.assert_close(all_logits(model, idx), all_logits(plain, idx))
+    cached = torch.cat(list(generate(model, idx[:, :3], 20, temperature=0)), 1)
+    assert torch.equal(cached, torch.cat(list(generate(model, idx[:, :3], 20, temperature=0, use_cache=False)), 1))
