@@ -26,7 +26,7 @@ import rope
 from generate import generate
 from model import GPT, GPTConfig
 from runtime import check_compile, decode_autocast, setup_runtime
-from train import TrainConfig, TrainState, lr_at, train_step
+from train import TrainConfig, make_optimizer, train_step
 
 REPEATS = {"matmul_peak": 10, "train_step": 20, "generate": 5, "rope_apply": 20}
 # nanoGPT README's CPU recipe shape (4 layers, 4 heads, 128 wide, context 64, batch 12, no dropout; vocab 65
@@ -112,14 +112,13 @@ def bench_matmul_peak(run):
 
 def make_train_step(model, tc, rt):
     """train.py's optimizer step over the given forward (the model or its compiled form) and micro-batches
-    [(x, y), ...], its lr following the schedule and its loss read back as train.py reads it every step."""
-    state, it = TrainState(model, tc, rt), 0
+    [(x, y), ...], its loss read back as train.py reads it every step. The learning rate stays at its peak:
+    its value does not change the step's time."""
+    optimizer, scaler = make_optimizer(model, tc, rt)
 
     def step(forward, batches):
-        nonlocal it
-        loss_sum, _ = train_step(forward, state, [(x, y, None) for x, y in batches], lr_at(it, tc), tc.grad_clip, rt)
-        loss_sum.item()  # a device sync, as in train.py
-        it += 1
+        micro_batches = [(x, y, None) for x, y in batches]
+        train_step(forward, optimizer, scaler, micro_batches, tc.learning_rate, tc.grad_clip, rt)[0].item()
     return step
 
 

@@ -76,8 +76,9 @@ class TrainConfig:
             raise ValueError(f"dtype={self.dtype!r} is unknown; choose {', '.join(DTYPES)}")
 
 
-class Divergence(RuntimeError):
-    """A non-finite loss; every process of a run raises it at the same step."""
+class Divergence(ValueError):
+    """A non-finite loss, from settings such as the learning rate or the dtype (its message says which);
+    every process of a run raises it at the same step."""
 
 
 @torch.no_grad()
@@ -96,16 +97,18 @@ def evaluate(model, batches, rt):
     return out
 
 
-# ----------------------------------------------------------------------------- optimisation
+# ----------------------------------------------------------------------------- the optimizer step
 
-def make_optimizer(model, tc, device_type):
-    """AdamW; matrices decay, vectors (biases, norm gains) do not. The fused kernel (one pass over each
-    parameter instead of a dozen foreach ops) on CUDA and on CPU alike."""
+def make_optimizer(model, tc, rt):
+    """AdamW and the gradient scaler that float16 needs (a pass-through in other dtypes): every step uses both.
+    Matrices decay, vectors (biases, norm gains) do not. The fused kernel (one pass over each parameter
+    instead of a dozen foreach ops) on CUDA and on CPU alike."""
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": tc.weight_decay},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=tc.learning_rate, betas=(tc.beta1, tc.beta2),
-                             fused=device_type in ("cuda", "cpu") or None)
+    optimizer = torch.optim.AdamW(groups, lr=tc.learning_rate, betas=(tc.beta1, tc.beta2),
+                                  fused=rt.device_type in ("cuda", "cpu") or None)
+    return optimizer, torch.amp.GradScaler(rt.device_type, enabled=rt.dtype == torch.float16)
 
 
 def lr_at(it, tc):
@@ -125,8 +128,7 @@ class TrainState:
 
     def __init__(self, model, tc, rt):
         self.model = model  # unwrapped: saved without any compile or DDP prefix
-        self.optimizer = make_optimizer(model, tc, rt.device_type)
-        self.scaler = torch.amp.GradScaler(rt.device_type, enabled=rt.dtype == torch.float16)
+        self.optimizer, self.scaler = make_optimizer(model, tc, rt)
         self.iter, self.best_val, self.saved_at = 0, float("inf"), None
         self.started = time.perf_counter()  # elapsed_s counts from here, evaluation included
 
@@ -149,12 +151,12 @@ class TrainState:
         set_rng_state(ckpt["rng"])
 
 
-def train_step(model, state, micro_batches, lr, grad_clip, rt):
+def train_step(model, optimizer, scaler, micro_batches, lr, grad_clip, rt):
     """One optimizer step, the one train.py, bench.py and ablate.py all take: forward and backward over each
     micro-batch (x, y, dropout seed or None) under rt's autocast, then unscale, clip the global gradient norm
-    (0 = off), step and clear. model is state.model or its compiled or DDP wrapper. Returns the loss summed
-    over micro-batches and the gradient norm, as tensors (reading them is a device sync the caller chooses)."""
-    for group in state.optimizer.param_groups:
+    (0 = off), step and clear. model may be wrapped by torch.compile or DDP. Returns the loss summed over
+    micro-batches and the gradient norm as tensors: reading them is a device sync, the caller's choice."""
+    for group in optimizer.param_groups:
         group["lr"] = lr
     loss_sum, n = torch.zeros((), device=rt.device), len(micro_batches)
     for j, (x, y, seed) in enumerate(micro_batches):
@@ -164,13 +166,13 @@ def train_step(model, state, micro_batches, lr, grad_clip, rt):
         sync = model.no_sync() if isinstance(model, DDP) and j < n - 1 else contextlib.nullcontext()
         with sync, rt.autocast():
             loss = model(x, y)[1] / n
-        state.scaler.scale(loss).backward()
+        scaler.scale(loss).backward()
         loss_sum += loss.detach()
-    state.scaler.unscale_(state.optimizer)
-    grad_norm = torch.nn.utils.clip_grad_norm_(state.model.parameters(), grad_clip or math.inf)
-    state.scaler.step(state.optimizer)
-    state.scaler.update()
-    state.optimizer.zero_grad(set_to_none=True)
+    scaler.unscale_(optimizer)
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip or math.inf)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
     return loss_sum, grad_norm
 
 
@@ -192,7 +194,7 @@ def step_outcome(loss_sum, stop_requested, rt):
     return loss_total / rt.world_size, requests > 0
 
 
-# ----------------------------------------------------------------------------- the run's files
+# ----------------------------------------------------------------------------- the run
 
 def trim_log(path, upto):
     """Keep the log lines of iterations up to upto: the resumed run logs the later ones again."""
@@ -279,7 +281,8 @@ class Progress:
         self.seconds, self.steps = 0.0, 0
 
 
-def diverged(what, state, tc, rt, out):
+def divergence(what, state, tc, rt, out):
+    """The error a non-finite loss raises, naming the likely causes and the checkpoint kept."""
     kept = (f"the last checkpoint, {out / 'ckpt.pt'} (iteration {state.saved_at}), is untouched"
             if state.saved_at is not None else "no checkpoint had been written yet")
     return Divergence(f"{what} at iteration {state.iter}: training diverged. Likely causes: learning_rate="
@@ -329,11 +332,12 @@ def train(gcfg, tc, argv=None):
         for it in range(state.iter, tc.max_iters):
             t0 = time.perf_counter()
             lr = lr_at(it, tc)
-            loss_sum, grad_norm = train_step(model, state, micro_batches(batches, it, tc, rt), lr, tc.grad_clip, rt)
+            loss_sum, grad_norm = train_step(model, state.optimizer, state.scaler, micro_batches(batches, it, tc, rt), lr,
+                                             tc.grad_clip, rt)
             train_loss, stop_now = step_outcome(loss_sum, stop.requested, rt)
             state.iter = done = it + 1
             if not math.isfinite(train_loss):
-                raise diverged(f"the training loss is {train_loss}", state, tc, rt, out)
+                raise divergence(f"the training loss is {train_loss}", state, tc, rt, out)
             tokens_per_s = progress.step(time.perf_counter() - t0, train_loss)
             eval_due = done % tc.eval_interval == 0 or done == tc.max_iters or stop_now
             if rt.master and stop_now:
@@ -349,7 +353,7 @@ def train(gcfg, tc, argv=None):
                 ev = evaluate(compiled, batches, rt) if rt.master else {}
                 # rank 0's verdict goes to every rank, so a divergence seen in evaluation stops all of them
                 if any_rank(not all(map(math.isfinite, ev.values())), rt):
-                    raise diverged("evaluation gave a non-finite loss", state, tc, rt, out)
+                    raise divergence("evaluation gave a non-finite loss", state, tc, rt, out)
                 if rt.master:  # train_loss stays the step's: the evaluation's is on its fixed batches
                     line |= {"eval_train_loss": ev["train_loss"], "val_loss": ev["val_loss"], "val_bpb": ev["val_bpb"]}
                     progress.bar.write(f"iter {done}: train {ev['train_loss']:.4f}, val {ev['val_loss']:.4f} "
