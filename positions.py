@@ -42,11 +42,12 @@ def scheme(name):
 
 
 class Scheme(nn.Module):
-    """The interface, adding nothing; each scheme overrides what it adds."""
+    """The interface every scheme implements; this base adds nothing, and each scheme overrides what it adds."""
 
     name = None  # set by register
     extrapolates = True  # it can read positions past block_size
     scalings = ()  # the values rope_scaling may take on a built model (GPT.reconfigure); () if it has none
+    attn_factor = 1.0  # multiplier of the softmax scale
 
     def __init__(self, config):
         super().__init__()
@@ -56,15 +57,17 @@ class Scheme(nn.Module):
     def check(cls, config):
         """Raise ValueError for a config this scheme cannot build."""
 
-    attn_factor = 1.0  # multiplier of the softmax scale
-
     def embed(self, tok, offset):
+        """Token embeddings tok (B, T, C) at positions offset..offset+T-1 -> the input (B, T, C)."""
         return tok
 
     def rotate(self, qk, offset):
+        """Queries and keys stacked (2, B, nh, T, hs) at positions offset.. -> the same shape."""
         return qk
 
     def bias(self, q_len, k_len, past):
+        """(nh, q_len, k_len) float scores added in attention, -inf where a key is in a query's future, for
+        q_len queries after past cached keys; None for plain causal attention."""
         return None
 
     def reserve(self, n):

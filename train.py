@@ -358,10 +358,14 @@ def train(gcfg, tc, argv=None):
                     line |= {"eval_train_loss": ev["train_loss"], "val_loss": ev["val_loss"], "val_bpb": ev["val_bpb"]}
                     progress.bar.write(f"iter {done}: train {ev['train_loss']:.4f}, val {ev['val_loss']:.4f} "
                                        f"({ev['val_bpb']:.3f} bits/byte), {tokens_per_s:,.0f} tokens/s")
-                    save(state, ev["val_loss"], out, run_info)
-                state.saved_at = done
+            # the log line before the checkpoint: a kill between them leaves a line past the checkpoint, which
+            # the resume trims, rather than a checkpoint whose iteration the log never gets
             if line is not None:
                 progress.log(line | {"elapsed_s": state.elapsed()})
+            if eval_due:
+                if rt.master:
+                    save(state, ev["val_loss"], out, run_info)
+                state.saved_at = done
             if stop_now:
                 break
     if rt.master:

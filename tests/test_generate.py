@@ -53,6 +53,7 @@ def test_greedy_with_cache_matches_recompute_across_window_slides(pos_emb):
 
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore:Torchinductor does not support")
 def test_compiled_decoding_matches_recompute_across_window_slides_in_three_whole_graphs():
     model, seq = taught("rope")

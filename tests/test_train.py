@@ -8,7 +8,6 @@ import re
 import shlex
 import shutil
 import signal
-import time
 
 import numpy as np
 import pytest
@@ -155,29 +154,78 @@ def test_a_repeated_signal_under_torchrun_only_asks_again():
         os.kill(os.getpid(), signal.SIGINT)
 
 
-def test_sigkill_at_random_moments_around_writes_leaves_a_checkpoint_that_resumes(data_dir, tmp_path):
-    out = tmp_path / "run"
-    # a checkpoint every step, so most of the run is spent writing them
-    args = flags(data_dir, out, "--max_iters=1000000", "--eval_interval=1", "--eval_iters=1", "--log_interval=1")
-    temporaries = [out / ".ckpt.pt.tmp", out / ".best.pt.tmp"]
-    rng, last, mid_write = random.Random(0), 0, 0
-    for attempt in range(3):
-        proc = trainer(args + ["--resume=true"] * (attempt > 0))
-        wait_for(lambda: last_logged(out) > last, proc)  # it has written a checkpoint of its own
-        # kill at a random moment, or as soon as a checkpoint write is seen under way
-        deadline = time.monotonic() + rng.uniform(0.0, 0.2)
-        while time.monotonic() < deadline and not any(p.exists() for p in temporaries):
-            pass
-        proc.kill()
-        proc.communicate()
-        mid_write += any(p.exists() for p in temporaries)
-        ckpt = load_checkpoint(out / "ckpt.pt")
-        assert ckpt["iter"] > last
-        last = ckpt["iter"]
-    assert mid_write >= 1  # at least one kill landed inside a write
-    train.main(args + ["--resume", f"--max_iters={last + 2}"])
-    iters = [m["iter"] for m in log(out)]
-    assert iters == sorted(set(iters)) and iters[-1] == last + 2
+# train.py in a child that SIGKILLs itself inside its nth write of one checkpoint file: "partial" once half
+# the temporary file is on disk, before the rename; "renamed" just after the rename, before the folder's fsync
+KILLED_IN_A_WRITE = """
+import io, os, signal, sys
+from pathlib import Path
+import torch
+import train
+
+name, nth, point, argv = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4:]
+watched = f".{name}.tmp" if point == "partial" else name  # atomic_write's temporary, or the file itself
+real_save, real_replace, seen = torch.save, os.replace, 0
+
+def nth_write(path):
+    global seen
+    seen += Path(path).name == watched
+    return Path(path).name == watched and seen == nth
+
+def save(obj, f):
+    if not nth_write(getattr(f, "name", f)):
+        return real_save(obj, f)
+    whole = io.BytesIO()
+    real_save(obj, whole)
+    f.write(whole.getvalue()[: len(whole.getvalue()) // 2])
+    f.flush()
+    os.fsync(f.fileno())  # the torn half reaches the disk, as a crash mid-write would leave it
+    os.kill(os.getpid(), signal.SIGKILL)
+
+def replace(src, dst):
+    real_replace(src, dst)
+    if nth_write(dst):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+torch.save, os.replace = (save, real_replace) if point == "partial" else (real_save, replace)
+train.main(argv)
+"""
+
+# (file, kill point, what stays on disk); eval_interval=1 writes ckpt.pt at every step and best.pt, first,
+# whenever val improves, so the second write of either comes after a whole ckpt.pt of iteration 1
+KILLS = [
+    ("ckpt.pt", "partial", "the ckpt.pt of iteration 1 beside a torn temporary"),
+    ("ckpt.pt", "renamed", "the new ckpt.pt of iteration 2"),
+    ("best.pt", "renamed", "a best.pt one iteration ahead of ckpt.pt, whose write never began"),
+]
+
+
+@pytest.mark.parametrize("name, point, left", KILLS, ids=[f"{name} {point}" for name, point, _ in KILLS])
+def test_sigkill_inside_a_checkpoint_write_leaves_whole_checkpoints_that_resume(data_dir, tmp_path, name, point, left):
+    out, straight = tmp_path / "run", tmp_path / "straight"
+    args = ["--max_iters=4", "--warmup_iters=0", "--eval_interval=1", "--eval_iters=1", "--log_interval=1"]
+    proc = run("-c", KILLED_IN_A_WRITE, name, 2, point, *flags(data_dir, out, *args), check=False, env=ONE_THREAD)
+    assert proc.returncode == -signal.SIGKILL, f"not killed in the write ({left}):\n{proc.stderr}"
+    ckpt, best = load_checkpoint(out / "ckpt.pt"), load_checkpoint(out / "best.pt")  # both whole
+    temporary = out / ".ckpt.pt.tmp"
+    if point == "partial":
+        assert ckpt["iter"] == 1
+        with pytest.raises(ValueError, match="truncated or corrupt"):
+            load_checkpoint(temporary)
+    else:
+        assert not temporary.exists() and not (out / ".best.pt.tmp").exists()
+    if name == "best.pt":
+        assert best["iter"] == ckpt["iter"] + 1
+    elif point == "renamed":
+        assert ckpt["iter"] == 2
+
+    train.main(flags(data_dir, out, *args, "--resume"))
+    train.main(flags(data_dir, straight, *args))
+    assert not list(out.glob(".*.tmp"))  # the torn temporary was written over and renamed away
+    assert [m["iter"] for m in log(out)] == [1, 2, 3, 4]  # no line lost or repeated
+    for file in ("ckpt.pt", "best.pt"):  # the resumed run ends where an uninterrupted one does
+        a, b = load_checkpoint(out / file), load_checkpoint(straight / file)
+        assert a["iter"] == b["iter"] and a["best_val_loss"] == b["best_val_loss"], file
+        assert same_tensors(a["model"], b["model"]) and same_tensors(a["optimizer"], b["optimizer"]), file
 
 
 # ----------------------------------------------------------------------------- divergence
