@@ -32,10 +32,11 @@ import positions
 import report
 import rope
 import train
-from checkpoint import atomic_write, load_checkpoint, model_from_checkpoint
+from checkpoint import load_checkpoint, model_from_checkpoint
 from config import opt
 from data.loader import Batches
 from data.tokenizer import load_meta, tokenizer_from_meta
+from files import RunLock, atomic_write, open_log
 from generate import generate
 from model import GPT, GPTConfig
 from runtime import Runtime, decode_autocast, pick_device, pick_dtype, run_record
@@ -182,7 +183,7 @@ def train_run(name, gcfg, tc, out):
     at = load_checkpoint(ckpt_path)["iter"] if ckpt_path.is_file() else 0
     if at < tc.max_iters:  # else training ended and only the summary is missing
         out.mkdir(parents=True, exist_ok=True)
-        with open(out / "train.log", "a") as log, contextlib.redirect_stdout(log):
+        with open_log(out / "train.log") as log, contextlib.redirect_stdout(log):
             # a copy of gcfg: train sets vocab_size on the one it gets
             train.train(replace(gcfg), replace(tc, out_dir=str(out), resume=at > 0, progress=False))
         at = load_checkpoint(ckpt_path)["iter"]
@@ -417,25 +418,32 @@ def print_estimate(plan, statuses):
 def ablate(plan):
     t0 = time.perf_counter()
     out = Path(plan.tc.out_dir)
-    statuses = {(name, seed): status(plan, name, seed) for seed in plan.seeds for name in plan.grid}
-    print_plan(plan, statuses)
     if plan.ac.dry_run:
+        statuses = run_statuses(plan)
+        print_plan(plan, statuses)
         print_estimate(plan, statuses)
         return
-    done = {}
-    with tqdm(statuses, desc="ablate", unit="run", dynamic_ncols=True, disable=not plan.tc.progress) as bar:
-        for name, seed in bar:
-            bar.set_postfix_str(f"{name} seed {seed} ({statuses[name, seed]})")
-            done[name, seed] = finish_run(name, plan.grid[name], replace(plan.tc, seed=seed), plan)
-    results = summarize(plan, done)
-    plots = report.write_plots(results, out)
-    results["wall_s"] = time.perf_counter() - t0
-    write_json(out / "results.json", results)
-    report.write_csv(out / "results.csv", plan, done)
-    (out / "results.md").write_text(report.markdown(results, plots))
+    with RunLock(out, "ablation"):  # each run's folder is locked by its training too
+        statuses = run_statuses(plan)
+        print_plan(plan, statuses)
+        done = {}
+        with tqdm(statuses, desc="ablate", unit="run", dynamic_ncols=True, disable=not plan.tc.progress) as bar:
+            for name, seed in bar:
+                bar.set_postfix_str(f"{name} seed {seed} ({statuses[name, seed]})")
+                done[name, seed] = finish_run(name, plan.grid[name], replace(plan.tc, seed=seed), plan)
+        results = summarize(plan, done)
+        plots = report.write_plots(results, out)
+        results["wall_s"] = time.perf_counter() - t0
+        write_json(out / "results.json", results)
+        report.write_csv(out / "results.csv", plan, done)
+        atomic_write(out / "results.md", lambda f: f.write(report.markdown(results, plots).encode()))
     if plots is None:
         print(report.NO_PLOTS)
     print(f"results: {out / 'results.md'}, results.json, results.csv" + "".join(f", {f}" for f, _ in plots or []))
+
+
+def run_statuses(plan):
+    return {(name, seed): status(plan, name, seed) for seed in plan.seeds for name in plan.grid}
 
 
 def main(argv=None):

@@ -4,7 +4,6 @@ A checkpoint is a plain dict of tensors, numbers and strings, so torch.load(weig
 it; model weights are saved from the unwrapped module, without any compile prefix.
 """
 
-import os
 import random
 import re
 import warnings
@@ -13,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from files import atomic_write
 from model import GPT, GPTConfig
 
 RESUME_KEYS = ("model", "optimizer", "scaler", "iter", "best_val_loss", "rng", "tokenizer")
@@ -33,26 +33,6 @@ def set_rng_state(state):
         torch.cuda.set_rng_state_all(state["cuda"])
     name, keys, *rest = state["numpy"]
     np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))
-
-
-def atomic_write(path, write):
-    """write(file) to path through a temporary file in the same folder, flushed, fsynced and renamed over
-    path: a crash at any moment leaves either the old file or the new one, whole."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")  # one fixed name, so a killed write leaves no pile of them
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)  # make the rename itself durable
-    finally:
-        os.close(dir_fd)
 
 
 def save_checkpoint(obj, path):

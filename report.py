@@ -7,10 +7,13 @@ nothing of training or of how the grid ran; ablate.py hands it the runs' summari
 
 import csv
 import functools
+import io
 import math
 import statistics
 
 import numpy as np
+
+from files import atomic_write
 
 # ----------------------------------------------------------------------------- statistics
 
@@ -102,15 +105,16 @@ def write_csv(path, plan, done):
         return f"loss_{L}" + ("" if scaling == "none" else f"_{scaling}")
 
     columns = [column(sc, L) for sc in ["none", *plan.scalings] for L in plan.lengths]
-    with open(path, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["scheme", "pos_emb", "seed", "params", "final_val_loss", "val_bpb", "tokens_per_s", "train_s",
-                    "eval_s", *columns])
-        for (name, seed), (r, e) in done.items():
-            losses = {column(sc, L): v for sc, by_len in e["loss"].items() for L, v in by_len.items()}
-            w.writerow([name, plan.grid[name].pos_emb, seed, plan.params[name], r["final_val_loss"], r["val_bpb"],
-                        r["tokens_per_s"], r["train_s"], e["eval_s"],
-                        *("" if losses.get(c) is None else losses[c] for c in columns)])
+    text = io.StringIO()
+    w = csv.writer(text)
+    w.writerow(["scheme", "pos_emb", "seed", "params", "final_val_loss", "val_bpb", "tokens_per_s", "train_s",
+                "eval_s", *columns])
+    for (name, seed), (r, e) in done.items():
+        losses = {column(sc, L): v for sc, by_len in e["loss"].items() for L, v in by_len.items()}
+        w.writerow([name, plan.grid[name].pos_emb, seed, plan.params[name], r["final_val_loss"], r["val_bpb"],
+                    r["tokens_per_s"], r["train_s"], e["eval_s"],
+                    *("" if losses.get(c) is None else losses[c] for c in columns)])
+    atomic_write(path, lambda f: f.write(text.getvalue().encode()))
 
 
 def pm(stat, spec=".4f"):
@@ -242,7 +246,7 @@ def write_plots(results, out):
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1))  # beside the axes, never over a line
         fig.tight_layout()
-        fig.savefig(out / file, dpi=110)
+        atomic_write(out / file, lambda f: fig.savefig(f, format="png", dpi=110))
         plt.close(fig)
         plots.append((file, title))
 

@@ -25,10 +25,11 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 import config
-from checkpoint import atomic_write, resumable_checkpoint, rng_state, save_checkpoint, set_rng_state
+from checkpoint import resumable_checkpoint, rng_state, save_checkpoint, set_rng_state
 from config import opt
 from data.loader import DROPOUT, Batches, micro_seed
 from data.tokenizer import bytes_per_token, load_meta
+from files import RunLock, WriteError, append_line, atomic_write, open_log
 from model import GPT, GPTConfig
 from runtime import DTYPES, any_rank, run_record, setup_runtime
 
@@ -255,7 +256,7 @@ class Progress:
     def __init__(self, out, tc, rt, start_iter, tokens_per_step):
         self.bar = tqdm(total=tc.max_iters, initial=start_iter, disable=not (rt.master and tc.progress),
                         dynamic_ncols=True)
-        self.metrics = open(out / "metrics.jsonl", "a") if rt.master else None
+        self.metrics = open_log(out / "metrics.jsonl") if rt.master else None
         self.tokens_per_step, self.seconds, self.steps = tokens_per_step, 0.0, 0
 
     def __enter__(self):
@@ -276,23 +277,27 @@ class Progress:
         return tokens_per_s
 
     def log(self, line):
-        self.metrics.write(json.dumps(line) + "\n")
-        self.metrics.flush()
+        append_line(self.metrics, json.dumps(line))
         self.seconds, self.steps = 0.0, 0
+
+
+def last_checkpoint(state, out):
+    if state.saved_at is None:
+        return "no checkpoint had been written yet"
+    return f"the last checkpoint, {out / 'ckpt.pt'} (iteration {state.saved_at}), is untouched"
 
 
 def divergence(what, state, tc, rt, out):
     """The error a non-finite loss raises, naming the likely causes and the checkpoint kept."""
-    kept = (f"the last checkpoint, {out / 'ckpt.pt'} (iteration {state.saved_at}), is untouched"
-            if state.saved_at is not None else "no checkpoint had been written yet")
     return Divergence(f"{what} at iteration {state.iter}: training diverged. Likely causes: learning_rate="
                       f"{tc.learning_rate} too high (lower it or raise warmup_iters), or {rt.dtype_name} overflowing "
-                      f"(try dtype=bfloat16 or float32); {kept}")
+                      f"(try dtype=bfloat16 or float32); {last_checkpoint(state, out)}")
 
 
-def start_run(gcfg, tc):
-    """Everything before the first step: the runtime, the data, the state (restored on resume) and the run's
-    files; fails on bad settings before anything slow."""
+@contextlib.contextmanager
+def started_run(gcfg, tc):
+    """Everything before the first step: the runtime, the data, the out_dir lock, the state (restored on resume)
+    and the run's first files; bad settings fail before anything slow or written. The lock is held until exit."""
     rt = setup_runtime(tc.device, tc.dtype, tc.compile)
     if tc.gradient_accumulation_steps % rt.world_size:
         raise ValueError(f"gradient_accumulation_steps={tc.gradient_accumulation_steps} must be divisible by the "
@@ -302,26 +307,45 @@ def start_run(gcfg, tc):
     gcfg.vocab_size = meta["vocab_size"]
     batches = Batches(dataset_dir, meta, gcfg.block_size, tc.batch_size, tc.seed, rt.device, tc.eval_iters)
     out = check_out_dir(tc) if rt.master else Path(tc.out_dir)
-    torch.manual_seed(tc.seed)  # the same initial weights on every rank
-    state = TrainState(GPT(gcfg).to(rt.device), tc, rt)
-    if tc.resume:
-        state.load_state_dict(resumable_checkpoint(out / "ckpt.pt", gcfg, meta, tc.max_iters))
-    record = {"model": gcfg.asdict(), "train": asdict(tc), **run_record(), "world_size": rt.world_size}
-    if rt.master:
-        out.mkdir(parents=True, exist_ok=True)
-        if tc.resume:
-            trim_log(out / "metrics.jsonl", state.iter)
-            print(f"resuming from {out / 'ckpt.pt'} at iteration {state.iter}")
-        atomic_write(out / "config.json", lambda f: f.write((json.dumps(record, indent=2) + "\n").encode()))
-        print(f"model: {state.model.num_params() / 1e6:.2f}M parameters, pos_emb={gcfg.pos_emb}; "
-              f"tokens per step: {tc.batch_size * gcfg.block_size * tc.gradient_accumulation_steps:,}")
-    run_info = {"model_config": gcfg.asdict(), "train_config": asdict(tc), "tokenizer": meta, "record": record}
-    return rt, batches, out, state, run_info
+    ckpt = resumable_checkpoint(out / "ckpt.pt", gcfg, meta, tc.max_iters) if tc.resume else None
+    with RunLock(out, "training run") if rt.master else contextlib.nullcontext():  # the master writes alone
+        torch.manual_seed(tc.seed)  # the same initial weights on every rank
+        state = TrainState(GPT(gcfg).to(rt.device), tc, rt)
+        if ckpt:
+            state.load_state_dict(ckpt)
+            del ckpt  # its tensors are copied into the state
+        record = {"model": gcfg.asdict(), "train": asdict(tc), **run_record(), "world_size": rt.world_size}
+        if rt.master:
+            trim_log(out / "metrics.jsonl", state.iter)  # a fresh run's log starts empty, a resumed one's at its step
+            if tc.resume:
+                print(f"resuming from {out / 'ckpt.pt'} at iteration {state.iter}")
+            atomic_write(out / "config.json", lambda f: f.write((json.dumps(record, indent=2) + "\n").encode()))
+            print(f"model: {state.model.num_params() / 1e6:.2f}M parameters, pos_emb={gcfg.pos_emb}; "
+                  f"tokens per step: {tc.batch_size * gcfg.block_size * tc.gradient_accumulation_steps:,}")
+        run_info = {"model_config": gcfg.asdict(), "train_config": asdict(tc), "tokenizer": meta, "record": record}
+        yield rt, batches, out, state, run_info
 
 
 def train(gcfg, tc, argv=None):
     """Train; argv (the command's arguments) only shapes the resume hint printed on a stop."""
-    rt, batches, out, state, run_info = start_run(gcfg, tc)
+    with started_run(gcfg, tc) as (rt, batches, out, state, run_info):
+        try:
+            stopped = loop(gcfg, tc, rt, batches, out, state, run_info)
+        except WriteError as e:  # a full or read-only device: a stop whose checkpoint could not be written
+            again = resume_command(argv, rt) if state.saved_at is not None else "run the same command again"
+            raise WriteError(f"{e}; {last_checkpoint(state, out)}; once there is room: {again}") from None
+    if rt.master:
+        if stopped:
+            print(f"stopped at iteration {state.iter}; checkpoint written to {out / 'ckpt.pt'}. "
+                  f"To continue: {resume_command(argv, rt)}")
+        else:
+            print(f"done: {state.iter} iterations in {state.elapsed():.1f}s, best val loss {state.best_val:.4f}")
+    return state.best_val
+
+
+def loop(gcfg, tc, rt, batches, out, state, run_info):
+    """The steps from state.iter to max_iters, with evaluations, the log and checkpoints; True if a signal
+    stopped it early."""
     # evaluate with this one, never the DDP wrapper: its forward may talk to the ranks that are not evaluating
     compiled = torch.compile(state.model) if rt.compile else state.model
     model = compiled if rt.world_size == 1 else DDP(compiled, device_ids=[rt.local_rank] if rt.device_type == "cuda" else None)
@@ -367,14 +391,8 @@ def train(gcfg, tc, argv=None):
                     save(state, ev["val_loss"], out, run_info)
                 state.saved_at = done
             if stop_now:
-                break
-    if rt.master:
-        if stop_now:
-            print(f"stopped at iteration {done}; checkpoint written to {out / 'ckpt.pt'}. "
-                  f"To continue: {resume_command(argv, rt)}")
-        else:
-            print(f"done: {done} iterations in {state.elapsed():.1f}s, best val loss {state.best_val:.4f}")
-    return state.best_val
+                return True
+    return False
 
 
 def save(state, val_loss, out, run_info):

@@ -3,7 +3,7 @@
 import numpy as np
 import torch
 
-from data.tokenizer import open_split
+from data.tokenizer import SPLITS, check_ids, open_split
 
 EVAL_SEED = 1234  # validation batches are the same for every run and seed, so val losses compare
 BATCH, DROPOUT = 0, 1  # the two random streams of a micro-step
@@ -25,7 +25,9 @@ class Batches:
     def __init__(self, dataset_dir, meta, block_size, batch_size, seed, device, eval_iters):
         self.meta, self.block_size, self.batch_size, self.seed, self.device = meta, block_size, batch_size, seed, device
         self.dataset_dir = dataset_dir
-        self.lengths = {split: len(open_split(dataset_dir, split, meta)) for split in ("train", "val")}
+        for split in SPLITS:
+            check_ids(dataset_dir, split, meta)
+        self.lengths = {split: len(open_split(dataset_dir, split, meta)) for split in SPLITS}
         for split, n in self.lengths.items():
             if n <= block_size:
                 raise ValueError(f"block_size={block_size} is too large for the {split} split ({n} tokens); "

@@ -26,6 +26,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
+from files import atomic_write, write_failure  # noqa: E402
 from data.tokenizer import (  # noqa: E402
     DATA_DIR,
     GPT2_PATTERN,
@@ -155,7 +156,7 @@ def build_tokenizer(args: argparse.Namespace, text: str, train: str, val: str) -
 def write_ids(ids: list[int], dtype: str, path: Path) -> int:
     arr = np.array(ids, dtype=np.dtype(dtype))
     assert len(ids) == 0 or int(arr.max()) == max(ids), f"token ids overflow {dtype}"
-    arr.tofile(path)
+    atomic_write(path, lambda f: f.write(memoryview(arr).cast("B")))  # the ids' bytes, without a copy
     return len(arr)
 
 
@@ -174,17 +175,25 @@ def prepare(args: argparse.Namespace) -> dict:
     tok, tok_meta = build_tokenizer(args, text, train, val)
     dtype = dtype_for_vocab(tok.vocab_size)
 
-    out_dir.mkdir(parents=True, exist_ok=True)  # only now, so bad input leaves no folder behind
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)  # only now, so bad input leaves no folder behind
+        # meta.json goes first and comes back last: a prepare stopped in between (a full disk, Ctrl-C) leaves
+        # a folder that train.py refuses as unprepared, never a mix of old and new files
+        (out_dir / "meta.json").unlink(missing_ok=True)
+    except OSError as e:
+        raise write_failure(out_dir, e) from None
     meta = {"dataset": args.dataset, "tokenizer": args.tokenizer, "vocab_size": tok.vocab_size, "dtype": dtype}
     for split, split_text_ in (("train", train), ("val", val)):
         meta[f"{split}_tokens"] = write_ids(tok.encode(split_text_), dtype, out_dir / f"{split}.bin")
         meta[f"{split}_bytes"] = len(split_text_.encode("utf-8"))
     if "bpe_ranks" in tok_meta:  # a file of its own; load_meta inlines it again
-        (out_dir / BPE_FILE).write_text(tok_meta.pop("bpe_ranks"), encoding="ascii")
+        ranks = tok_meta.pop("bpe_ranks").encode("ascii")
+        atomic_write(out_dir / BPE_FILE, lambda f: f.write(ranks))
     meta |= tok_meta
     meta |= {"val_fraction": args.val_fraction,
              "source": str(corpus_path.resolve()) if args.input else SHAKESPEARE_URL}
-    (out_dir / "meta.json").write_text(json.dumps(meta, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    text = json.dumps(meta, indent=1, ensure_ascii=False) + "\n"
+    atomic_write(out_dir / "meta.json", lambda f: f.write(text.encode("utf-8")))
 
     print(f"{out_dir}: {args.tokenizer} tokenizer, vocab {tok.vocab_size}, ids {dtype}")
     for split in ("train", "val"):

@@ -287,14 +287,33 @@ def prepare_command(dataset_dir: str | os.PathLike) -> str:
     return cmd
 
 
+META_KEYS = ("dataset", "tokenizer", "vocab_size", "dtype", "train_tokens", "val_tokens", "train_bytes", "val_bytes")
+ID_DTYPES = ("uint16", "uint32")
+CHECKED_IDS = 1 << 20  # ids at each end of a split checked against the vocabulary when it is first opened
+
+
+def damaged(dataset_dir: str | os.PathLike) -> str:
+    """The end of every message about a damaged dataset: how to make it again."""
+    return f"the dataset is damaged; re-create it with `{prepare_command(dataset_dir)}`"
+
+
 def load_meta(dataset_dir: str | os.PathLike) -> dict:
-    """meta.json of a prepared dataset, made self-contained: for bpe the ranks file's text is
+    """meta.json of a prepared dataset, checked and made self-contained: for bpe the ranks file's text is
     inlined as meta['bpe_ranks']. Holds only JSON types, so torch.load(weights_only=True) accepts it."""
     path = Path(dataset_dir) / "meta.json"
     if not path.is_file():
         raise ValueError(f"no prepared dataset at {dataset_dir} ({path.name} is missing); "
                          f"create it with `{prepare_command(dataset_dir)}`")
-    meta = json.loads(path.read_text(encoding="utf-8"))
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError alike
+        raise ValueError(f"{path} is not valid JSON ({e}); {damaged(dataset_dir)}") from None
+    missing = [k for k in META_KEYS if k not in meta] if isinstance(meta, dict) else list(META_KEYS)
+    if missing:
+        raise ValueError(f"{path} lacks {', '.join(missing)}; {damaged(dataset_dir)}")
+    if meta["dtype"] not in ID_DTYPES:
+        raise ValueError(f"{path} gives dtype={meta['dtype']!r}, not one of {', '.join(ID_DTYPES)}; "
+                         f"{damaged(dataset_dir)}")
     if meta.get("tokenizer") == "bpe":
         ranks_path = Path(dataset_dir) / meta["bpe_file"]
         if not ranks_path.is_file():
@@ -321,13 +340,31 @@ def tokenizer_from_meta(meta: dict) -> Tokenizer:
 
 
 def open_split(dataset_dir: str | os.PathLike, split: str, meta: dict) -> np.memmap:
-    """Token ids of a split, memory-mapped read-only with the dtype recorded in meta."""
+    """Token ids of a split, memory-mapped read-only with the dtype recorded in meta, once its size agrees
+    with meta's."""
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; valid: {', '.join(SPLITS)}")
     path = Path(dataset_dir) / f"{split}.bin"
     if not path.is_file():
         raise ValueError(f"{path} is missing; create it with `{prepare_command(dataset_dir)}`")
-    return np.memmap(path, dtype=np.dtype(meta["dtype"]), mode="r")
+    dtype, size = np.dtype(meta["dtype"]), path.stat().st_size
+    if size % dtype.itemsize:
+        raise ValueError(f"{path} is {size:,} bytes, not a multiple of {dtype.itemsize} (the size of its "
+                         f"{meta['dtype']} ids): it is truncated; {damaged(dataset_dir)}")
+    if size // dtype.itemsize != meta[f"{split}_tokens"]:
+        raise ValueError(f"{path} holds {size // dtype.itemsize:,} tokens where meta.json says "
+                         f"{meta[f'{split}_tokens']:,}; {damaged(dataset_dir)}")
+    return np.memmap(path, dtype=dtype, mode="r")
+
+
+def check_ids(dataset_dir: str | os.PathLike, split: str, meta: dict) -> None:
+    """The ids at both ends of a split lie inside meta's vocabulary (files of two datasets mixed, or noise,
+    would not)."""
+    data = open_split(dataset_dir, split, meta)
+    top = int(max(data[:CHECKED_IDS].max(), data[-CHECKED_IDS:].max()))
+    if top >= meta["vocab_size"]:
+        raise ValueError(f"{Path(dataset_dir) / f'{split}.bin'} holds token id {top}, outside the vocabulary of "
+                         f"{meta['vocab_size']} that meta.json gives; {damaged(dataset_dir)}")
 
 
 def bytes_per_token(meta: dict, split: str = "val") -> float:

@@ -1,6 +1,7 @@
 """Shared fixtures: the tiny Shakespeare corpus, prepared once per session, and tiny model configs."""
 
 import contextlib
+import errno
 import json
 import os
 import subprocess
@@ -126,3 +127,45 @@ class Payload:
 
     def __reduce__(self):
         return open, (self.path, "w")
+
+
+# ----------------------------------------------------------------------------- failing devices
+
+class FullDevice:
+    """Stands in for files.open (monkeypatch.setattr(files, "open", FullDevice(...))): opening a file named in
+    names (from the nth such opening on) gives a file whose writes fail with ENOSPC once `room` bytes are in,
+    as on a device that fills up; every other file opens as usual."""
+
+    def __init__(self, *names, room=0, nth=1, error=errno.ENOSPC):
+        self.names, self.room, self.nth, self.error, self.seen = names, room, nth, error, 0
+
+    def __call__(self, path, mode="r", *args, **kw):
+        if Path(path).name in self.names and "r" not in mode:
+            self.seen += 1
+            if self.seen >= self.nth:
+                if self.error == errno.EROFS:  # a read-only device refuses the opening itself
+                    raise OSError(self.error, os.strerror(self.error), str(path))
+                return _Filling(open(path, mode, *args, **kw), self.room)
+        return open(path, mode, *args, **kw)
+
+
+class _Filling:
+    def __init__(self, f, room):
+        self.f, self.room, self.name = f, room, f.name
+
+    def write(self, data):
+        if len(data) > self.room:
+            self.f.write(data[: self.room])
+            self.room = 0
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self.room -= len(data)
+        return self.f.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self.f, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.f.close()

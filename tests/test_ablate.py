@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import ablate
+import files
 import train
 from data.tokenizer import load_meta
 from conftest import TINY, run
@@ -134,6 +135,17 @@ def test_bad_settings_give_one_line_errors(data_dir, tmp_path, capsys, arg, name
     code, _, err = ablate_main(capsys, *GRID, f"--data_dir={data_dir}", f"--out_dir={tmp_path}", arg)
     assert code == 1 and err.startswith("error: ") and named in err and err.count("\n") == 1
     assert not any(tmp_path.iterdir())
+
+
+def test_an_ablation_out_dir_in_use_is_refused_and_so_is_a_run_folder_in_training(data_dir, tmp_path, capsys):
+    out = tmp_path / "abl"
+    args = [*GRID, f"--data_dir={data_dir}", f"--out_dir={out}"]
+    with files.RunLock(out, "ablation"):  # as a second ablate.py command would find it
+        code, _, err = ablate_main(capsys, *args)
+    assert code == 1 and err.count("\n") == 1 and f"error: {out} is in use by another ablation" in err
+    with files.RunLock(out / "runs" / "rope-seed1337", "training run"):
+        code, _, err = ablate_main(capsys, *args)
+    assert code == 1 and err.count("\n") == 1 and "rope-seed1337 is in use by another training run" in err
 
 
 def test_variants_parse_into_typed_overrides():

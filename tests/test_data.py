@@ -8,6 +8,8 @@ import base64
 import io
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 from collections import Counter
@@ -22,8 +24,11 @@ import tiktoken.load
 import torch
 
 from conftest import ROOT as REPO
+import files
+from conftest import FullDevice
 from data import prepare
 from data import tokenizer as tk
+from data.loader import Batches
 
 # whitespace runs, tabs, accents, CJK, emoji, a combining mark, a ZWJ sequence
 TRICKY = ("Héllo,  wörld!\t\tTabs\n\n\n   spaces   \r\n日本語テキスト 🎉👩‍💻 e\u0301 x²=4 "
@@ -324,3 +329,57 @@ def test_missing_dataset_errors_say_how_to_prepare(tmp_path):
         tk.open_split(tmp_path / "mine", "test", meta)
     with pytest.raises(ValueError, match="load_meta"):
         tk.tokenizer_from_meta({"tokenizer": "bpe"})
+
+
+# ----------------------------------------------------------------------------- damaged datasets
+
+def damage(char_dataset, tmp_path, name, change):
+    """A copy of the char dataset with one file changed by change(path); its folder."""
+    copy = tmp_path / "shakespeare_char"
+    shutil.copytree(char_dataset, copy)
+    change(copy / name)
+    return copy
+
+
+def truncate(path):
+    with open(path, "r+b") as f:
+        f.truncate(path.stat().st_size - 1)
+
+
+def out_of_vocabulary(path):
+    with open(path, "r+b") as f:
+        f.write(np.array([70], dtype=np.uint16).tobytes())  # 65 characters in the vocabulary
+
+
+FIX = re.escape("the dataset is damaged; re-create it with `python data/prepare.py --tokenizer char --data_dir ")
+DAMAGE = [  # (file, change, what the error says before the fix)
+    ("meta.json", lambda p: p.write_text("{'vocab_size': 65}"), r"meta\.json is not valid JSON \(Expecting property"),
+    ("meta.json", lambda p: p.write_text('{"vocab_size": 65}'), r"meta\.json lacks dataset, tokenizer, dtype"),
+    ("meta.json", lambda p: p.write_text(p.read_text().replace('"uint16"', '"float32"')),
+     r"meta\.json gives dtype='float32', not one of uint16, uint32"),
+    ("train.bin", truncate, r"train\.bin is 2,007,707 bytes, not a multiple of 2 \(the size of its uint16 ids\): "
+                            r"it is truncated"),
+    ("val.bin", lambda p: p.write_bytes(p.read_bytes()[:1000]),
+     r"val\.bin holds 500 tokens where meta\.json says 111,540"),
+    ("train.bin", out_of_vocabulary, r"train\.bin holds token id 70, outside the vocabulary of 65 that meta\.json gives"),
+]
+
+
+@pytest.mark.parametrize("name, change, says", DAMAGE, ids=[d[2][:40] for d in DAMAGE])
+def test_a_damaged_dataset_is_refused_naming_the_file_and_the_fix(char_dataset, tmp_path, name, change, says):
+    dataset = damage(char_dataset, tmp_path, name, change)
+    with pytest.raises(ValueError, match=f"^{re.escape(str(dataset))}/{says}.*; {FIX}"):
+        Batches(dataset, tk.load_meta(dataset), 32, 4, 0, "cpu", 1)
+
+
+def test_a_prepare_stopped_by_a_full_disk_leaves_no_dataset_train_would_accept(corpus, char_dataset, tmp_path,
+                                                                              monkeypatch, capsys):
+    dataset = damage(char_dataset, tmp_path, "meta.json", lambda p: None)  # a whole dataset, prepared before
+    monkeypatch.setattr(files, "open", FullDevice(".val.bin.tmp", room=1000), raising=False)
+    assert prepare.main(["--input", str(corpus), "--data_dir", str(tmp_path)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert re.fullmatch(rf"error: cannot write {dataset}/val\.bin: the device is full \(No space left on device; "
+                        r"it needs 217\.9 KiB, [\d.]+ \w+ free there\)", err), err
+    assert sorted(p.name for p in dataset.iterdir()) == ["train.bin", "val.bin"]  # no meta.json: not a dataset
+    with pytest.raises(ValueError, match=r"no prepared dataset at .* \(meta\.json is missing\); create it with"):
+        tk.load_meta(dataset)

@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 import torch
 
+import files
 import train
 from checkpoint import RESUME_KEYS, load_checkpoint
-from conftest import ONE_THREAD, TINY, Payload, flags, last_logged, log, run, same_tensors, trainer, wait_for
+from conftest import ONE_THREAD, TINY, FullDevice, Payload, flags, last_logged, log, run, same_tensors, trainer, wait_for
 from data import prepare
 from data.tokenizer import load_meta
 
@@ -139,7 +140,7 @@ def test_a_second_ctrl_c_quits_at_once_and_leaves_the_last_checkpoint(data_dir, 
     assert e.value.code == 130
     assert "quit at once, without a new checkpoint" in one_error_line(capsys, prefix="interrupted: ")
     assert (out / "ckpt.pt").read_bytes() == before and sorted(p.name for p in out.iterdir()) == [
-        "best.pt", "ckpt.pt", "config.json", "metrics.jsonl"]
+        ".lock", "best.pt", "ckpt.pt", "config.json", "metrics.jsonl"]  # the lock file holds no lock once the run ends
     assert signal.getsignal(signal.SIGINT) is handler
 
 
@@ -226,6 +227,43 @@ def test_sigkill_inside_a_checkpoint_write_leaves_whole_checkpoints_that_resume(
         a, b = load_checkpoint(out / file), load_checkpoint(straight / file)
         assert a["iter"] == b["iter"] and a["best_val_loss"] == b["best_val_loss"], file
         assert same_tensors(a["model"], b["model"]) and same_tensors(a["optimizer"], b["optimizer"]), file
+
+
+# ----------------------------------------------------------------------------- a full disk, a second run
+
+def test_a_full_disk_stops_the_run_with_one_line_and_the_last_checkpoint_intact(data_dir, tmp_path, monkeypatch,
+                                                                                capsys):
+    out = tmp_path / "run"
+    args = flags(data_dir, out, "--max_iters=6", "--eval_interval=2", "--warmup_iters=0")
+    monkeypatch.setattr(files, "open", FullDevice(".ckpt.pt.tmp", nth=2, room=4096), raising=False)
+    with pytest.raises(SystemExit) as e:
+        train.main(args)
+    assert e.value.code == 1
+    line = one_error_line(capsys)
+    assert re.fullmatch(rf"error: cannot write {out}/(best|ckpt)\.pt: the device is full \(No space left on device; "
+                        rf"it needs [\d.]+ KiB, [\d.]+ \w+ free there\); the last checkpoint, {out}/ckpt\.pt "
+                        r"\(iteration 2\), is untouched; once there is room: python train\.py .* --resume=true", line)
+    assert load_checkpoint(out / "ckpt.pt")["iter"] == 2 and not list(out.glob(".*.tmp"))
+    monkeypatch.undo()
+    train.main(shlex.split(line.rpartition("once there is room: ")[2])[2:])  # the printed command resumes
+    assert [m["iter"] for m in log(out) if "val_loss" in m] == [2, 4, 6]
+
+
+def test_a_second_run_in_a_training_out_dir_is_refused_until_the_first_dies(data_dir, tmp_path):
+    out = tmp_path / "run"
+    first = trainer(flags(data_dir, out, "--max_iters=1000000", "--log_interval=1", "--eval_interval=1000000"))
+    try:
+        wait_for(lambda: last_logged(out) >= 1, first)  # training, and no checkpoint yet
+        second = run("train.py", *flags(data_dir, out, "--max_iters=5"), check=False, env=ONE_THREAD)
+        lines = second.stderr.strip().splitlines()
+        assert second.returncode == 1 and len(lines) == 1, second.stderr
+        assert re.fullmatch(rf"error: {out} is in use by another training run \(pid {first.pid}, started .*: "
+                            r"train\.py .*\); wait for it to finish, stop it, or use another folder", lines[0])
+    finally:
+        first.kill()
+        first.communicate()
+    run("train.py", *flags(data_dir, out, "--max_iters=2"), env=ONE_THREAD)  # the killed run left no stale lock
+    assert [m["iter"] for m in log(out)] == [2]  # a fresh run's log starts empty, without the killed run's lines
 
 
 # ----------------------------------------------------------------------------- divergence

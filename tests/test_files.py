@@ -1,0 +1,76 @@
+"""files.py: atomic writes on a full or read-only device, appended log lines, and the run lock across processes."""
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import files
+from checkpoint import save_checkpoint
+from conftest import ONE_THREAD, ROOT, FullDevice
+
+
+def test_a_full_device_keeps_the_previous_file_and_says_what_the_new_one_needed(tmp_path, monkeypatch):
+    path = tmp_path / "ckpt.pt"
+    save_checkpoint({"v": 1}, path)
+    monkeypatch.setattr(files, "open", FullDevice(".ckpt.pt.tmp", room=100), raising=False)
+    big = {"w": torch.zeros(5000)}
+    with pytest.raises(files.WriteError) as e:
+        save_checkpoint(big, path)
+    needed = len(save_bytes(big))
+    assert str(e.value).startswith(f"cannot write {path}: the device is full (No space left on device; it needs "
+                                   f"{files.size(needed)}, ")
+    assert str(e.value).endswith(" free there)") and "\n" not in str(e.value)
+    assert torch.load(path, weights_only=True) == {"v": 1} and os.listdir(tmp_path) == ["ckpt.pt"]
+
+
+def save_bytes(obj):
+    import io
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
+
+
+def test_a_read_only_device_is_one_line_and_nothing_changes(tmp_path, monkeypatch):
+    path = tmp_path / "config.json"
+    path.write_text("old")
+    monkeypatch.setattr(files, "open", FullDevice(".config.json.tmp", error=errno.EROFS), raising=False)
+    with pytest.raises(files.WriteError, match=r"cannot write .*config\.json: the device is read-only"):
+        files.atomic_write(path, lambda f: f.write(b"new"))
+    assert path.read_text() == "old" and os.listdir(tmp_path) == ["config.json"]
+
+
+def test_a_log_line_that_does_not_fit_is_a_write_error(tmp_path, monkeypatch):
+    monkeypatch.setattr(files, "open", FullDevice("metrics.jsonl", room=10), raising=False)
+    with files.open_log(tmp_path / "metrics.jsonl") as f, pytest.raises(files.WriteError, match="device is full"):
+        files.append_line(f, json.dumps({"iter": 1, "train_loss": 4.2}))
+
+
+HOLD = """
+import sys, time
+import files
+with files.RunLock(sys.argv[1], "test run"):
+    print("locked", flush=True)
+    time.sleep(600)
+"""
+
+
+def test_the_run_lock_refuses_a_second_process_until_the_holder_dies(tmp_path):
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path)], cwd=ROOT, env=ONE_THREAD,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "locked\n"
+        with pytest.raises(ValueError, match=rf"{tmp_path} is in use by another test run \(pid {holder.pid}, "
+                                             r"started .*: -c .*\); wait for it to finish"):
+            with files.RunLock(tmp_path, "test run"):
+                pass
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    with files.RunLock(tmp_path, "test run"):  # a killed holder leaves its file, but no lock
+        assert json.loads((tmp_path / files.LOCK_FILE).read_text())["pid"] == os.getpid()
