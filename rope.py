@@ -244,14 +244,6 @@ class Rotary(torch.nn.Module):
         return (f"head_dim={self.head_dim}, rot_dim={self.rot_dim}, base={self.base}, layout={self.layout!r}, "
                 f"scaling={self.scaling!r}, factor={self.factor}, original_len={self.original_len}")
 
-    def set_scaling(self, scaling: str, factor: float = 1.0, original_len: int | None = None) -> None:
-        """Switch the context-extension scaling (e.g. train with "none" at L0, evaluate at 4*L0
-        with "ntk"); original_len None keeps the current one. Rebuilds the tables."""
-        original_len = self.original_len if original_len is None else original_len
-        scaled_frequencies(self.rot_dim, self.base, scaling, factor, original_len)  # raises before any change
-        self.scaling, self.factor, self.original_len = scaling, factor, original_len
-        self._build(self.cos.shape[0], self.cos.device)
-
     def _build(self, n, device):
         """(Re)build inv_freq and the cos/sin tables for positions [0, n) in float32 on device."""
         inv_freq, self.attn_factor = scaled_frequencies(self.rot_dim, self.base, self.scaling, self.factor,

@@ -317,18 +317,13 @@ def test_table_cannot_grow_inside_a_compiled_region(monkeypatch):
         r(torch.randn(1, 1, 4, 64), offset=16)
 
 
-def test_set_scaling_rebuilds_and_switches_back_exactly():
-    r = rope.Rotary(64, max_len=L0)
-    plain_cos = r.cos.clone()
-    r.set_scaling("yarn", 4.0)
+def test_a_scaled_rotary_uses_its_scalings_frequencies_and_temperature():
+    r = rope.Rotary(64, scaling="yarn", factor=4.0, max_len=L0)
     f, attn = rope.scaled_frequencies(64, 10000.0, "yarn", 4.0, L0)
     assert torch.equal(r.inv_freq, f) and r.attn_factor == attn > 1
     assert torch.equal(r.cos, rope.rope_cache(f, torch.arange(L0))[0])
-    with pytest.raises(ValueError):
-        r.set_scaling("ntk", 0.5)
-    assert r.scaling == "yarn" and torch.equal(r.inv_freq, f)  # a rejected call changes nothing
-    r.set_scaling("none")
-    assert torch.equal(r.cos, plain_cos) and r.attn_factor == 1.0
+    with pytest.raises(ValueError, match="factor=0.5"):
+        rope.Rotary(64, scaling="ntk", factor=0.5)
 
 
 # ---- autograd and compile ---------------------------------------------------------------------
