@@ -42,7 +42,7 @@ from model import GPT, GPTConfig
 from runtime import Runtime, decode_autocast, pick_device, pick_dtype, run_record
 
 REFERENCE = "rope"  # the scheme every other one is compared against, seed by seed
-VARIANT_KEYS = ("rope_base", "rope_fraction", "rope_layout")  # what a RoPE variant may change
+VARIANT_KEYS = ("rope_base", "rope_fraction", "rope_layout", "rope_p")  # what a RoPE variant may change
 NOT_SETTINGS = ("out_dir", "resume", "progress")  # train fields that do not change a run's result
 
 

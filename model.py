@@ -31,6 +31,9 @@ class GPTConfig:
     rope_layout: str = opt("interleaved", "RoPE pairing: " + ", ".join(rope.LAYOUTS))
     rope_scaling: str = opt("none", "RoPE context scaling: " + ", ".join(rope.SCALINGS))
     rope_scaling_factor: float = opt(1.0, "RoPE scaling factor s (1 = plain RoPE)")
+    rope_p: float = opt(1.0, "p-RoPE: fraction of RoPE's frequencies that rotate, the highest (1 = all)")
+    xpos_scale_base: float = opt(512.0, "xpos: B in the decay zeta^((m - n)/B) of its scores")
+    nope_every: int = opt(4, "rnope: every this many layers, the last has no positional information")
 
     def __post_init__(self):
         scheme = positions.scheme(self.pos_emb)  # an unknown name fails first
@@ -70,7 +73,7 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x, pos, cache, offset):
         B, T, C = x.shape
         qkv = self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)  # (3, B, nh, T, hs)
-        q, k = pos.rotate(qkv[:2], offset)  # (B, nh, T, hs) each; values never carry position
+        q, k = pos.rotate(qkv[:2], offset, self.layer)  # (B, nh, T, hs) each; values never carry position
         v = qkv[2]
         if cache is not None:
             k, v = cache.update(self.layer, k, v)  # (B, nh, past+T, hs)
@@ -79,7 +82,8 @@ class CausalSelfAttention(nn.Module):
         dropout = self.dropout if self.training else 0.0
         # a lone new token (T == 1) may see every key. Branches rather than is_causal=(T > 1): with dynamic shapes
         # under torch.compile that is a symbolic bool, which scaled_dot_product_attention refuses (a graph break)
-        mask, causal = pos.bias(T, k.shape[2], past), False  # (nh, T, past+T) with the causal mask built in, or None
+        mask = pos.bias(T, k.shape[2], offset, self.layer)  # (nh, T, past+T) with the causal mask built in, or None
+        causal = False
         if mask is None and T > 1:
             if past == 0:
                 causal = True
@@ -131,7 +135,9 @@ class GPT(nn.Module):
     def init_weights(self):
         """GPT-2 initialisation, the one place every weight gets its start."""
         for name, p in self.named_parameters():
-            if name.endswith("bias"):
+            if name.startswith("pos."):  # the positional scheme says how its own parameters start
+                self.pos.init_parameter(name.removeprefix("pos."), p)
+            elif name.endswith("bias"):
                 nn.init.zeros_(p)
             elif "ln" in name:
                 nn.init.ones_(p)

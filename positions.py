@@ -3,11 +3,14 @@
 A scheme may add position to three places of the decoder, and each class says which:
 
 * `embed(tok, offset)`: the input embedding of token embeddings at positions offset.. (sinusoidal, learned);
-* `rotate(qk, offset)`: a transform of queries and keys stacked (2, B, nh, T, hs) (rope);
-* `bias(T, S, past)`: an additive attention-score bias (nh, T, S) with the causal mask built in, for T
-  queries after `past` cached keys (alibi); None leaves attention plainly causal.
+* `rotate(qk, offset, layer)`: a transform of queries and keys stacked (2, B, nh, T, hs) (rope);
+* `bias(T, S, offset, layer)`: an additive attention-score bias (nh, T, S) with the causal mask built in,
+  for T queries at positions offset.. and the S keys up to the last of them (alibi); None leaves attention
+  plainly causal.
+Both get the block's index, so a scheme may differ from layer to layer.
 
-Class attributes say the rest: `extrapolates` (whether it runs past block_size at all), `scalings`
+Class attributes say the rest: `relative` (scores depend on m - n alone), `extrapolates` (whether it runs
+past block_size at all), `scalings`
 (the `rope_scaling` values it takes at evaluation or sampling time, which `GPT.reconfigure` switches
 through the config), and `check(config)` for what the config must satisfy. Adding a scheme is one class
 here plus its tests: the config's choices, the ablation grid and every generic test read `SCHEMES`.
@@ -19,6 +22,7 @@ import math
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 import rope
 
@@ -45,6 +49,7 @@ class Scheme(nn.Module):
     """The interface every scheme implements; this base adds nothing, and each scheme overrides what it adds."""
 
     name = None  # set by register
+    relative = True  # scores depend on m - n alone: shifting every position changes nothing
     extrapolates = True  # it can read positions past block_size
     scalings = ()  # the values rope_scaling may take on a built model (GPT.reconfigure); () if it has none
     attn_factor = 1.0  # multiplier of the softmax scale
@@ -61,13 +66,14 @@ class Scheme(nn.Module):
         """Token embeddings tok (B, T, C) at positions offset..offset+T-1 -> the input (B, T, C)."""
         return tok
 
-    def rotate(self, qk, offset):
-        """Queries and keys stacked (2, B, nh, T, hs) at positions offset.. -> the same shape."""
+    def rotate(self, qk, offset, layer):
+        """Queries and keys stacked (2, B, nh, T, hs) at positions offset.. in block `layer` -> the same shape."""
         return qk
 
-    def bias(self, q_len, k_len, past):
-        """(nh, q_len, k_len) float scores added in attention, -inf where a key is in a query's future, for
-        q_len queries after past cached keys; None for plain causal attention."""
+    def bias(self, q_len, k_len, offset, layer):
+        """(nh, q_len, k_len) float scores added in block `layer`'s attention, -inf where a key is in a query's
+        future, for queries at positions offset..offset+q_len-1 and the k_len keys up to the last of them;
+        None for plain causal attention."""
         return None
 
     def reserve(self, n):
@@ -76,6 +82,11 @@ class Scheme(nn.Module):
     def embedding_numel(self):
         """Parameters of a position table: the non-embedding parameter count leaves them out, as nanoGPT's wpe."""
         return 0
+
+    def init_parameter(self, name, p):
+        """Initialise the scheme's parameter `name` (GPT.init_weights calls it, in parameter order): by default
+        GPT-2's N(0, 0.02), as for a table of embeddings."""
+        nn.init.normal_(p, mean=0.0, std=0.02)
 
 
 @register("rope")
@@ -89,10 +100,12 @@ class RoPE(Scheme):
         super().__init__(config)
         self.rotary = rope.Rotary(config.head_dim, config.rope_base, config.rope_fraction, config.rope_layout,
                                   config.rope_scaling, config.rope_scaling_factor,
-                                  original_len=config.block_size, max_len=config.block_size)
+                                  original_len=config.block_size, max_len=config.block_size, keep=config.rope_p)
 
     @classmethod
     def check(cls, config):
+        if not 0.0 <= config.rope_p <= 1.0:
+            raise ValueError(f"rope_p={config.rope_p} must lie in [0, 1]: the fraction of RoPE's frequencies kept")
         rotated = int(config.head_dim * config.rope_fraction)
         if rotated % 2:
             raise ValueError(f"RoPE rotates pairs of dims, but head size n_embd/n_head={config.head_dim} times "
@@ -104,7 +117,7 @@ class RoPE(Scheme):
         """YaRN's attention temperature, else 1."""
         return self.rotary.attn_factor
 
-    def rotate(self, qk, offset):
+    def rotate(self, qk, offset, layer):
         return self.rotary(qk, offset)  # one call turns queries and keys together
 
     def reserve(self, n):
@@ -124,6 +137,8 @@ def sinusoidal_table(n_pos: int, d: int, base: float = 10000.0) -> torch.Tensor:
 @register("sinusoidal")
 class Sinusoidal(Scheme):
     """Fixed sinusoids added to the input (Vaswani et al. 2017, section 3.5); the formula reaches any position."""
+
+    relative = False
 
     def __init__(self, config):
         super().__init__(config)
@@ -147,7 +162,7 @@ class Sinusoidal(Scheme):
 class Learned(Scheme):
     """A trained table of block_size absolute position embeddings (GPT-2); nothing past block_size."""
 
-    extrapolates = False
+    relative, extrapolates = False, False
 
     def __init__(self, config):
         super().__init__(config)
@@ -200,10 +215,127 @@ class ALiBi(Scheme):
         super().__init__(config)
         self.register_buffer("slopes", alibi_slopes(config.n_head), persistent=False)
 
-    def bias(self, q_len, k_len, past):
-        return alibi_bias(self.slopes, q_len, k_len, past)
+    def bias(self, q_len, k_len, offset, layer):
+        return alibi_bias(self.slopes, q_len, k_len, k_len - q_len)  # relative: the keys may as well start at 0
 
 
 @register("none")
 class NoPE(Scheme):
     """No positional information (NoPE, Kazemnejad et al. 2023): the causal mask alone lets a decoder count."""
+
+
+def pairwise(per_pair, layout, head_dim, fill):
+    """(rot/2,) values per rotated pair -> (head_dim,) per dim, in the pairing of layout; the dims past the
+    rotated ones (partial rotary) get fill."""
+    per_dim = per_pair.repeat_interleave(2) if layout == "interleaved" else torch.cat((per_pair, per_pair))
+    return torch.cat((per_dim, per_dim.new_full((head_dim - len(per_dim),), fill)))
+
+
+@register("xpos")
+class XPos(RoPE):
+    """xPos (Sun et al. 2022, "A Length-Extrapolatable Transformer", eq. 5-6): RoPE with queries at position m
+    scaled per pair by zeta_i^(m/B) and keys at n by zeta_i^(-n/B), zeta_i = (2i/d + 0.4)/1.4 for pair i = 0..d/2-1,
+    so a score carries zeta_i^((m - n)/B) and decays with distance, fastest in the fast pairs. Positions start
+    at 0 (the paper centres them, which a KV cache would break); at 8 x 64 positions and B = 512 the largest key
+    factor is 1/zeta_0 = 3.5."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        half = self.rotary.rot_dim // 2
+        zeta = (2 * torch.arange(half, dtype=torch.float64) / self.rotary.rot_dim + 0.4) / 1.4  # (rot/2,)
+        log_zeta = pairwise(zeta.log(), config.rope_layout, config.head_dim, fill=0.0)  # (hs,)
+        self.register_buffer("log_zeta", log_zeta.float(), persistent=False)
+
+    def rotate(self, qk, offset, layer):
+        q, k = self.rotary(qk, offset)  # (B, nh, T, hs) each
+        m = torch.arange(offset, offset + q.shape[-2], device=q.device, dtype=torch.float32)
+        scale = (m[:, None] / self.config.xpos_scale_base * self.log_zeta).exp()  # (T, hs): zeta^(m/B) per dim
+        return torch.stack((q * scale, k / scale)).to(qk.dtype)
+
+
+def distances(q_len, k_len, device):
+    """(q_len, k_len) query position minus key position, the keys ending at the last query: >= 0 where visible."""
+    return torch.arange(k_len - q_len, k_len, device=device)[:, None] - torch.arange(k_len, device=device)[None, :]
+
+
+def causal(bias, dist):
+    """bias (nh, T, S) with -inf at future keys (dist < 0)."""
+    return bias.masked_fill(dist < 0, float("-inf"))
+
+
+def per_layer(n_layer, *shape):
+    """One parameter of shape per layer: vectors stay vectors, so the optimizer does not decay them."""
+    return nn.ParameterList(nn.Parameter(torch.empty(shape)) for _ in range(n_layer))
+
+
+@register("kerple")
+class Kerple(Scheme):
+    """KERPLE, logarithmic variant (Chi et al. 2022, "KERPLE: Kernelized Relative Positional Embedding for Length
+    Extrapolation", eq. 10): each head of each layer adds -r1 * log(1 + r2 * (m - n)) to its scores, r1, r2 > 0
+    learned (here r = softplus of a free parameter, starting at r1 = r2 = 1)."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.r1, self.r2 = per_layer(config.n_layer, config.n_head), per_layer(config.n_layer, config.n_head)
+
+    def init_parameter(self, name, p):
+        nn.init.constant_(p, math.log(math.e - 1))  # softplus^-1(1)
+
+    def bias(self, q_len, k_len, offset, layer):
+        dist = distances(q_len, k_len, self.r1[layer].device)
+        r1, r2 = (F.softplus(r[layer]).float()[:, None, None] for r in (self.r1, self.r2))  # (nh, 1, 1) each
+        return causal(-r1 * torch.log1p(r2 * dist.clamp(min=0)), dist)  # (nh, T, S)
+
+
+@register("fire")
+class FIRE(Scheme):
+    """FIRE (Li et al. 2023, "Functional Interpolation for Relative Positions Improves Long Context Transformers",
+    eq. 5-7): each layer adds f(psi(m - n) / psi(max(m, L))) to its scores, psi(x) = log(c x + 1), f a small MLP
+    (1 -> 32 -> n_head, ReLU), c > 0 and the threshold L learned per layer (L starts at block_size). Below L the
+    bias is a function of the distance alone; past it the distance is normalised by the query's position
+    (progressive interpolation), so every input stays in [0, 1] at any length, and scores are not relative."""
+
+    HIDDEN = 32
+    relative = False
+
+    def __init__(self, config):
+        super().__init__(config)
+        nl, h = config.n_layer, self.HIDDEN
+        self.w1, self.b1 = per_layer(nl, h, 1), per_layer(nl, h)  # the MLP's layers, as nn.Linear holds them
+        self.w2, self.b2 = per_layer(nl, config.n_head, h), per_layer(nl, config.n_head)
+        self.c, self.threshold = per_layer(nl), per_layer(nl)
+
+    def init_parameter(self, name, p):
+        kind = name.partition(".")[0]
+        if kind == "c":
+            nn.init.constant_(p, math.log(math.e - 1))  # softplus^-1(1): psi(x) = log(x + 1)
+        elif kind == "threshold":
+            nn.init.constant_(p, float(self.config.block_size))
+        else:  # as nn.Linear starts, U(-1/sqrt(fan_in), 1/sqrt(fan_in)): the input is one number, the hidden 32
+            bound = 1.0 if kind in ("w1", "b1") else 1 / math.sqrt(self.HIDDEN)
+            nn.init.uniform_(p, -bound, bound)
+
+    def bias(self, q_len, k_len, offset, layer):
+        device = self.c[layer].device
+        dist = distances(q_len, k_len, device)  # (T, S)
+        c, L = F.softplus(self.c[layer]).float(), self.threshold[layer].float().abs()
+        m = torch.arange(offset, offset + q_len, device=device, dtype=torch.float32)[:, None]  # (T, 1)
+        x = torch.log1p(c * dist.clamp(min=0)) / torch.log1p(c * torch.maximum(m, L))  # (T, S) in [0, 1]
+        hidden = F.relu(F.linear(x[..., None], self.w1[layer].float(), self.b1[layer].float()))  # (T, S, 32)
+        bias = F.linear(hidden, self.w2[layer].float(), self.b2[layer].float()).permute(2, 0, 1)  # (nh, T, S)
+        return causal(bias, dist)
+
+
+@register("rnope")
+class RNoPE(RoPE):
+    """RoPE and NoPE interleaved (Yang et al. 2025, "Rope to Nope and Back Again: A New Hybrid Attention
+    Strategy"): the last layer of every nope_every has no positional information, the others RoPE."""
+
+    @classmethod
+    def check(cls, config):
+        super().check(config)
+        if config.nope_every < 1:
+            raise ValueError(f"nope_every={config.nope_every} must be a positive integer (1: every layer NoPE)")
+
+    def rotate(self, qk, offset, layer):
+        return qk if (layer + 1) % self.config.nope_every == 0 else super().rotate(qk, offset, layer)

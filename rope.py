@@ -119,6 +119,17 @@ def scaled_frequencies(rot_dim, base, scaling="none", factor=1.0, original_len=N
     return inv_freq.float(), attn_factor
 
 
+def keep_highest(inv_freq: torch.Tensor, p: float) -> torch.Tensor:
+    """p-RoPE (Barbero et al. 2024, "Round and Round We Go!", section 6): the highest round(p * d/2)
+    frequencies kept and the rest set to 0, so the lowest-frequency pairs are not rotated at all and carry
+    content alone. p = 1 is RoPE and p = 0 no rotation; unlike `fraction`, which leaves out trailing dims
+    of the head, this leaves out the slowest frequencies."""
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"p={p!r} must lie in [0, 1]: the fraction of RoPE's frequencies kept")
+    kept = round(p * len(inv_freq))
+    return torch.cat((inv_freq[:kept], inv_freq.new_zeros(len(inv_freq) - kept)))
+
+
 def rope_cache(inv_freq: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin float32 (T, rot_dim//2) for integer `positions` (T,); exact for positions < 2^24."""
     if positions.is_floating_point():
@@ -227,7 +238,8 @@ class Rotary(torch.nn.Module):
     config, they follow the module across devices but stay out of checkpoints."""
 
     def __init__(self, head_dim: int, base: float = 10000.0, fraction: float = 1.0, layout: str = "interleaved",
-                 scaling: str = "none", factor: float = 1.0, original_len: int = 256, max_len: int = 256):
+                 scaling: str = "none", factor: float = 1.0, original_len: int = 256, max_len: int = 256,
+                 keep: float = 1.0):
         super().__init__()
         rot_dim = int(head_dim * fraction)
         if not (0 < rot_dim <= head_dim and rot_dim % 2 == 0):
@@ -237,17 +249,22 @@ class Rotary(torch.nn.Module):
         if max_len < 1:
             raise ValueError(f"max_len={max_len} must be >= 1")
         self.head_dim, self.rot_dim, self.base, self.layout = head_dim, rot_dim, base, layout
-        self.scaling, self.factor, self.original_len = scaling, factor, original_len
+        self.scaling, self.factor, self.original_len, self.keep = scaling, factor, original_len, keep
         self._build(max_len, device=None)
 
     def extra_repr(self):
         return (f"head_dim={self.head_dim}, rot_dim={self.rot_dim}, base={self.base}, layout={self.layout!r}, "
-                f"scaling={self.scaling!r}, factor={self.factor}, original_len={self.original_len}")
+                f"scaling={self.scaling!r}, factor={self.factor}, original_len={self.original_len}, keep={self.keep}")
+
+    def frequencies(self, seq_len=None):
+        """(inv_freq, attn_factor): the scaling's frequencies (at total length seq_len for dynamic), the kept ones."""
+        inv_freq, attn_factor = scaled_frequencies(self.rot_dim, self.base, self.scaling, self.factor,
+                                                   self.original_len, seq_len)
+        return keep_highest(inv_freq, self.keep), attn_factor
 
     def _build(self, n, device):
         """(Re)build inv_freq and the cos/sin tables for positions [0, n) in float32 on device."""
-        inv_freq, self.attn_factor = scaled_frequencies(self.rot_dim, self.base, self.scaling, self.factor,
-                                                        self.original_len)
+        inv_freq, self.attn_factor = self.frequencies()
         # a table grown during generation (inference mode) must still serve training afterwards
         with torch.inference_mode(False):
             inv_freq = inv_freq.to(device)
@@ -274,8 +291,7 @@ class Rotary(torch.nn.Module):
         if self.scaling == "dynamic" and end > self.original_len:
             # The frequencies depend on the total length, so no fixed table serves: compute the T
             # rows needed. Keys already in a KV cache keep the frequencies they were rotated with.
-            inv_freq = scaled_frequencies(self.rot_dim, self.base, self.scaling, self.factor, self.original_len,
-                                          seq_len=end)[0].to(x.device)
+            inv_freq = self.frequencies(seq_len=end)[0].to(x.device)
             cos, sin = rope_cache(inv_freq, torch.arange(offset, end, device=x.device))  # (T, rot/2)
         else:
             self.reserve(end)

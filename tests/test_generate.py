@@ -72,12 +72,16 @@ def test_compiled_decoding_matches_recompute_across_window_slides_in_three_whole
 
 
 
-def test_extrapolating_schemes_generate_past_block_size_but_learned_refuses():
-    model = tiny("rope")
-    out = list(generate(model, torch.zeros(1, 1, dtype=torch.long), 40, temperature=0, max_context=48))
-    assert len(out) == 40
-    with pytest.raises(ValueError, match="learned positions stop at block_size=16"):
-        list(generate(tiny("learned"), torch.zeros(1, 1, dtype=torch.long), 5, max_context=48))
+@pytest.mark.parametrize("pos_emb", positions.SCHEMES)
+def test_schemes_that_extrapolate_generate_past_block_size_and_the_others_refuse(pos_emb):
+    model, prompt = tiny(pos_emb), torch.zeros(1, 1, dtype=torch.long)
+    if positions.SCHEMES[pos_emb].extrapolates:  # 40 tokens in a 48-token context: positions up to 3 x block_size
+        cached = torch.cat(list(generate(model, prompt, 40, temperature=0, max_context=48)), 1)
+        assert torch.equal(cached, torch.cat(list(generate(model, prompt, 40, temperature=0, max_context=48,
+                                                           use_cache=False)), 1))
+    else:
+        with pytest.raises(ValueError, match=f"{pos_emb} positions stop at block_size=16"):
+            list(generate(model, prompt, 5, max_context=48))
 
 
 

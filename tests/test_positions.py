@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import positions
+import rope
 from conftest import all_logits
 from conftest import tiny_model as tiny
 from generate import generate
@@ -69,8 +70,8 @@ def test_each_scheme_keeps_shapes_and_its_bias_carries_the_causal_mask(name):
     scheme = tiny(name).pos
     assert scheme.name == name and positions.scheme(name) is type(scheme)
     tok, qk = torch.randn(2, 5, 32), torch.randn(2, 2, 2, 5, 16)  # (B, T, C); q and k (2, B, nh, T, hs)
-    assert scheme.embed(tok, 3).shape == tok.shape and scheme.rotate(qk, 3).shape == qk.shape
-    bias = scheme.bias(5, 8, 3)  # 5 queries after 3 cached keys
+    assert scheme.embed(tok, 3).shape == tok.shape and scheme.rotate(qk, 3, 0).shape == qk.shape
+    bias = scheme.bias(5, 8, 3, 0)  # 5 queries at positions 3..7 after 3 cached keys, in the first block
     if bias is not None:
         assert bias.shape == (2, 5, 8)
         future = torch.ones(5, 8, dtype=torch.bool).triu(4)  # query i at position 3 + i never sees key j > 3 + i
@@ -90,8 +91,8 @@ def test_a_scheme_is_one_registered_class(monkeypatch):
     class Toy(positions.Scheme):
         """Every score lowered by a constant beyond the causal mask: a softmax does not see it."""
 
-        def bias(self, q_len, k_len, past):
-            visible = torch.ones(q_len, k_len, dtype=torch.bool).tril(past)
+        def bias(self, q_len, k_len, offset, layer):
+            visible = torch.ones(q_len, k_len, dtype=torch.bool).tril(k_len - q_len)
             return torch.full((self.config.n_head, q_len, k_len), -3.0).masked_fill(~visible, float("-inf"))
 
     model, plain = tiny("toy"), tiny("none")
@@ -99,3 +100,77 @@ def test_a_scheme_is_one_registered_class(monkeypatch):
     torch.testing.assert_close(all_logits(model, idx), all_logits(plain, idx))
     cached = torch.cat(list(generate(model, idx[:, :3], 20, temperature=0)), 1)
     assert torch.equal(cached, torch.cat(list(generate(model, idx[:, :3], 20, temperature=0, use_cache=False)), 1))
+
+
+# ----------------------------------------------------------------------------- the newer schemes' defining claims
+
+def scores(scheme, q, k, T, layer=0):
+    """(T, T) q_m . k_n after the scheme's rotate, q and k (hs,) the same at every position."""
+    qk = torch.stack((q.expand(T, -1), k.expand(T, -1)))[:, None, None]  # (2, 1, 1, T, hs)
+    rq, rk = scheme.rotate(qk, 0, layer)[:, 0, 0].double()
+    return rq @ rk.T
+
+
+def test_p_rope_keeps_the_highest_frequencies_is_rope_at_one_and_nope_at_zero():
+    inv = rope.rope_frequencies(16)
+    assert torch.equal(rope.keep_highest(inv, 0.5), torch.cat((inv[:4], torch.zeros(4))))
+    assert torch.equal(rope.keep_highest(inv, 1.0), inv)
+    idx = torch.randint(0, 11, (2, 16))
+    assert torch.equal(all_logits(tiny("rope", rope_p=1.0), idx), all_logits(tiny("rope"), idx))
+    torch.testing.assert_close(all_logits(tiny("rope", rope_p=0.0), idx), all_logits(tiny("none"), idx), atol=0, rtol=0)
+    with pytest.raises(ValueError, match=r"rope_p=1.5 must lie in \[0, 1\]"):
+        GPTConfig(rope_p=1.5)
+
+
+@pytest.mark.parametrize("layout", rope.LAYOUTS)
+def test_xpos_scores_depend_on_the_distance_and_decay_by_zeta_per_pair(layout):
+    xpos, plain = tiny("xpos", rope_layout=layout, xpos_scale_base=8.0).pos, tiny("rope", rope_layout=layout).pos
+    q, k = torch.randn(16), torch.randn(16)
+    s = scores(xpos, q, k, 24)
+    for shift in (1, 5, 9):  # q_m . k_n is a function of m - n
+        torch.testing.assert_close(s[shift:, shift:], s[:-shift, :-shift], atol=1e-5, rtol=1e-4)  # float32 maths
+    # one pair alone: the score is RoPE's times zeta_i^((m - n)/B), zeta_0 = 0.4/1.4, the fastest decay
+    pair = [0, 1] if layout == "interleaved" else [0, 8]
+    q1, k1 = torch.zeros(16), torch.zeros(16)
+    q1[pair], k1[pair] = q[pair], k[pair]
+    m_minus_n = torch.arange(24)[:, None] - torch.arange(24)[None, :]
+    expected = scores(plain, q1, k1, 24) * (0.4 / 1.4) ** (m_minus_n.double() / 8.0)
+    torch.testing.assert_close(scores(xpos, q1, k1, 24), expected, atol=1e-6, rtol=1e-5)
+
+
+def test_kerple_bias_is_its_formula_in_the_distance_and_causal():
+    scheme = tiny("kerple").pos
+    for p in scheme.parameters():  # away from the start, where every head is the same
+        torch.nn.init.normal_(p)
+    bias = scheme.bias(6, 9, 3, 1)  # queries at 3..8, keys 0..8, second layer
+    r1, r2 = (torch.nn.functional.softplus(r[1].double()) for r in (scheme.r1, scheme.r2))
+    for i in range(6):
+        for j in range(9):
+            d = 3 + i - j
+            want = -r1 * torch.log(1 + r2 * d) if d >= 0 else torch.full((2,), -math.inf, dtype=torch.float64)
+            torch.testing.assert_close(bias[:, i, j].double(), want, rtol=1e-6, atol=1e-6)
+
+
+def test_fire_bias_is_a_function_of_the_distance_below_its_threshold_and_causal():
+    scheme = tiny("fire").pos  # threshold L starts at block_size = 16
+    bias = scheme.bias(12, 12, 0, 0)  # queries and keys at 0..11, all below L
+    dist = torch.arange(12)[:, None] - torch.arange(12)[None, :]
+    assert torch.isneginf(bias[:, dist < 0]).all() and torch.isfinite(bias[:, dist >= 0]).all()
+    for d in range(12):  # every (m, m - d) pair has the same bias
+        diagonal = bias[:, dist == d]  # (nh, 12 - d)
+        torch.testing.assert_close(diagonal, diagonal[:, :1].expand_as(diagonal))
+    # past L the distance is normalised by the query's position: psi(d) / psi(m) with psi(x) = log(x + 1)
+    far = scheme.bias(1, 41, 40, 0)[:, 0]  # one query at 40, keys 0..40
+    x = torch.log1p(torch.arange(40, -1, -1.0)) / math.log1p(40)
+    hidden = torch.relu(x[:, None] * scheme.w1[0][:, 0] + scheme.b1[0])  # (41, 32)
+    torch.testing.assert_close(far, (hidden @ scheme.w2[0].T + scheme.b2[0]).T.detach())
+
+
+def test_rnope_layers_without_rope_ignore_position_and_the_others_rotate():
+    scheme = tiny("rnope", n_layer=4, nope_every=2).pos  # layers 1 and 3 without positions
+    qk = torch.randn(2, 1, 2, 5, 16)
+    for layer in (1, 3):
+        assert scheme.rotate(qk, 7, layer) is qk
+    for layer in (0, 2):
+        assert torch.equal(scheme.rotate(qk, 7, layer), tiny("rope").pos.rotate(qk, 7, layer))
+        assert not torch.allclose(scheme.rotate(qk, 7, layer), qk)
