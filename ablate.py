@@ -43,6 +43,7 @@ from runtime import Runtime, decode_autocast, pick_device, pick_dtype, run_recor
 
 REFERENCE = "rope"  # the scheme every other one is compared against, seed by seed
 VARIANT_KEYS = ("rope_base", "rope_fraction", "rope_layout", "rope_p")  # what a RoPE variant may change
+TRAIN_VARIANT_KEYS = ("drop_rope_at",)  # and of its training: DroPE is RoPE with a schedule
 NOT_SETTINGS = ("out_dir", "resume", "progress")  # train fields that do not change a run's result
 
 
@@ -78,8 +79,10 @@ def split_list(text):
 
 
 def parse_variants(text):
-    """'name: key=value, key=value; name: ...' -> [(name, {key: value})], values typed as GPTConfig's fields."""
+    """'name: key=value, key=value; name: ...' -> [(name, {key: value})], values typed as GPTConfig's (or for
+    TRAIN_VARIANT_KEYS TrainConfig's) fields."""
     types = {f: GPTConfig.__dataclass_fields__[f].type for f in VARIANT_KEYS}
+    types |= {f: train.TrainConfig.__dataclass_fields__[f].type for f in TRAIN_VARIANT_KEYS}
     out = []
     for part in filter(str.strip, text.split(";")):
         name, colon, body = (s.strip() for s in part.partition(":"))
@@ -91,7 +94,7 @@ def parse_variants(text):
             key, eq, value = (s.strip() for s in item.partition("="))
             if key not in types or not eq:
                 raise ValueError(f"variant {name!r}: {item!r} should be key=value, the key one of "
-                                 f"{', '.join(VARIANT_KEYS)}")
+                                 f"{', '.join(types)}")
             overrides[key] = config.coerce(key, value, types[key])
         if not overrides:
             raise ValueError(f"variant {name!r} changes nothing; give at least one key=value")
@@ -100,7 +103,7 @@ def parse_variants(text):
 
 
 def make_grid(ac, gcfg):
-    """{scheme name: its GPTConfig}, in the order of the tables."""
+    """({scheme name: its GPTConfig}, in the order of the tables; {variant name: its TrainConfig changes})."""
     for s in split_list(ac.schemes):
         if s not in positions.SCHEMES:
             raise ValueError(f"schemes: {s!r} is not a positional scheme; choose from {', '.join(positions.SCHEMES)}")
@@ -112,13 +115,14 @@ def make_grid(ac, gcfg):
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
         raise ValueError(f"each scheme and variant needs its own name; repeated: {', '.join(repeated)}")
-    grid = {}
+    grid, train_changes = {}, {}
     for name, o in entries:
+        train_changes[name] = {k: o.pop(k) for k in TRAIN_VARIANT_KEYS if k in o}
         try:
             grid[name] = replace(gcfg, **o)
         except ValueError as e:
             raise ValueError(f"scheme {name!r}: {e}") from None
-    return grid
+    return grid, train_changes
 
 
 def param_counts(grid):
@@ -152,10 +156,11 @@ def rope_scalings(ac):
     return names
 
 
-def changes(cfg, gcfg):
-    """What a variant changes beyond its pos_emb, {key: value}."""
-    plain = replace(gcfg, pos_emb=cfg.pos_emb)
-    return {k: v for k, v in cfg.asdict().items() if getattr(plain, k) != v}
+def changes(plan, name):
+    """What a scheme or variant changes beyond its pos_emb, in its model or its training, {key: value}."""
+    cfg = plan.grid[name]
+    plain = replace(plan.gcfg, pos_emb=cfg.pos_emb)
+    return {k: v for k, v in cfg.asdict().items() if getattr(plain, k) != v} | plan.train_changes[name]
 
 
 def run_dir(tc, name, seed):
@@ -295,7 +300,7 @@ def summarize(plan, done):
     schemes = {}
     for name, cfg in plan.grid.items():
         runs, evals = zip(*(done[name, s] for s in plan.seeds))
-        schemes[name] = {"pos_emb": cfg.pos_emb, "changes": changes(cfg, plan.gcfg), "params": plan.params[name],
+        schemes[name] = {"pos_emb": cfg.pos_emb, "changes": changes(plan, name), "params": plan.params[name],
                          **report.over_seeds(runs, evals), "sample": evals[0]["sample"]}
     reference = report.against_reference(schemes, REFERENCE)
     return {"reference": reference, "block_size": plan.gcfg.block_size,
@@ -322,6 +327,7 @@ class Plan:
     gcfg: GPTConfig
     tc: train.TrainConfig
     grid: dict
+    train_changes: dict  # {scheme: the TrainConfig fields its runs change, e.g. DroPE's drop_rope_at}
     seeds: list
     lengths: list
     scalings: list
@@ -329,6 +335,10 @@ class Plan:
     rt: Runtime
     windows: dict  # {L: Batches holding the fixed validation windows of length L}
     params: dict  # {scheme: parameter count}
+
+    def run_tc(self, name, seed):
+        """The TrainConfig of scheme name's run with seed."""
+        return replace(self.tc, seed=seed, **self.train_changes[name])
 
 
 def make_plan(ac, gcfg, tc):
@@ -343,9 +353,15 @@ def make_plan(ac, gcfg, tc):
     rt = Runtime(device, pick_dtype(tc.dtype, device.split(":")[0]), compile=False)
     lengths = eval_lengths(ac, gcfg.block_size)
     windows = eval_sets(dataset_dir, meta, lengths, ac.eval_tokens, tc.batch_size * gcfg.block_size, device)
-    grid = make_grid(ac, gcfg)
-    return Plan(ac, gcfg, tc, grid, [tc.seed + i for i in range(ac.seeds)], lengths, rope_scalings(ac), meta, rt,
-                windows, param_counts(grid))
+    grid, train_changes = make_grid(ac, gcfg)
+    plan = Plan(ac, gcfg, tc, grid, train_changes, [tc.seed + i for i in range(ac.seeds)], lengths, rope_scalings(ac),
+                meta, rt, windows, param_counts(grid))
+    for name in grid:
+        try:
+            plan.run_tc(name, tc.seed)  # a bad training change fails now, not after other runs trained
+        except ValueError as e:
+            raise ValueError(f"scheme {name!r}: {e}") from None
+    return plan
 
 
 def calibrate(plan):
@@ -379,7 +395,7 @@ def run_flops(cfg, plan):
 def status(plan, name, seed):
     """finished, resume or new; a run folder made with other settings is refused before anything runs."""
     out = run_dir(plan.tc, name, seed)
-    settings = train_settings(plan.grid[name], replace(plan.tc, seed=seed))
+    settings = train_settings(plan.grid[name], plan.run_tc(name, seed))
     for marker, st in (("summary.json", "finished"), ("config.json", "resume")):
         if (out / marker).is_file():
             saved = json.loads((out / marker).read_text())
@@ -396,7 +412,7 @@ def print_plan(plan, statuses):
     print(f"  {'scheme':<16}{'pos_emb':<12}{'params':>10}  changes")
     for name, cfg in plan.grid.items():
         print(f"  {name:<16}{cfg.pos_emb:<12}{plan.params[name]:>10,}  "
-              + ", ".join(f"{k}={v}" for k, v in changes(cfg, g).items()))
+              + ", ".join(f"{k}={v}" for k, v in changes(plan, name).items()))
     print(f"seeds {', '.join(map(str, plan.seeds))}; each run {tc.max_iters} steps, {tokens_per_run(g, tc):,} tokens "
           f"(model {g.n_layer}x{g.n_embd}, {g.n_head} heads, L0 = {g.block_size})")
     windows = ", ".join(str(n_windows(b)) for b in plan.windows.values())
@@ -430,7 +446,7 @@ def ablate(plan):
         with tqdm(statuses, desc="ablate", unit="run", dynamic_ncols=True, disable=not plan.tc.progress) as bar:
             for name, seed in bar:
                 bar.set_postfix_str(f"{name} seed {seed} ({statuses[name, seed]})")
-                done[name, seed] = finish_run(name, plan.grid[name], replace(plan.tc, seed=seed), plan)
+                done[name, seed] = finish_run(name, plan.grid[name], plan.run_tc(name, seed), plan)
         results = summarize(plan, done)
         plots = report.write_plots(results, out)
         results["wall_s"] = time.perf_counter() - t0

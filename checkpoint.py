@@ -7,6 +7,7 @@ it; model weights are saved from the unwrapped module, without any compile prefi
 import random
 import re
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -71,9 +72,12 @@ def model_from_checkpoint(ckpt, device="cpu", path="the checkpoint"):
     return model.to(device)
 
 
-def resumable_checkpoint(path, config, meta, max_iters):
-    """ckpt.pt, loaded to the CPU (RNG states must stay there), or a refusal naming every field that differs."""
+def resumable_checkpoint(path, config, meta, max_iters, drop_rope_at=None):
+    """ckpt.pt, loaded to the CPU (RNG states must stay there), or a refusal naming every field that differs.
+    With DroPE (drop_rope_at) a checkpoint from the drop on holds pos_emb none."""
     ckpt = load_checkpoint(path)
+    if drop_rope_at is not None and ckpt.get("iter", 0) >= drop_rope_at:
+        config = replace(config, pos_emb="none")
     missing = [k for k in RESUME_KEYS if k not in ckpt]
     if missing:
         raise ValueError(f"cannot resume from {str(path)!r}: it lacks {', '.join(missing)} (it holds weights only); "

@@ -182,18 +182,23 @@ class GPT(nn.Module):
         return logits, loss
 
     def reconfigure(self, **changes):
-        """Change settings that no weight depends on (the RoPE scaling, to evaluate or sample past block_size):
-        the config is replaced and the positional scheme rebuilt from it, so model.config always tells the truth."""
-        fixed = [k for k in changes if k not in ("rope_scaling", "rope_scaling_factor")]
+        """Change settings that no weight depends on: the RoPE scaling (to evaluate or sample past block_size), or
+        the scheme itself between schemes with the same parameters (DroPE's drop of RoPE). The config is replaced
+        and the scheme rebuilt from it, keeping its trained parameters, so model.config always tells the truth."""
+        fixed = [k for k in changes if k not in ("rope_scaling", "rope_scaling_factor", "pos_emb")]
         if fixed:
-            raise ValueError(f"{', '.join(fixed)} cannot change on a built model; only rope_scaling and "
-                             "rope_scaling_factor can")
+            raise ValueError(f"{', '.join(fixed)} cannot change on a built model; only rope_scaling, "
+                             "rope_scaling_factor and pos_emb can")
         config = replace(self.config, **changes)
         scheme = positions.scheme(config.pos_emb)
         if config.rope_scaling not in ("none", *scheme.scalings):
             raise ValueError(f"rope_scaling={config.rope_scaling!r} does not apply to pos_emb={config.pos_emb!r}, "
                              f"which takes {', '.join(scheme.scalings) or 'no scaling'}")
         pos = scheme(config).to(self.wte.weight.device)
-        pos.load_state_dict(self.pos.state_dict())  # a scheme's trained parameters are kept
+        try:
+            pos.load_state_dict(self.pos.state_dict())  # a scheme's trained parameters are kept
+        except RuntimeError:  # missing or unexpected keys: the two schemes have different parameters
+            raise ValueError(f"pos_emb={self.config.pos_emb!r} cannot become {config.pos_emb!r} on a built model: "
+                             "their parameters differ") from None
         self.pos, self.config = pos, config
         return self

@@ -29,6 +29,7 @@ from checkpoint import resumable_checkpoint, rng_state, save_checkpoint, set_rng
 from config import opt
 from data.loader import DROPOUT, Batches, micro_seed
 from data.tokenizer import bytes_per_token, load_meta
+import positions
 from files import RunLock, WriteError, append_line, atomic_write, open_log
 from model import GPT, GPTConfig
 from runtime import DTYPES, any_rank, run_record, setup_runtime
@@ -60,10 +61,15 @@ class TrainConfig:
     compile: bool | None = opt(None, "torch.compile the model (default: on for CUDA only)")
     seed: int = opt(1337, "seed for initialisation, batches and dropout")
     progress: bool = opt(True, "show a progress bar")
+    drop_rope_at: int | None = opt(None, "DroPE: at this step RoPE is dropped (pos_emb becomes none) and training "
+                                         "goes on without positions, a recalibration (Gelberg et al. 2025)")
 
     def __post_init__(self):
         config.require_positive(self, "batch_size", "gradient_accumulation_steps", "max_iters", "lr_decay_iters",
-                                "eval_interval", "eval_iters", "log_interval")
+                                "eval_interval", "eval_iters", "log_interval", "drop_rope_at")
+        if self.drop_rope_at is not None and self.drop_rope_at >= self.max_iters:
+            raise ValueError(f"drop_rope_at={self.drop_rope_at} must come before max_iters={self.max_iters}, "
+                             "leaving steps to recalibrate without RoPE")
         for name in ("warmup_iters", "weight_decay", "grad_clip", "min_lr", "seed"):
             value = getattr(self, name)
             if value is not None and not 0 <= value < math.inf:
@@ -137,7 +143,8 @@ class TrainState:
         return time.perf_counter() - self.started
 
     def state_dict(self):
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+        return {"model": self.model.state_dict(), "model_config": self.model.config.asdict(),
+                "optimizer": self.optimizer.state_dict(),
                 "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else {}, "iter": self.iter,
                 "best_val_loss": self.best_val, "rng": rng_state(), "elapsed_s": self.elapsed()}
 
@@ -307,11 +314,16 @@ def started_run(gcfg, tc):
     gcfg.vocab_size = meta["vocab_size"]
     batches = Batches(dataset_dir, meta, gcfg.block_size, tc.batch_size, tc.seed, rt.device, tc.eval_iters)
     out = check_out_dir(tc) if rt.master else Path(tc.out_dir)
-    ckpt = resumable_checkpoint(out / "ckpt.pt", gcfg, meta, tc.max_iters) if tc.resume else None
+    if tc.drop_rope_at is not None and not issubclass(positions.scheme(gcfg.pos_emb), positions.RoPE):
+        raise ValueError(f"drop_rope_at={tc.drop_rope_at} drops RoPE, but pos_emb={gcfg.pos_emb!r} has none; "
+                         "use pos_emb=rope (or a RoPE variant) with it")
+    ckpt = resumable_checkpoint(out / "ckpt.pt", gcfg, meta, tc.max_iters, tc.drop_rope_at) if tc.resume else None
     with RunLock(out, "training run") if rt.master else contextlib.nullcontext():  # the master writes alone
         torch.manual_seed(tc.seed)  # the same initial weights on every rank
         state = TrainState(GPT(gcfg).to(rt.device), tc, rt)
         if ckpt:
+            if ckpt["model_config"]["pos_emb"] != gcfg.pos_emb:  # resumed after DroPE's drop
+                state.model.reconfigure(pos_emb=ckpt["model_config"]["pos_emb"])
             state.load_state_dict(ckpt)
             del ckpt  # its tensors are copied into the state
         record = {"model": gcfg.asdict(), "train": asdict(tc), **run_record(), "world_size": rt.world_size}
@@ -322,7 +334,7 @@ def started_run(gcfg, tc):
             atomic_write(out / "config.json", lambda f: f.write((json.dumps(record, indent=2) + "\n").encode()))
             print(f"model: {state.model.num_params() / 1e6:.2f}M parameters, pos_emb={gcfg.pos_emb}; "
                   f"tokens per step: {tc.batch_size * gcfg.block_size * tc.gradient_accumulation_steps:,}")
-        run_info = {"model_config": gcfg.asdict(), "train_config": asdict(tc), "tokenizer": meta, "record": record}
+        run_info = {"train_config": asdict(tc), "tokenizer": meta, "record": record}
         yield rt, batches, out, state, run_info
 
 
@@ -354,6 +366,10 @@ def loop(gcfg, tc, rt, batches, out, state, run_info):
     with (StopFlag(quit_on_repeat=rt.world_size == 1) as stop,
           Progress(out, tc, rt, state.iter, tokens_per_step) as progress):
         for it in range(state.iter, tc.max_iters):
+            if it == tc.drop_rope_at:
+                state.model.reconfigure(pos_emb="none")  # a compiled model recompiles once without the rotation
+                if rt.master:
+                    progress.bar.write(f"iteration {it}: RoPE dropped (DroPE), recalibrating without positions")
             t0 = time.perf_counter()
             lr = lr_at(it, tc)
             loss_sum, grad_norm = train_step(model, state.optimizer, state.scaler, micro_batches(batches, it, tc, rt), lr,

@@ -128,7 +128,8 @@ def test_dry_run_prints_the_grid_and_an_estimate_and_trains_nothing(data_dir, tm
 
 
 @pytest.mark.parametrize("arg, named", [
-    ("--schemes=rope,xpos", "'xpos'"), ("--variants=b: rope_bse=5", "rope_bse"),
+    ("--schemes=rope,zpos", "'zpos'"), ("--variants=b: rope_bse=5", "rope_bse"),
+    ("--variants=d: drop_rope_at=5000", "scheme 'd': drop_rope_at=5000 must come before max_iters"),
     ("--variants=b: rope_fraction=0.1", "'b': "), ("--schemes=rope,rope", "repeated: rope"), ("--eval_lengths=1,abc", "abc"), ("--rope_scalings=ntk,nope", "'nope'"),
     ("--eval_lengths=8000", "does not fit"), ("--sample_prompt=ROMEO€", "€"), ("--seeds=0", "seeds=0")])
 def test_bad_settings_give_one_line_errors(data_dir, tmp_path, capsys, arg, named):
@@ -155,6 +156,11 @@ def test_variants_parse_into_typed_overrides():
         ablate.parse_variants("b: rope_base=ten")
     with pytest.raises(ValueError, match="name"):
         ablate.parse_variants("rope_base=500")
+    # a training change (DroPE's drop) goes to the variant's runs, not to its model
+    ac = ablate.AblateConfig(schemes="rope", variants="p: rope_p=0.75; drope: drop_rope_at=800")
+    grid, train_changes = ablate.make_grid(ac, GPTConfig())
+    assert grid["p"].rope_p == 0.75 and grid["drope"] == GPTConfig(pos_emb="rope")
+    assert train_changes == {"rope": {}, "p": {}, "drope": {"drop_rope_at": 800}}
 
 
 def test_position_losses_match_the_model_loss_on_each_prefix(data_dir):

@@ -14,8 +14,9 @@ import pytest
 import torch
 
 import files
+import positions
 import train
-from checkpoint import RESUME_KEYS, load_checkpoint
+from checkpoint import RESUME_KEYS, load_checkpoint, model_from_checkpoint
 from conftest import ONE_THREAD, TINY, FullDevice, Payload, flags, last_logged, log, run, same_tensors, trainer, wait_for
 from data import prepare
 from data.tokenizer import load_meta
@@ -101,6 +102,24 @@ def test_lr_warms_up_linearly_then_follows_half_a_cosine_to_the_floor():
     assert lrs[9] == pytest.approx(0.1 + 0.9 * np.cos(np.pi / 8) ** 2)  # a quarter of the way: cos^2 form
     assert all(a > b for a, b in zip(lrs[4:24], lrs[5:25]))
     assert train.lr_at(10, train.TrainConfig(learning_rate=1.0, warmup_iters=0, max_iters=10)) == pytest.approx(0.1)
+
+
+def test_drope_drops_rope_mid_run_and_resumes_after_the_drop_exactly(data_dir, tmp_path, capsys):
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    drope = ["--drop_rope_at=3", "--max_iters=6", "--lr_decay_iters=6", "--eval_interval=2", "--log_interval=1"]
+    train.main(flags(data_dir, straight, *drope))
+    assert "iteration 3: RoPE dropped (DroPE)" in capsys.readouterr().out
+    ckpt = load_checkpoint(straight / "ckpt.pt")
+    assert ckpt["model_config"]["pos_emb"] == "none"  # the checkpoint after the drop has no rotation
+    assert type(model_from_checkpoint(ckpt).pos) is positions.NoPE
+    train.main(flags(data_dir, split, *drope[:1], "--max_iters=4", *drope[2:]))  # stops after the drop
+    train.main(flags(data_dir, split, *drope, "--resume"))  # the run's own config (rope), resumed past the drop
+    a, b = load_checkpoint(straight / "ckpt.pt"), load_checkpoint(split / "ckpt.pt")
+    assert same_tensors(a["model"], b["model"]) and same_tensors(a["optimizer"], b["optimizer"])
+    assert [m["train_loss"] for m in log(straight)] == [m["train_loss"] for m in log(split)]
+    with pytest.raises(SystemExit):
+        train.main(flags(data_dir, tmp_path / "alibi", "--pos_emb=alibi", *drope))
+    assert "drop_rope_at=3 drops RoPE, but pos_emb='alibi' has none" in one_error_line(capsys)
 
 
 # ----------------------------------------------------------------------------- signals and kills
