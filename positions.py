@@ -3,19 +3,19 @@
 A scheme may add position to three places of the decoder, and each class says which:
 
 * `embed(tok, offset)`: the input embedding of token embeddings at positions offset.. (sinusoidal, learned);
-* `rotate(qk, offset, layer)`: a transform of queries and keys stacked (2, B, nh, T, hs) (rope);
+* `rotate(qk, offset, layer)`: a transform of queries and keys stacked (2, B, nh, T, hs) (rope, xpos);
 * `bias(T, S, offset, layer)`: an additive attention-score bias (nh, T, S) with the causal mask built in,
-  for T queries at positions offset.. and the S keys up to the last of them (alibi); None leaves attention
-  plainly causal.
-Both get the block's index, so a scheme may differ from layer to layer.
+  for T queries at positions offset.. and the S keys up to the last of them (alibi, kerple, fire); None
+  leaves attention plainly causal.
+The last two get the block's index, so a scheme may differ from layer to layer (rnope) or learn per layer.
 
 Class attributes say the rest: `relative` (scores depend on m - n alone), `extrapolates` (whether it runs
-past block_size at all), `scalings`
-(the `rope_scaling` values it takes at evaluation or sampling time, which `GPT.reconfigure` switches
-through the config), and `check(config)` for what the config must satisfy. Adding a scheme is one class
-here plus its tests: the config's choices, the ablation grid and every generic test read `SCHEMES`.
+past block_size at all), `scalings` (the `rope_scaling` values it takes at evaluation or sampling time,
+which `GPT.reconfigure` switches through the config); `check(config)` says what the config must satisfy and
+`init_parameter` how the scheme's own parameters start. Adding a scheme is one class here plus its tests:
+the config's choices, the ablation grid and every generic test read `SCHEMES`.
 
-RoPE's maths is in rope.py; the other schemes' maths (sinusoidal table, ALiBi slopes and bias) is here.
+RoPE's maths is in rope.py (p-RoPE's too: it is a RoPE option); the other schemes' maths is here.
 """
 
 import math

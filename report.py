@@ -236,7 +236,11 @@ def write_plots(results, out):
     except ImportError:
         return None
     L0, schemes = results["block_size"], results["schemes"]
-    colors = dict(zip(schemes, plt.rcParams["axes.prop_cycle"].by_key()["color"] * len(schemes)))
+    # the default cycle's 10 colours while they suffice; past them one colour would stand for two schemes
+    palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    if len(schemes) > len(palette):
+        palette = [plt.get_cmap("tab20")(i) for i in range(20)]
+    colors = dict(zip(schemes, palette * len(schemes)))
     dashes = dict(zip(["none", *results["settings"]["ablate"]["rope_scalings"].split(",")],
                       ["-", "--", ":", "-.", (0, (5, 1)), (0, (1, 3))]))
     plots = []

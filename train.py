@@ -25,11 +25,11 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 import config
+import positions
 from checkpoint import resumable_checkpoint, rng_state, save_checkpoint, set_rng_state
 from config import opt
 from data.loader import DROPOUT, Batches, micro_seed
 from data.tokenizer import bytes_per_token, load_meta
-import positions
 from files import RunLock, WriteError, append_line, atomic_write, open_log
 from model import GPT, GPTConfig
 from runtime import DTYPES, any_rank, run_record, setup_runtime
