@@ -233,11 +233,11 @@ def pairwise(per_pair, layout, head_dim, fill):
 
 @register("xpos")
 class XPos(RoPE):
-    """xPos (Sun et al. 2022, "A Length-Extrapolatable Transformer", eq. 5-6): RoPE with queries at position m
-    scaled per pair by zeta_i^(m/B) and keys at n by zeta_i^(-n/B), zeta_i = (2i/d + 0.4)/1.4 for pair i = 0..d/2-1,
-    so a score carries zeta_i^((m - n)/B) and decays with distance, fastest in the fast pairs. Positions start
-    at 0 (the paper centres them, which a KV cache would break); at 8 x 64 positions and B = 512 the largest key
-    factor is 1/zeta_0 = 3.5."""
+    """xPos (Sun et al. 2022, "A Length-Extrapolatable Transformer"): RoPE with queries at position m scaled
+    per pair by zeta_i^(m/B) and keys at n by zeta_i^(-n/B), zeta_i = (2i/d + 0.4)/1.4 for pair i = 0..d/2-1, so
+    a score carries zeta_i^((m - n)/B) and decays with distance, fastest in the fast pairs. Positions start at
+    0 (the reference code centres them, which a KV cache would break); at 8 x 64 positions and B = 512 the
+    largest key factor is 1/zeta_0 = 3.5."""
 
     def __init__(self, config):
         super().__init__(config)
@@ -270,9 +270,9 @@ def per_layer(n_layer, *shape):
 
 @register("kerple")
 class Kerple(Scheme):
-    """KERPLE, logarithmic variant (Chi et al. 2022, "KERPLE: Kernelized Relative Positional Embedding for Length
-    Extrapolation", eq. 10): each head of each layer adds -r1 * log(1 + r2 * (m - n)) to its scores, r1, r2 > 0
-    learned (here r = softplus of a free parameter, starting at r1 = r2 = 1)."""
+    """KERPLE with its logarithmic kernel (Chi et al. 2022, "KERPLE: Kernelized Relative Positional Embedding
+    for Length Extrapolation"): each head of each layer adds -r1 * log(1 + r2 * (m - n)) to its scores,
+    r1, r2 > 0 learned (here r = softplus of a free parameter, starting at r1 = r2 = 1)."""
 
     def __init__(self, config):
         super().__init__(config)
@@ -289,11 +289,12 @@ class Kerple(Scheme):
 
 @register("fire")
 class FIRE(Scheme):
-    """FIRE (Li et al. 2023, "Functional Interpolation for Relative Positions Improves Long Context Transformers",
-    eq. 5-7): each layer adds f(psi(m - n) / psi(max(m, L))) to its scores, psi(x) = log(c x + 1), f a small MLP
-    (1 -> 32 -> n_head, ReLU), c > 0 and the threshold L learned per layer (L starts at block_size). Below L the
-    bias is a function of the distance alone; past it the distance is normalised by the query's position
-    (progressive interpolation), so every input stays in [0, 1] at any length, and scores are not relative."""
+    """FIRE (Li et al. 2023, "Functional Interpolation for Relative Positions Improves Long Context
+    Transformers"): each layer adds f(psi(m - n) / psi(max(m, L))) to its scores, psi(x) = log(c x + 1), f a
+    small MLP (1 -> 32 -> n_head, ReLU), c > 0 and the threshold L learned per layer (L starts at block_size).
+    Below L the bias is a function of the distance alone; past it the distance is normalised by the query's
+    position (progressive interpolation), so every input stays in [0, 1] at any length, and scores are not
+    relative."""
 
     HIDDEN = 32
     relative = False

@@ -120,10 +120,10 @@ def scaled_frequencies(rot_dim, base, scaling="none", factor=1.0, original_len=N
 
 
 def keep_highest(inv_freq: torch.Tensor, p: float) -> torch.Tensor:
-    """p-RoPE (Barbero et al. 2024, "Round and Round We Go!", section 6): the highest round(p * d/2)
-    frequencies kept and the rest set to 0, so the lowest-frequency pairs are not rotated at all and carry
-    content alone. p = 1 is RoPE and p = 0 no rotation; unlike `fraction`, which leaves out trailing dims
-    of the head, this leaves out the slowest frequencies."""
+    """p-RoPE (Barbero et al. 2024, "Round and Round We Go! What makes Rotary Positional Encodings
+    useful?"): the highest round(p * d/2) frequencies kept and the rest set to 0, so the lowest-frequency
+    pairs are not rotated at all and carry content alone. p = 1 is RoPE and p = 0 no rotation; unlike
+    `fraction`, which leaves out trailing dims of the head, this leaves out the slowest frequencies."""
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"p={p!r} must lie in [0, 1]: the fraction of RoPE's frequencies kept")
     kept = round(p * len(inv_freq))
