@@ -351,7 +351,8 @@ def train(gcfg, tc, argv=None):
             print(f"stopped at iteration {state.iter}; checkpoint written to {out / 'ckpt.pt'}. "
                   f"To continue: {resume_command(argv, rt)}")
         else:
-            print(f"done: {state.iter} iterations in {state.elapsed():.1f}s, best val loss {state.best_val:.4f}")
+            print(f"done: {state.iter} iterations in {state.elapsed():.1f}s, best val loss {state.best_val:.4f}; "
+                  f"loss curves: python plot.py {out}")
     return state.best_val
 
 

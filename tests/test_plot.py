@@ -1,0 +1,45 @@
+"""plot.py: one or several runs' loss curves to a PNG; bad runs are one line."""
+
+import pytest
+
+import plot
+import train
+from conftest import flags
+
+
+@pytest.fixture(scope="module")
+def runs(data_dir, tmp_path_factory):
+    root = tmp_path_factory.mktemp("plotruns")
+    for scheme in ("rope", "alibi"):
+        train.main(flags(data_dir, root / scheme, f"--pos_emb={scheme}", "--max_iters=6", "--eval_interval=3",
+                         "--log_interval=1"))
+    return root
+
+
+def test_a_run_is_labelled_with_its_scheme_and_a_torn_line_is_skipped(runs):
+    with open(runs / "rope" / "metrics.jsonl", "a") as f:
+        f.write('{"iter": 7, "train')  # what a crash mid-write leaves
+    label, lines = plot.read_run(runs / "rope")
+    assert label == "rope (rope)" and [m["iter"] for m in lines] == [1, 2, 3, 4, 5, 6]
+    assert [m["iter"] for m in lines if "val_loss" in m] == [3, 6]
+
+
+def test_runs_are_drawn_to_a_png(runs, tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    plot.main([str(runs / "rope")])
+    assert (runs / "rope" / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # the run's own folder
+    plot.main([str(runs / "rope"), str(runs / "alibi"), f"--out={tmp_path / 'both.png'}"])
+    assert (tmp_path / "both.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert capsys.readouterr().out.splitlines() == [f"wrote {runs / 'rope' / 'loss.png'}", f"wrote {tmp_path / 'both.png'}"]
+
+
+def test_a_folder_without_a_run_is_one_line(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "fresh").mkdir()
+    (tmp_path / "fresh" / "metrics.jsonl").write_text("")
+    for folder, says in (("empty", "no metrics.jsonl in"), ("fresh", "holds no logged step yet")):
+        with pytest.raises(SystemExit) as e:
+            plot.main([str(tmp_path / folder)])
+        err = capsys.readouterr().err
+        assert e.value.code == 1 and err.startswith("error: ") and says in err and err.count("\n") == 1
+
