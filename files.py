@@ -81,11 +81,13 @@ def atomic_write(path, write):
         finally:
             os.close(dir_fd)
     except Exception as e:
-        tmp.unlink(missing_ok=True)  # first, so the free space reported counts its room
         cause = os_error(e)
         if cause is None:
             raise
+        tmp.unlink(missing_ok=True)  # first, so the free space reported counts its room
         raise write_failure(path, cause, write) from None
+    finally:  # whatever stopped the write, Ctrl-C included, no temporary stays
+        tmp.unlink(missing_ok=True)
 
 
 def os_error(e):

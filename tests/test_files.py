@@ -1,6 +1,7 @@
 """files.py: atomic writes on a full or read-only device, appended log lines, and the run lock across processes."""
 
 import errno
+import io
 import json
 import os
 import signal
@@ -30,7 +31,6 @@ def test_a_full_device_keeps_the_previous_file_and_says_what_the_new_one_needed(
 
 
 def save_bytes(obj):
-    import io
     buffer = io.BytesIO()
     torch.save(obj, buffer)
     return buffer.getvalue()
@@ -74,3 +74,15 @@ def test_the_run_lock_refuses_a_second_process_until_the_holder_dies(tmp_path):
         holder.wait()
     with files.RunLock(tmp_path, "test run"):  # a killed holder leaves its file, but no lock
         assert json.loads((tmp_path / files.LOCK_FILE).read_text())["pid"] == os.getpid()
+
+
+def test_an_interrupted_write_leaves_the_old_file_and_no_temporary(tmp_path):
+    path = tmp_path / "ckpt.pt"
+    path.write_bytes(b"old")
+
+    def interrupted(f):
+        f.write(b"half")
+        raise KeyboardInterrupt  # a second Ctrl-C during a checkpoint write
+    with pytest.raises(KeyboardInterrupt):
+        files.atomic_write(path, interrupted)
+    assert path.read_bytes() == b"old" and os.listdir(tmp_path) == ["ckpt.pt"]
