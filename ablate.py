@@ -36,7 +36,7 @@ from checkpoint import load_checkpoint, model_from_checkpoint
 from config import opt
 from data.loader import Batches
 from data.tokenizer import load_meta, tokenizer_from_meta
-from files import RunLock, atomic_write, open_log
+from files import RunLock, atomic_write, open_log, read_log
 from generate import generate
 from model import GPT, GPTConfig
 from runtime import Runtime, decode_autocast, pick_device, pick_dtype, run_record
@@ -195,7 +195,7 @@ def train_run(name, gcfg, tc, out):
     if at < tc.max_iters:
         raise Interrupted(f"run {out.name} stopped at iteration {at} of {tc.max_iters}")
     # a resumed run's log was trimmed back to its checkpoint and its elapsed_s continues: one line per iteration
-    metrics = {m["iter"]: m for m in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
+    metrics = {m["iter"]: m for m in read_log(out / "metrics.jsonl")}
     final = metrics[tc.max_iters]
     return {"scheme": name, "seed": tc.seed, "settings": train_settings(gcfg, tc), "final_val_loss": final["val_loss"],
             "val_bpb": final["val_bpb"], "train_s": final["elapsed_s"],

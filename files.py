@@ -106,6 +106,15 @@ def open_log(path):
         raise write_failure(path, e) from None
 
 
+def read_log(path):
+    """The JSON objects of a log written with append_line, one a line; a line torn by a crash is skipped."""
+    lines = []
+    for text in Path(path).read_text().splitlines() if Path(path).is_file() else []:
+        with contextlib.suppress(ValueError):
+            lines.append(json.loads(text))
+    return lines
+
+
 def append_line(f, line):
     """Append one text line to the open log f and flush it; a torn line is what a crash leaves (readers skip
     it). A failed write raises WriteError."""

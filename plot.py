@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import config
-from files import atomic_write
+from files import atomic_write, read_log
 
 STYLE = {"train_loss": ("-", 1.0, "train"), "val_loss": ("o-", 2.0, "val")}  # line, width, legend word
 
@@ -24,10 +24,7 @@ def read_run(folder):
     path = Path(folder) / "metrics.jsonl"
     if not path.is_file():
         raise ValueError(f"no metrics.jsonl in {str(folder)!r}; give the out_dir of a train.py run")
-    lines = []
-    for text in path.read_text().splitlines():
-        with contextlib.suppress(ValueError):
-            lines.append(json.loads(text))
+    lines = read_log(path)
     if not lines:
         raise ValueError(f"{path} holds no logged step yet")
     settings = Path(folder) / "config.json"

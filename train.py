@@ -30,7 +30,7 @@ from checkpoint import resumable_checkpoint, rng_state, save_checkpoint, set_rng
 from config import opt
 from data.loader import DROPOUT, Batches, micro_seed
 from data.tokenizer import bytes_per_token, load_meta
-from files import RunLock, WriteError, append_line, atomic_write, open_log
+from files import RunLock, WriteError, append_line, atomic_write, open_log, read_log
 from model import GPT, GPTConfig
 from runtime import DTYPES, any_rank, run_record, setup_runtime
 
@@ -205,15 +205,9 @@ def step_outcome(loss_sum, stop_requested, rt):
 # ----------------------------------------------------------------------------- the run
 
 def trim_log(path, upto):
-    """Keep the log lines of iterations up to upto: the resumed run logs the later ones again."""
-    if not path.is_file():
-        return
-    kept = []
-    for line in path.read_text().splitlines(keepends=True):
-        with contextlib.suppress(ValueError):  # a line torn by a crash is dropped
-            if json.loads(line)["iter"] <= upto:
-                kept.append(line)
-    atomic_write(path, lambda f: f.write("".join(kept).encode()))
+    """Keep the log lines of iterations up to upto (torn ones dropped): the resumed run logs the later ones again."""
+    kept = "".join(json.dumps(m) + "\n" for m in read_log(path) if m["iter"] <= upto)
+    atomic_write(path, lambda f: f.write(kept.encode()))
 
 
 class StopFlag:
