@@ -7,7 +7,6 @@ it; model weights are saved from the unwrapped module, without any compile prefi
 import random
 import re
 import warnings
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -72,18 +71,16 @@ def model_from_checkpoint(ckpt, device="cpu", path="the checkpoint"):
     return model.to(device)
 
 
-def resumable_checkpoint(path, config, meta, max_iters, drop_rope_at=None):
-    """ckpt.pt, loaded to the CPU (RNG states must stay there), or a refusal naming every field that differs.
-    With DroPE (drop_rope_at) a checkpoint from the drop on holds pos_emb none."""
+def resumable_checkpoint(path, config_at, meta, max_iters):
+    """ckpt.pt, loaded to the CPU (RNG states must stay there), or a refusal naming every field that differs
+    from config_at(its iteration), the model config the run has at that step."""
     ckpt = load_checkpoint(path)
-    if drop_rope_at is not None and ckpt.get("iter", 0) >= drop_rope_at:
-        config = replace(config, pos_emb="none")
     missing = [k for k in RESUME_KEYS if k not in ckpt]
     if missing:
         raise ValueError(f"cannot resume from {str(path)!r}: it lacks {', '.join(missing)} (it holds weights only); "
                          "start a new run in another out_dir")
     saved = ckpt["model_config"]
-    diff = [f"{k}: checkpoint {saved[k]!r}, now {v!r}" for k, v in config.asdict().items()
+    diff = [f"{k}: checkpoint {saved[k]!r}, now {v!r}" for k, v in config_at(ckpt["iter"]).asdict().items()
             if k in saved and saved[k] != v and k not in ("dropout", "rope_scaling", "rope_scaling_factor")]
     if any(ckpt["tokenizer"].get(k) != meta.get(k) for k in ("tokenizer", "chars", "eot", "bpe_ranks")):
         diff.append(f"tokenizer: dataset {meta['dataset']!r} has another vocabulary")

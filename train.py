@@ -16,7 +16,7 @@ import shlex
 import signal
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -295,6 +295,11 @@ def divergence(what, state, tc, rt, out):
                       f"(try dtype=bfloat16 or float32); {last_checkpoint(state, out)}")
 
 
+def config_at(gcfg, tc, it):
+    """The model config in force from step it on: DroPE's drop (drop_rope_at) leaves pos_emb none."""
+    return replace(gcfg, pos_emb="none") if tc.drop_rope_at is not None and it >= tc.drop_rope_at else gcfg
+
+
 @contextlib.contextmanager
 def started_run(gcfg, tc):
     """Everything before the first step: the runtime, the data, the out_dir lock, the state (restored on resume)
@@ -311,13 +316,14 @@ def started_run(gcfg, tc):
     if tc.drop_rope_at is not None and not issubclass(positions.scheme(gcfg.pos_emb), positions.RoPE):
         raise ValueError(f"drop_rope_at={tc.drop_rope_at} drops RoPE, but pos_emb={gcfg.pos_emb!r} has none; "
                          "use pos_emb=rope (or a RoPE variant) with it")
-    ckpt = resumable_checkpoint(out / "ckpt.pt", gcfg, meta, tc.max_iters, tc.drop_rope_at) if tc.resume else None
+    ckpt = resumable_checkpoint(out / "ckpt.pt", lambda it: config_at(gcfg, tc, it), meta, tc.max_iters) \
+        if tc.resume else None
     with RunLock(out, "training run") if rt.master else contextlib.nullcontext():  # the master writes alone
         torch.manual_seed(tc.seed)  # the same initial weights on every rank
         state = TrainState(GPT(gcfg).to(rt.device), tc, rt)
         if ckpt:
-            if ckpt["model_config"]["pos_emb"] != gcfg.pos_emb:  # resumed after DroPE's drop
-                state.model.reconfigure(pos_emb=ckpt["model_config"]["pos_emb"])
+            if config_at(gcfg, tc, ckpt["iter"]) != gcfg:  # resumed past DroPE's drop
+                state.model.reconfigure(pos_emb=config_at(gcfg, tc, ckpt["iter"]).pos_emb)
             state.load_state_dict(ckpt)
             del ckpt  # its tensors are copied into the state
         record = {"model": gcfg.asdict(), "train": asdict(tc), **run_record(), "world_size": rt.world_size}
@@ -362,7 +368,7 @@ def loop(gcfg, tc, rt, batches, out, state, run_info):
           Progress(out, tc, rt, state.iter, tokens_per_step) as progress):
         for it in range(state.iter, tc.max_iters):
             if it == tc.drop_rope_at:
-                state.model.reconfigure(pos_emb="none")  # a compiled model recompiles once without the rotation
+                state.model.reconfigure(pos_emb=config_at(gcfg, tc, it).pos_emb)  # compiled: recompiles once
                 if rt.master:
                     progress.bar.write(f"iteration {it}: RoPE dropped (DroPE), recalibrating without positions")
             t0 = time.perf_counter()
