@@ -179,6 +179,16 @@ class Learned(Scheme):
         return self.wpe.weight.numel()
 
 
+def distances(q_len, k_len, device):
+    """(q_len, k_len) query position minus key position, the keys ending at the last query: >= 0 where visible."""
+    return torch.arange(k_len - q_len, k_len, device=device)[:, None] - torch.arange(k_len, device=device)[None, :]
+
+
+def causal(bias, dist):
+    """bias (nh, T, S) with -inf at future keys (dist < 0)."""
+    return bias.masked_fill(dist < 0, float("-inf"))
+
+
 def alibi_slopes(n_head: int) -> torch.Tensor:
     """(n_head,) float32 ALiBi slopes (Press et al. 2022). For H a power of two: 2^(-8h/H),
     h = 1..H. Otherwise, with 2^k the largest power of two below H: the 2^k slopes of that
@@ -193,19 +203,6 @@ def alibi_slopes(n_head: int) -> torch.Tensor:
     return torch.cat((geometric(k), geometric(2 * k)[0::2][: n_head - k])).float()
 
 
-def alibi_bias(slopes: torch.Tensor, q_len: int, k_len: int, offset: int = 0) -> torch.Tensor:
-    """(H, q_len, k_len) float32 additive attention bias with the causal mask built in: query i
-    sits at position offset + i, key j at j; bias = -slope * (q_pos - k_pos) for k_pos <= q_pos,
-    -inf for future keys."""
-    if offset < 0:
-        raise ValueError(f"offset={offset} must be >= 0")
-    q_pos = torch.arange(offset, offset + q_len, device=slopes.device)
-    k_pos = torch.arange(k_len, device=slopes.device)
-    rel = (k_pos[None, :] - q_pos[:, None]).float()  # (q_len, k_len): <= 0 for visible keys
-    bias = slopes.float()[:, None, None] * rel  # (H, q_len, k_len)
-    return bias.masked_fill(rel > 0, float("-inf"))
-
-
 @register("alibi")
 class ALiBi(Scheme):
     """Attention with linear biases (Press et al. 2022): no embedding, each head's scores lowered in proportion
@@ -216,7 +213,8 @@ class ALiBi(Scheme):
         self.register_buffer("slopes", alibi_slopes(config.n_head), persistent=False)
 
     def bias(self, q_len, k_len, offset, layer):
-        return alibi_bias(self.slopes, q_len, k_len, k_len - q_len)  # relative: the keys may as well start at 0
+        dist = distances(q_len, k_len, self.slopes.device)
+        return causal(-self.slopes[:, None, None] * dist, dist)  # (nh, T, S): -slope * (m - n)
 
 
 @register("none")
@@ -251,16 +249,6 @@ class XPos(RoPE):
         m = torch.arange(offset, offset + q.shape[-2], device=q.device, dtype=torch.float32)
         scale = (m[:, None] / self.config.xpos_scale_base * self.log_zeta).exp()  # (T, hs): zeta^(m/B) per dim
         return torch.stack((q * scale, k / scale)).to(qk.dtype)
-
-
-def distances(q_len, k_len, device):
-    """(q_len, k_len) query position minus key position, the keys ending at the last query: >= 0 where visible."""
-    return torch.arange(k_len - q_len, k_len, device=device)[:, None] - torch.arange(k_len, device=device)[None, :]
-
-
-def causal(bias, dist):
-    """bias (nh, T, S) with -inf at future keys (dist < 0)."""
-    return bias.masked_fill(dist < 0, float("-inf"))
 
 
 def per_layer(n_layer, *shape):

@@ -41,15 +41,15 @@ def test_alibi_slopes_follow_the_papers_rule():
 
 
 def test_alibi_bias_values_mask_and_offset():
-    slopes = positions.alibi_slopes(4)  # 1/4, 1/16, 1/64, 1/256
-    b = positions.alibi_bias(slopes, q_len=3, k_len=5, offset=2)  # queries at positions 2, 3, 4
+    scheme = tiny("alibi", n_head=4).pos  # slopes 1/4, 1/16, 1/64, 1/256
+    b = scheme.bias(3, 5, 2, 0)  # queries at positions 2, 3, 4; keys 0..4
     assert b.shape == (4, 3, 5) and b.dtype == torch.float32
     assert b[0, 0, 0].item() == -0.5 and b[0, 0, 2].item() == 0.0 and b[1, 2, 1].item() == -3 / 16
     assert b[0, 0, 3].item() == -math.inf and b[3, 1, 4].item() == -math.inf and b[2, 2, 4].item() == 0.0
-    square = positions.alibi_bias(slopes, 6, 6)
+    square = scheme.bias(6, 6, 0, 0)
     assert torch.equal(torch.isinf(square[1]), torch.ones(6, 6).triu(1).bool())
     # one new token with a KV cache of 5 sees the last row of the full square
-    torch.testing.assert_close(positions.alibi_bias(slopes, 1, 6, offset=5), square[:, 5:])
+    torch.testing.assert_close(scheme.bias(1, 6, 5, 0), square[:, 5:])
 
 
 def test_sinusoidal_input_is_scaled_tokens_plus_the_table():
