@@ -184,7 +184,7 @@ def train_step(model, optimizer, scaler, micro_batches, lr, grad_clip, rt):
     return loss_sum, grad_norm
 
 
-def micro_batches(batches, it, tc, rt):
+def step_batches(batches, it, tc, rt):
     """This process's share of step it's global batch: (x, y, dropout seed), each fixed by its place in it."""
     per_rank = tc.gradient_accumulation_steps // rt.world_size
     places = range(rt.rank * per_rank, (rt.rank + 1) * per_rank)
@@ -373,7 +373,7 @@ def loop(gcfg, tc, rt, batches, out, state, run_info):
                     progress.bar.write(f"iteration {it}: RoPE dropped (DroPE), recalibrating without positions")
             t0 = time.perf_counter()
             lr = lr_at(it, tc)
-            loss_sum, grad_norm = train_step(model, state.optimizer, state.scaler, micro_batches(batches, it, tc, rt), lr,
+            loss_sum, grad_norm = train_step(model, state.optimizer, state.scaler, step_batches(batches, it, tc, rt), lr,
                                              tc.grad_clip, rt)
             train_loss, stop_now = step_outcome(loss_sum, stop.requested, rt)
             state.iter = done = it + 1
