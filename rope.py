@@ -10,9 +10,10 @@ scheme that puts it in the model is positions.RoPE; this file knows nothing of t
   depend only on m - n either way, but checkpoints are not interchangeable.
 * Layouts. "interleaved" pairs (x0, x1), (x2, x3), ... as the paper; "half" pairs
   (x_i, x_{i + r/2}) as GPT-NeoX and LLaMA checkpoints; `half_to_interleaved` maps one onto the other.
-* Precision. Frequencies are computed in float64, tables and the rotation in (at least) float32
-  whatever the model's dtype, and the result is cast back once: a bf16 angle cannot tell
-  position 256 from 257.
+* Precision. Frequencies and the angles m * theta are computed in float64 (on the CPU, where every
+  backend has it), the cos/sin tables kept and the rotation done in (at least) float32 whatever the
+  model's dtype, and the result is cast back once: a bf16 angle cannot tell position 256 from 257, and a
+  float32 angle at position 4096 is already off by ~5e-4.
 """
 import math
 
@@ -36,8 +37,8 @@ def _inv_freq64(rot_dim, base):
 
 
 def rope_frequencies(rot_dim: int, base: float = 10000.0) -> torch.Tensor:
-    """(rot_dim//2,) float32 inverse frequencies theta_i = base^(-2(i-1)/rot_dim)."""
-    return _inv_freq64(rot_dim, base).float()
+    """(rot_dim//2,) float64 inverse frequencies theta_i = base^(-2(i-1)/rot_dim)."""
+    return _inv_freq64(rot_dim, base)
 
 
 # ---- context-extension scalings: f(rot_dim, base, s, L0, L) -> (float64 theta', attn_factor) ----
@@ -73,31 +74,45 @@ def _dynamic(rot_dim, base, factor, original_len, seq_len):
     return _ntk(rot_dim, base, factor * seq_len / original_len - (factor - 1), original_len, seq_len)
 
 
-def _ramp(inv_freq, factor, original_len, slow, fast):
-    """Blend theta' = theta * ((1 - g)/s + g), g = clamp((r - slow)/(fast - slow), 0, 1), where
-    r = L0 * theta / (2 pi) = L0 / wavelength counts a pair's turns within the trained context.
-    Pairs turning >= fast times keep theta (training showed them every angle), pairs turning
-    <= slow times get theta/s (they would meet unseen angles), linear in r between. Written as
-    theta times one multiplier because (1 - g)/1 + g is exactly 1.0 in floating point."""
+def _blend(inv_freq, factor, keep):
+    """theta' = theta * ((1 - keep)/s + keep): theta where keep = 1, theta/s where keep = 0, linear between.
+    Written as theta times one multiplier because (1 - keep)/1 + keep is exactly 1.0 in floating point."""
+    return inv_freq * ((1 - keep) / factor + keep)
+
+
+def _turns_ramp(inv_freq, factor, original_len, slow, fast):
+    """`_blend` with keep = clamp((r - slow)/(fast - slow), 0, 1), where r = L0 * theta / (2 pi) = L0 / wavelength
+    counts a pair's turns within the trained context. Pairs turning >= fast times keep theta (training showed them
+    every angle), pairs turning <= slow times get theta/s (they would meet unseen angles), linear in r between."""
     turns = original_len * inv_freq / (2 * math.pi)
-    g = ((turns - slow) / (fast - slow)).clamp(0.0, 1.0)
-    return inv_freq * ((1 - g) / factor + g)
+    return _blend(inv_freq, factor, ((turns - slow) / (fast - slow)).clamp(0.0, 1.0))
+
+
+def _pair_of_turns(turns, rot_dim, base, original_len):
+    """D(n) = d ln(L0 / (2 pi n)) / (2 ln base): the (fractional) pair index i whose theta_i turns n times within
+    L0, from L0 * base^(-2i/d) / (2 pi) = n."""
+    return rot_dim * math.log(original_len / (2 * math.pi * turns)) / (2 * math.log(base))
 
 
 def _yarn(rot_dim, base, factor, original_len, seq_len, beta_fast=32.0, beta_slow=1.0):
-    """YaRN (Peng et al. 2023): `_ramp` between theta/s (r <= beta_slow) and theta
-    (r >= beta_fast), plus an attention temperature sqrt(1/t) = 0.1 ln s + 1 that q and k each
-    carry, so the softmax scale is multiplied by attn_factor = (0.1 ln s + 1)^2."""
-    inv_freq = _ramp(_inv_freq64(rot_dim, base), factor, original_len, beta_slow, beta_fast)
-    return inv_freq, (0.1 * math.log(factor) + 1.0) ** 2
+    """YaRN (Peng et al. 2023) as its authors' code and Hugging Face transformers deploy it: the blend between theta
+    (fast pairs) and theta/s (slow pairs) is linear in the pair index i, from low = floor(D(beta_fast)) to
+    high = ceil(D(beta_slow)) (`_pair_of_turns`; clipped to [0, d - 1]), not in the turns r as the paper's text
+    writes it. Plus an attention temperature sqrt(1/t) = 0.1 ln s + 1 that q and k each carry, so the softmax
+    scale is multiplied by attn_factor = (0.1 ln s + 1)^2."""
+    low = max(math.floor(_pair_of_turns(beta_fast, rot_dim, base, original_len)), 0)
+    high = min(math.ceil(_pair_of_turns(beta_slow, rot_dim, base, original_len)), rot_dim - 1)
+    width = high - low if high != low else 0.001  # as deployed: one pair index then switches almost at once
+    ramp = ((torch.arange(rot_dim // 2, dtype=torch.float64) - low) / width).clamp(0.0, 1.0)  # 0: theta, 1: theta/s
+    return _blend(_inv_freq64(rot_dim, base), factor, 1 - ramp), (0.1 * math.log(factor) + 1.0) ** 2
 
 
 def _llama3(rot_dim, base, factor, original_len, seq_len, low_freq_factor=1.0, high_freq_factor=4.0):
     """Llama 3.1: by wavelength lambda = 2 pi / theta, keep theta for lambda < L0/high_freq_factor,
     use theta/s for lambda > L0/low_freq_factor, and between blend with
-    smooth = (L0/lambda - low)/(high - low): that is `_ramp` over r = L0/lambda from low to high,
+    smooth = (L0/lambda - low)/(high - low): that is `_turns_ramp` over r = L0/lambda from low to high,
     so it is continuous at both band edges."""
-    return _ramp(_inv_freq64(rot_dim, base), factor, original_len, low_freq_factor, high_freq_factor), 1.0
+    return _turns_ramp(_inv_freq64(rot_dim, base), factor, original_len, low_freq_factor, high_freq_factor), 1.0
 
 
 SCALINGS = {"none": _none, "linear": _linear, "ntk": _ntk, "dynamic": _dynamic, "yarn": _yarn, "llama3": _llama3}
@@ -105,7 +120,7 @@ _NEEDS_ORIGINAL_LEN = ("dynamic", "yarn", "llama3")
 
 
 def scaled_frequencies(rot_dim, base, scaling="none", factor=1.0, original_len=None, seq_len=None):
-    """(inv_freq float32 (rot_dim//2,), attn_factor) for a context-extension `scaling` by `factor` s
+    """(inv_freq float64 (rot_dim//2,), attn_factor) for a context-extension `scaling` by `factor` s
     from a model trained on `original_len` L0 positions, at total length `seq_len` (dynamic only).
     attn_factor multiplies the attention softmax scale (1.0 except for yarn). Formulas: SCALINGS[name]."""
     if scaling not in SCALINGS:
@@ -115,8 +130,7 @@ def scaled_frequencies(rot_dim, base, scaling="none", factor=1.0, original_len=N
     if scaling in _NEEDS_ORIGINAL_LEN and not (isinstance(original_len, int) and original_len > 0):
         raise ValueError(f"scaling={scaling!r} needs original_len (the trained context) as a positive int, "
                          f"got {original_len!r}")
-    inv_freq, attn_factor = SCALINGS[scaling](rot_dim, base, factor, original_len, seq_len)
-    return inv_freq.float(), attn_factor
+    return SCALINGS[scaling](rot_dim, base, factor, original_len, seq_len)
 
 
 def keep_highest(inv_freq: torch.Tensor, p: float) -> torch.Tensor:
@@ -130,13 +144,16 @@ def keep_highest(inv_freq: torch.Tensor, p: float) -> torch.Tensor:
     return torch.cat((inv_freq[:kept], inv_freq.new_zeros(len(inv_freq) - kept)))
 
 
-def rope_cache(inv_freq: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin float32 (T, rot_dim//2) for integer `positions` (T,); exact for positions < 2^24."""
+def rope_cache(inv_freq: torch.Tensor, positions: torch.Tensor, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin float32 (T, rot_dim//2) on device (default positions') for integer `positions` (T,). The angles
+    m * theta are computed in float64 on the CPU (MPS has no float64), so with float64 frequencies each table
+    entry is the exact angle's cos/sin rounded once to float32, at any position below 2^53."""
     if positions.is_floating_point():
         raise ValueError(f"positions must be integers, got dtype {positions.dtype}: "
                          f"low-precision floats merge neighbouring positions")
-    angles = positions.to(torch.float32)[:, None] * inv_freq.to(torch.float32)[None, :]  # (T, rot/2)
-    return angles.cos(), angles.sin()
+    device = positions.device if device is None else device
+    angles = positions.cpu().double()[:, None] * inv_freq.cpu().double()[None, :]  # (T, rot/2)
+    return angles.cos().float().to(device), angles.sin().float().to(device)
 
 
 def _complex_pairs(x):
@@ -263,13 +280,12 @@ class Rotary(torch.nn.Module):
         return keep_highest(inv_freq, self.keep), attn_factor
 
     def _build(self, n, device):
-        """(Re)build inv_freq and the cos/sin tables for positions [0, n) in float32 on device."""
-        inv_freq, self.attn_factor = self.frequencies()
+        """(Re)build the float64 frequencies (on the CPU: a plain attribute, not a buffer, since MPS has no float64)
+        and the float32 cos/sin tables for positions [0, n) on device."""
+        self.inv_freq, self.attn_factor = self.frequencies()
         # a table grown during generation (inference mode) must still serve training afterwards
         with torch.inference_mode(False):
-            inv_freq = inv_freq.to(device)
-            cos, sin = rope_cache(inv_freq, torch.arange(n, device=device))  # (n, rot/2) each
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+            cos, sin = rope_cache(self.inv_freq, torch.arange(n), device)  # (n, rot/2) each
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
 
@@ -291,8 +307,8 @@ class Rotary(torch.nn.Module):
         if self.scaling == "dynamic" and end > self.original_len:
             # The frequencies depend on the total length, so no fixed table serves: compute the T
             # rows needed. Keys already in a KV cache keep the frequencies they were rotated with.
-            inv_freq = self.frequencies(seq_len=end)[0].to(x.device)
-            cos, sin = rope_cache(inv_freq, torch.arange(offset, end, device=x.device))  # (T, rot/2)
+            inv_freq = self.frequencies(seq_len=end)[0]
+            cos, sin = rope_cache(inv_freq, torch.arange(offset, end), x.device)  # (T, rot/2)
         else:
             self.reserve(end)
             cos, sin = self.cos[offset:end], self.sin[offset:end]  # (T, rot/2)

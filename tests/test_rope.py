@@ -114,11 +114,23 @@ def test_scores_depend_only_on_relative_position(layout):
 def test_frequencies_are_pinned():
     d, base = 64, 10000.0
     f = rope.rope_frequencies(d, base)
-    assert f.dtype == torch.float32 and f.shape == (d // 2,)
+    assert f.dtype == torch.float64 and f.shape == (d // 2,)
     assert f[0].item() == 1.0
-    assert f[-1].item() == pytest.approx(base ** (-(d - 2) / d), rel=1e-6)
+    assert f[-1].item() == pytest.approx(base ** (-(d - 2) / d), rel=1e-14)
     expected = [base ** (-2 * (i - 1) / d) for i in range(1, d // 2 + 1)]  # eq. 15, i = 1..d/2
-    torch.testing.assert_close(f, torch.tensor(expected, dtype=torch.float32), rtol=1e-6, atol=0)
+    torch.testing.assert_close(f, torch.tensor(expected, dtype=torch.float64), rtol=1e-14, atol=0)
+
+
+@pytest.mark.parametrize("position", [4096, 65536, 1_000_003])
+def test_tables_are_the_exact_angles_rounded_once_to_float32(position):
+    d, base = 64, 10000.0
+    cos, sin = rope.rope_cache(rope.rope_frequencies(d, base), torch.tensor([position]))
+    assert cos.dtype == sin.dtype == torch.float32
+    angles = [position * base ** (-2 * i / d) for i in range(d // 2)]  # Python floats: float64 throughout
+    for got, exact in ((cos, map(math.cos, angles)), (sin, map(math.sin, angles))):
+        exact = torch.tensor(list(exact), dtype=torch.float64)
+        # within half a float32 ulp of values below 1 (2^-25), plus the float64 angle's own rounding
+        torch.testing.assert_close(got[0].double(), exact, atol=2 ** -25 + position * 2e-16, rtol=0)
 
 
 @pytest.mark.parametrize("scaling", sorted(rope.SCALINGS))
@@ -161,34 +173,62 @@ def test_dynamic_is_plain_within_the_trained_context_and_ntk_beyond():
     assert (plain[-1] / just_past[-1]).item() == pytest.approx(1 + 2.0 / L0, rel=1e-5)
 
 
-@pytest.mark.parametrize("s", [2.0, 4.0, 8.5, 32.0])
-def test_yarn_blends_within_bounds_with_its_temperature(s):
-    plain64 = torch.tensor([10000.0 ** (-2 * i / 64) for i in range(32)], dtype=torch.float64)
-    f, attn_factor = rope.scaled_frequencies(64, 10000.0, "yarn", s, L0)
+def deployed_yarn(d, base, s, L0, beta_fast=32.0, beta_slow=1.0):
+    """YaRN's frequencies as its authors' code and transformers compute them, written out in plain floats."""
+    def pair(turns):  # the pair index whose frequency turns `turns` times within L0
+        return d * math.log(L0 / (2 * math.pi * turns)) / (2 * math.log(base))
+    low, high = max(math.floor(pair(beta_fast)), 0), min(math.ceil(pair(beta_slow)), d - 1)
+    out = []
+    for i in range(d // 2):
+        theta = base ** (-2 * i / d)
+        ramp = min(max((i - low) / ((high - low) or 0.001), 0.0), 1.0)
+        out.append(theta / s * ramp + theta * (1 - ramp))
+    return out
+
+
+@pytest.mark.parametrize("d,base,L0,s", [(32, 1e4, 64, 2.0), (64, 1e4, 4096, 4.0), (128, 5e5, 8192, 32.0),
+                                         (64, 1e4, 256, 8.5), (16, 10.0, 8, 2.0)])
+def test_yarn_is_the_deployed_pair_index_ramp_with_its_temperature(d, base, L0, s):
+    f, attn_factor = rope.scaled_frequencies(d, base, "yarn", s, L0)
+    torch.testing.assert_close(f, torch.tensor(deployed_yarn(d, base, s, L0), dtype=torch.float64), rtol=1e-6, atol=0)
     assert attn_factor == pytest.approx((0.1 * math.log(s) + 1) ** 2, rel=1e-12)
-    plain = plain64.float()
-    assert torch.all(f <= plain * (1 + 1e-6)) and torch.all(f >= plain / s * (1 - 1e-6))
-    turns = L0 * plain64 / (2 * math.pi)  # rotations within the trained context
-    expected = []
-    for theta, r in zip(plain64.tolist(), turns.tolist()):
-        g = min(max((r - 1.0) / (32.0 - 1.0), 0.0), 1.0)
-        expected.append((1 - g) * theta / s + g * theta)
-    torch.testing.assert_close(f.double(), torch.tensor(expected, dtype=torch.float64), rtol=1e-6, atol=0)
-    assert f[0].item() == 1.0 and f[-1].item() == pytest.approx(plain[-1].item() / s, rel=1e-6)
+    plain = rope.rope_frequencies(d, base)
+    assert torch.all(f <= plain) and torch.all(f >= plain / s * (1 - 1e-12))
 
 
-@pytest.mark.parametrize("scaling,edges", [("llama3", (L0 / 4, L0 / 1)), ("yarn", (L0 / 32, L0 / 1))])
-def test_wavelength_bands_are_continuous_at_their_edges(scaling, edges):
+def test_yarn_keeps_the_fastest_pair_where_the_papers_text_would_slow_it():
+    # d = 32, base 1e4, L0 = 64, s = 2: D(32) < 0 and D(1) = 4.03, so the ramp runs over pairs 0..5; the paper's
+    # ramp in turns would keep only 0.648 theta of the fastest pair, which turns ~10 times (< beta_fast = 32)
+    f, _ = rope.scaled_frequencies(32, 1e4, "yarn", 2.0, 64)
+    plain = rope.rope_frequencies(32, 1e4)
+    assert f[0].item() == 1.0 and f[1].item() == pytest.approx(plain[1].item() * 0.9, rel=1e-12)
+    torch.testing.assert_close(f[5:], plain[5:] / 2, rtol=1e-15, atol=0)
+
+
+def test_yarn_matches_transformers():
+    rope_init = pytest.importorskip("transformers.modeling_rope_utils")
+    from transformers import LlamaConfig
+    d, base, L0, s = 64, 10000.0, 256, 4.0
+    cfg = LlamaConfig(hidden_size=d * 4, num_attention_heads=4, max_position_embeddings=int(L0 * s),
+                      rope_parameters={"rope_type": "yarn", "rope_theta": base, "factor": s,
+                                       "original_max_position_embeddings": L0})
+    inv_freq, attention_factor = rope_init.ROPE_INIT_FUNCTIONS["yarn"](cfg, "cpu")
+    f, attn_factor = rope.scaled_frequencies(d, base, "yarn", s, L0)
+    torch.testing.assert_close(f.float(), inv_freq.float(), rtol=1e-6, atol=0)
+    assert attn_factor == pytest.approx(attention_factor ** 2, rel=1e-6)  # theirs scales cos and sin: q and k each
+
+
+def test_llama3_wavelength_bands_are_continuous_at_their_edges():
     # With rot_dim 4 the second frequency is base^(-1/2), wavelength 2 pi sqrt(base): choose base
     # to put that wavelength just below or just above each band edge.
     s = 8.0
 
     def ratio(wavelength):
         base = (wavelength / (2 * math.pi)) ** 2
-        f, _ = rope.scaled_frequencies(4, base, scaling, s, L0)
+        f, _ = rope.scaled_frequencies(4, base, "llama3", s, L0)
         return (f[1] / rope.rope_frequencies(4, base)[1]).item()
 
-    short_edge, long_edge = edges
+    short_edge, long_edge = L0 / 4, L0 / 1
     for edge, value in ((short_edge, 1.0), (long_edge, 1 / s)):
         below, above = ratio(edge * (1 - 1e-5)), ratio(edge * (1 + 1e-5))
         assert below == pytest.approx(above, abs=1e-4) and below == pytest.approx(value, abs=1e-4)
