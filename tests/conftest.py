@@ -18,6 +18,8 @@ from model import GPT, GPTConfig
 # (one step went from 3 ms to over a second); subprocesses inherit the variable.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(1)
+# no test reaches for the network: huggingface_hub (under transformers, for test_export) reads this at import
+os.environ["HF_HUB_OFFLINE"] = "1"
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = Path(os.environ.get("NANOROPE_CORPUS", ROOT.parent / "shared/data/tinyshakespeare/input.txt"))
