@@ -13,8 +13,7 @@ then, in Python:
 What maps to what:
   pos_emb=rope     GPT-NeoX, sequential residual (use_parallel_residual=false), partial_rotary_factor from
                    rope_fraction; the interleaved layout's q/k rows permuted into NeoX's half layout. Scalings
-                   linear, dynamic and llama3 as transformers' own, ntk as a larger rope_theta; yarn refused
-                   (transformers ramps its frequencies over the dimension index, nanorope over the turns r)
+                   linear, dynamic, llama3 and yarn as transformers' own, ntk as a larger rope_theta
   pos_emb=none     GPT-NeoX with no rotary dims (partial_rotary_factor=0): nothing positional, like NoPE
   pos_emb=learned  GPT-2 (its Conv1D weights are ours transposed), activation "gelu", the exact one we use
   other schemes    refused with one line: GPT-NeoX and GPT-2 have nothing that computes them
@@ -70,13 +69,13 @@ def refusal(cfg):
                 "(export writes rope and none as GPT-NeoX, learned as GPT-2)")
     if cfg.pos_emb != "rope":
         return None
+    if scaled(cfg) and cfg.rope_scaling == "yarn" and cfg.rope_fraction < 1:
+        return (f"rope_scaling='yarn' with rope_fraction={cfg.rope_fraction} < 1: transformers puts YaRN's attention "
+                "temperature on the rotated dims alone, nanorope on the whole score; export with another "
+                "--rope_scaling, or a model that rotates every dim")
     if cfg.rope_p < 1:
         return (f"rope_p={cfg.rope_p} < 1 (p-RoPE leaves the slowest frequencies unrotated): GPT-NeoX's rotary "
                 "rotates every frequency of its rotary dims")
-    if scaled(cfg) and cfg.rope_scaling == "yarn":
-        return ("rope_scaling='yarn' differs in transformers, whose ramp between scaled and kept frequencies is "
-                "linear in the dimension index where nanorope's is linear in the turns r; export with another "
-                "--rope_scaling (linear, ntk, dynamic, llama3) or none")
     return None
 
 
@@ -97,12 +96,16 @@ def rope_parameters(cfg):
     if cfg.rope_scaling == "ntk":  # a fixed base change (rope.SCALINGS["ntk"]): plain RoPE with a larger base
         return out | {"rope_theta": cfg.rope_base * s ** (rot_dim / (rot_dim - 2))}
     out |= {"rope_type": cfg.rope_scaling, "factor": s}
-    if cfg.rope_scaling == "llama3":
-        bands = inspect.signature(rope.SCALINGS["llama3"]).parameters  # its band edges, as rope.py defaults them
-        out |= {"original_max_position_embeddings": cfg.block_size,
-                "low_freq_factor": bands["low_freq_factor"].default,
-                "high_freq_factor": bands["high_freq_factor"].default}
+    if cfg.rope_scaling in ("llama3", "yarn"):
+        bands = inspect.signature(rope.SCALINGS[cfg.rope_scaling]).parameters  # its band edges, as rope.py's defaults
+        names = ("low_freq_factor", "high_freq_factor") if cfg.rope_scaling == "llama3" else ("beta_fast", "beta_slow")
+        out |= {"original_max_position_embeddings": original_len(cfg), **{n: bands[n].default for n in names}}
     return out
+
+
+def original_len(cfg):
+    """L0, the context a RoPE scaling extends: a fine-tuned model's rope_original_len, else block_size."""
+    return cfg.rope_original_len or cfg.block_size
 
 
 def token_ids(meta):
@@ -143,9 +146,10 @@ def neox(model, meta):
         attention_dropout=c.dropout, hidden_dropout=c.dropout, layer_norm_eps=model.ln_f.eps,
         use_parallel_residual=False,  # x + attn(ln_1(x)), then + mlp(ln_2(.)), as model.Block
         attention_bias=c.bias, tie_word_embeddings=True, rope_parameters=rope_parameters(c),
-        # the trained context, or the one a scaling stretches it to; dynamic reads it as the trained one
-        max_position_embeddings=(round(c.block_size * c.rope_scaling_factor) if scaled(c) and
-                                 c.rope_scaling != "dynamic" else c.block_size),
+        # the context a scaling stretches L0 to; dynamic reads it as L0, its threshold
+        max_position_embeddings=(original_len(c) if c.rope_scaling == "dynamic" and scaled(c) else
+                                 max(c.block_size, round(original_len(c) * c.rope_scaling_factor)) if scaled(c)
+                                 else c.block_size),
         **token_ids(meta))
     sd, rot_dim = weights(model), rotary.rot_dim if rotary else 0
     out = {"gpt_neox.embed_in.weight": sd["wte.weight"], "lm_head.weight": sd["wte.weight"],
@@ -162,7 +166,7 @@ def neox(model, meta):
     model_hf = load(transformers.GPTNeoXForCausalLM(hf), out)
     if rotary is not None:  # the frequencies, computed by transformers from the config, are ours
         theirs = model_hf.gpt_neox.rotary_emb.inv_freq
-        assert torch.allclose(theirs, rotary.inv_freq, rtol=1e-6, atol=0), f"RoPE frequencies differ: {theirs}"
+        assert torch.allclose(theirs, rotary.inv_freq.float(), rtol=1e-6, atol=0), f"RoPE frequencies differ: {theirs}"
     return model_hf
 
 
@@ -289,7 +293,7 @@ def arg_parser():
                                   "there are replaced)")
     p.add_argument("--checkpoint", choices=tuple(CHECKPOINTS), default="best", help="best.pt or ckpt.pt (latest)")
     p.add_argument("--rope_scaling", choices=tuple(rope.SCALINGS), default=None,
-                   help="a RoPE scaling to export the model with (RoPE models; yarn is refused)")
+                   help="a RoPE scaling to export the model with (RoPE models)")
     p.add_argument("--rope_scaling_factor", type=config.checked(float, lambda v: v >= 1, "a factor >= 1"),
                    default=None, help="its factor s: the model is set up for s times block_size")
     return p

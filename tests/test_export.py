@@ -95,13 +95,19 @@ SCALINGS = {  # name: how the scaling is set (in the checkpoint, or by export's 
     "ntk": ({}, ["--rope_scaling=ntk", "--rope_scaling_factor=4"], "default"),  # as a larger rope_theta
     "dynamic": ({}, ["--rope_scaling=dynamic", "--rope_scaling_factor=4"], "dynamic"),
     "llama3": ({"rope_layout": "half"}, ["--rope_scaling=llama3", "--rope_scaling_factor=4"], "llama3"),
+    "yarn": ({"rope_fraction": 1.0}, ["--rope_scaling=yarn", "--rope_scaling_factor=4"], "yarn"),  # and temperature
+    # fine-tuned at 32 tokens from L0 = 16 (extend.py): transformers' original_max_position_embeddings is L0
+    "yarn-finetuned": ({"rope_fraction": 1.0, "rope_scaling": "yarn", "rope_scaling_factor": 2.0,
+                        "rope_original_len": 16}, [], "yarn"),
+    "dynamic-finetuned": ({"rope_scaling": "dynamic", "rope_scaling_factor": 2.0, "rope_original_len": 16}, [],
+                          "dynamic"),
 }
 
 
 @pytest.mark.parametrize("scaling", SCALINGS)
 def test_rope_scalings_run_as_transformers_own_past_block_size(tmp_path, scaling):
     kw, flags, rope_type = SCALINGS[scaling]
-    model, hf, _ = exported(tmp_path, "rope", *flags, rope_fraction=0.5, **kw)
+    model, hf, _ = exported(tmp_path, "rope", *flags, **({"rope_fraction": 0.5} | kw))
     assert hf.config.rope_parameters["rope_type"] == rope_type
     if flags:  # the flags set the same scaling on our model as a checkpoint's config would
         model.reconfigure(rope_scaling=flags[0].partition("=")[2], rope_scaling_factor=4.0)
@@ -157,7 +163,8 @@ REFUSED = {  # name: (pos_emb, config, the arguments after OUT_DIR, the error's 
     **{s: (s, {}, ["hf"], f"pos_emb='{s}' has no transformers architecture")
        for s in positions.SCHEMES if s not in export.ARCHITECTURES},
     "p-rope": ("rope", {"rope_p": 0.5}, ["hf"], "rope_p=0.5 < 1"),
-    "yarn": ("rope", {}, ["hf", "--rope_scaling=yarn", "--rope_scaling_factor=4"], "rope_scaling='yarn' differs"),
+    "partial-yarn": ("rope", {"rope_fraction": 0.5}, ["hf", "--rope_scaling=yarn", "--rope_scaling_factor=4"],
+                     "temperature on the rotated dims alone"),
     "scaling-without-factor": ("rope", {}, ["hf", "--rope_scaling=linear"], "go together"),
     "scaling-of-learned": ("learned", {}, ["hf", "--rope_scaling=linear", "--rope_scaling_factor=2"],
                            "does not apply"),
