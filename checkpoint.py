@@ -71,6 +71,37 @@ def model_from_checkpoint(ckpt, device="cpu", path="the checkpoint"):
     return model.to(device)
 
 
+def config_diff(ckpt, config, meta, may_differ):
+    """['key: checkpoint X, now Y', ...] for each model setting outside may_differ in which the checkpoint differs
+    from config, and for a vocabulary that differs from the dataset's (meta)."""
+    saved = ckpt["model_config"]
+    diff = [f"{k}: checkpoint {saved[k]!r}, now {v!r}" for k, v in config.asdict().items()
+            if k in saved and saved[k] != v and k not in may_differ]
+    if any(ckpt["tokenizer"].get(k) != meta.get(k) for k in ("tokenizer", "chars", "eot", "bpe_ranks")):
+        diff.append(f"tokenizer: dataset {meta['dataset']!r} has another vocabulary")
+    return diff
+
+
+def init_from_checkpoint(model, path, meta):
+    """Fine-tuning's start: model's weights from the checkpoint at path (a file, or a run folder holding ckpt.pt).
+    Only what no weight depends on may differ: the context length, the RoPE scaling, dropout."""
+    path = Path(path)
+    path = path / "ckpt.pt" if path.is_dir() else path
+    ckpt = load_checkpoint(path)
+    if "tokenizer" not in ckpt:
+        raise ValueError(f"init_from={str(path)!r} lacks its tokenizer; give a checkpoint train.py wrote")
+    diff = config_diff(ckpt, model.config, meta, may_differ=("block_size", "dropout", "rope_scaling",
+                                                            "rope_scaling_factor", "rope_original_len"))
+    if diff:
+        raise ValueError(f"init_from={str(path)!r} is another model (" + "; ".join(diff) + "); only block_size, "
+                         "dropout and the RoPE scaling may change when fine-tuning")
+    try:
+        model.load_state_dict(ckpt["model"])
+    except RuntimeError as e:  # e.g. learned positions: their table's size is block_size
+        raise ValueError(f"init_from={str(path)!r}: its weights do not fit this model "
+                         f"({str(e).splitlines()[-1].strip()[:200]})") from None
+
+
 def resumable_checkpoint(path, config_at, meta, max_iters):
     """ckpt.pt, loaded to the CPU (RNG states must stay there), or a refusal naming every field that differs
     from config_at(its iteration), the model config the run has at that step."""
@@ -79,11 +110,7 @@ def resumable_checkpoint(path, config_at, meta, max_iters):
     if missing:
         raise ValueError(f"cannot resume from {str(path)!r}: it lacks {', '.join(missing)} (it holds weights only); "
                          "start a new run in another out_dir")
-    saved = ckpt["model_config"]
-    diff = [f"{k}: checkpoint {saved[k]!r}, now {v!r}" for k, v in config_at(ckpt["iter"]).asdict().items()
-            if k in saved and saved[k] != v and k not in ("dropout", "rope_scaling", "rope_scaling_factor")]
-    if any(ckpt["tokenizer"].get(k) != meta.get(k) for k in ("tokenizer", "chars", "eot", "bpe_ranks")):
-        diff.append(f"tokenizer: dataset {meta['dataset']!r} has another vocabulary")
+    diff = config_diff(ckpt, config_at(ckpt["iter"]), meta, may_differ=("dropout",))
     if diff:
         raise ValueError("cannot resume: this run's model differs from the checkpoint's (" + "; ".join(diff) +
                          f"); pass the settings in {str(path.parent / 'config.json')!r} or use a new out_dir")

@@ -31,13 +31,15 @@ class GPTConfig:
     rope_layout: str = opt("interleaved", "RoPE pairing: " + ", ".join(rope.LAYOUTS))
     rope_scaling: str = opt("none", "RoPE context scaling: " + ", ".join(rope.SCALINGS))
     rope_scaling_factor: float = opt(1.0, "RoPE scaling factor s (1 = plain RoPE)")
+    rope_original_len: int | None = opt(None, "context L0 the RoPE scaling extends (default block_size); a model "
+                                              "fine-tuned at a longer block_size keeps the length it first learned")
     rope_p: float = opt(1.0, "p-RoPE: fraction of RoPE's frequencies that rotate, the highest (1 = all)")
     xpos_scale_base: float = opt(512.0, "xpos: B in the decay zeta^((m - n)/B) of its scores")
     nope_every: int = opt(4, "rnope: every this many layers, the last has no positional information")
 
     def __post_init__(self):
         scheme = positions.scheme(self.pos_emb)  # an unknown name fails first
-        require_positive(self, "block_size", "vocab_size", "n_layer", "n_head", "n_embd")
+        require_positive(self, "block_size", "vocab_size", "n_layer", "n_head", "n_embd", "rope_original_len")
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
         if not 0.0 <= self.dropout < 1.0:

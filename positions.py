@@ -100,7 +100,7 @@ class RoPE(Scheme):
         super().__init__(config)
         self.rotary = rope.Rotary(config.head_dim, config.rope_base, config.rope_fraction, config.rope_layout,
                                   config.rope_scaling, config.rope_scaling_factor,
-                                  original_len=config.block_size, max_len=config.block_size, keep=config.rope_p)
+                                  original_len=config.rope_original_len or config.block_size, max_len=config.block_size, keep=config.rope_p)
 
     @classmethod
     def check(cls, config):

@@ -26,12 +26,13 @@ from tqdm import tqdm
 
 import config
 import positions
-from checkpoint import resumable_checkpoint, rng_state, save_checkpoint, set_rng_state
+from checkpoint import init_from_checkpoint, resumable_checkpoint, rng_state, save_checkpoint, set_rng_state
 from config import opt
 from data.loader import DROPOUT, Batches, micro_seed
-from data.tokenizer import bytes_per_token, load_meta
+from data.tokenizer import bytes_per_token, load_meta, tokenizer_from_meta
 from files import RunLock, WriteError, append_line, atomic_write, open_log, read_log
 from model import GPT, GPTConfig
+from passkey import PasskeyBatches, Passkeys
 from runtime import DTYPES, any_rank, run_record, setup_runtime
 
 
@@ -61,6 +62,9 @@ class TrainConfig:
     compile: bool | None = opt(None, "torch.compile the model (default: on for CUDA only)")
     seed: int = opt(1337, "seed for initialisation, batches and dropout")
     progress: bool = opt(True, "show a progress bar")
+    init_from: str = opt("", "start from this checkpoint's weights (a ckpt.pt, or a run's out_dir) with a fresh "
+                             "optimizer: fine-tuning, e.g. at a longer block_size with a rope_scaling")
+    passkey_share: float = opt(0.0, "share of training sequences that carry a passkey to retrieve (passkey.py)")
     drop_rope_at: int | None = opt(None, "DroPE: at this step RoPE is dropped (pos_emb becomes none) and training "
                                          "goes on without positions, a recalibration (Gelberg et al. 2025)")
 
@@ -79,6 +83,8 @@ class TrainConfig:
         for name in ("beta1", "beta2"):
             if not 0 <= getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must lie in [0, 1)")
+        if not 0 <= self.passkey_share <= 1:
+            raise ValueError(f"passkey_share={self.passkey_share} must lie in [0, 1]")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype={self.dtype!r} is unknown; choose {', '.join(DTYPES)}")
 
@@ -311,16 +317,22 @@ def started_run(gcfg, tc):
     dataset_dir = Path(tc.data_dir) / tc.dataset
     meta = load_meta(dataset_dir)
     gcfg.vocab_size = meta["vocab_size"]
-    batches = Batches(dataset_dir, meta, gcfg.block_size, tc.batch_size, tc.seed, rt.device, tc.eval_iters)
+    data = (dataset_dir, meta, gcfg.block_size, tc.batch_size, tc.seed, rt.device, tc.eval_iters)
+    if tc.passkey_share:
+        batches = PasskeyBatches(Passkeys(tokenizer_from_meta(meta)), tc.passkey_share, *data)
+    else:
+        batches = Batches(*data)
     out = check_out_dir(tc) if rt.master else Path(tc.out_dir)
     if tc.drop_rope_at is not None and not issubclass(positions.scheme(gcfg.pos_emb), positions.RoPE):
         raise ValueError(f"drop_rope_at={tc.drop_rope_at} drops RoPE, but pos_emb={gcfg.pos_emb!r} has none; "
                          "use pos_emb=rope (or a RoPE variant) with it")
     ckpt = resumable_checkpoint(out / "ckpt.pt", lambda it: config_at(gcfg, tc, it), meta, tc.max_iters) \
         if tc.resume else None
+    torch.manual_seed(tc.seed)  # the same initial weights on every rank
+    state = TrainState(GPT(gcfg).to(rt.device), tc, rt)
+    if tc.init_from and not ckpt:  # fine-tuning's start; a resume continues from its own checkpoint instead
+        init_from_checkpoint(state.model, tc.init_from, meta)
     with RunLock(out, "training run") if rt.master else contextlib.nullcontext():  # the master writes alone
-        torch.manual_seed(tc.seed)  # the same initial weights on every rank
-        state = TrainState(GPT(gcfg).to(rt.device), tc, rt)
         if ckpt:
             if config_at(gcfg, tc, ckpt["iter"]) != gcfg:  # resumed past DroPE's drop
                 state.model.reconfigure(pos_emb=config_at(gcfg, tc, ckpt["iter"]).pos_emb)

@@ -6,7 +6,7 @@ import torch
 from data.tokenizer import SPLITS, check_ids, open_split
 
 EVAL_SEED = 1234  # validation batches are the same for every run and seed, so val losses compare
-BATCH, DROPOUT = 0, 1  # the two random streams of a micro-step
+BATCH, DROPOUT, PASSKEY = 0, 1, 2  # the random streams of a micro-step
 
 
 def micro_seed(seed, step, micro, stream):

@@ -336,6 +336,7 @@ def world(data_dir, tmp_path_factory):
     (root / "small.txt").write_text("abc ab\nca " * 500)  # a corpus with a five-character vocabulary
     assert prepare.main(["--input", str(root / "small.txt"), "--data_dir", str(root / "data"), "--dataset", "small"]) == 0
     train.main(flags(root / "data", root / "smallrun", "--dataset=small", "--block_size=16", "--max_iters=1"))
+    train.main(flags(data_dir, root / "learned", "--pos_emb=learned", "--max_iters=1"))
     return root
 
 
@@ -374,6 +375,16 @@ BATTERY = [
     ("resume, other tokenizer", ["--data_dir={root}/data", "--dataset=small", "--block_size=16"],
      "vocab_size: checkpoint 65, now 5; tokenizer: dataset 'small' has another vocabulary"),
     ("resume, nothing to do", ["--max_iters=2"], "nothing to do: the checkpoint is at iteration 2 and max_iters=2"),
+    ("resume, other RoPE scaling", ["--rope_scaling=linear", "--rope_scaling_factor=2"],
+     "rope_scaling: checkpoint 'none', now 'linear'; rope_scaling_factor: checkpoint 1.0, now 2.0"),
+    ("passkey_share out of range", ["--passkey_share=1.5"], "passkey_share=1.5 must lie in [0, 1]"),
+    ("init_from another shape", ["--resume=false", "--out_dir={root}/ft", "--init_from={root}/run", "--n_embd=64"],
+     "init_from='{root}/run/ckpt.pt' is another model (n_embd: checkpoint 32, now 64); only block_size, dropout"),
+    ("init_from learned, longer", ["--resume=false", "--out_dir={root}/ft", "--init_from={root}/learned",
+                                   "--pos_emb=learned", "--block_size=64"],
+     "init_from='{root}/learned/ckpt.pt': its weights do not fit this model (size mismatch for pos.wpe.weight"),
+    ("init_from missing", ["--resume=false", "--out_dir={root}/ft", "--init_from={root}/nowhere"],
+     "no checkpoint at '{root}/nowhere'"),
     ("gas not divisible by ranks", ["--gradient_accumulation_steps=3", "WORLD_SIZE=2"],
      "gradient_accumulation_steps=3 must be divisible by the number of processes (2)"),
     ("one GPU named for all ranks", ["--device=cuda:1", "WORLD_SIZE=2"], "device='cuda:1' cannot serve 2 processes"),
