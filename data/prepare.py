@@ -70,13 +70,17 @@ DEFAULT_BPE_VOCAB = 2048
 MAX_BPE_VOCAB = 200_000  # above the largest common BPE vocabularies (o200k); beyond it training only slows
 BPE_FILE = "bpe.tiktoken"
 BPE_CHECK_CHARS = 20_000  # val text re-encoded by the slow reference encoder to check tiktoken agrees
-# bpe trains on at most this much train text: its piece counts, not the text, stay in memory, a few hundred MB
-# for English at this size; training time grows with it too
+# bpe trains on at most this much train text, taken across the split: its memory (the counts of the distinct
+# pre-tokens) and its training time grow with it
 BPE_TRAIN_CHARS = 1 << 25
 READ_BYTES = 1 << 20  # a text file is read this much at a time
-CHUNK_CHARS = 1 << 18  # text encoded in one go by a worker: passing it between processes costs ~1% of encoding it
+# text a worker encodes in one go: enough that handing it over is cheap beside encoding it, little enough that many
+# are in flight at once in bounded memory
+CHUNK_CHARS = 1 << 18
 MAX_CHUNK_CHARS = 1 << 24  # past this, a document with no safe place to cut (see safe_cut) is cut anyway
-PARALLEL_CHARS = 1 << 23  # by default, each process needs this much text to pay for its start (about half a second)
+# by default, a process only for each this much text: starting one (an interpreter, the tokenizer) costs more than
+# it would save on less
+PARALLEL_CHARS = 1 << 23
 
 
 def default_num_proc() -> int:
