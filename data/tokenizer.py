@@ -7,7 +7,8 @@ tokenizer. Three tokenizers:
 - char: one id per character of the corpus, vocabulary sorted (nanoGPT's shakespeare_char).
 - gpt2: tiktoken's GPT-2 encoding (its files come from the network or tiktoken's cache).
 - bpe:  a byte-level BPE trained here on the train split, saved as a tiktoken ranks
-        file and run through tiktoken.Encoding, so encoding runs at tiktoken's speed.
+        file and run through tiktoken.Encoding, so encoding runs at tiktoken's speed. A
+        dataset of several documents adds GPT-2's end-of-text token after the ranks.
 
 load_meta() returns a self-contained dict (the bpe ranks inlined, only JSON types) that
 checkpoints embed, so a checkpoint can be sampled without its dataset folder.
@@ -135,9 +136,16 @@ def train_bpe(
     Returns (ranks, merges): ranks maps token bytes to id (tiktoken's mergeable_ranks, id =
     rank = merge order); merges lists (left, right, new) in training order.
     """
+    return train_bpe_from_counts(Counter(pretokenize(text, pattern)), vocab_size, progress)
+
+
+def train_bpe_from_counts(
+    piece_counts: Counter, vocab_size: int, progress: bool = True
+) -> tuple[dict[bytes, int], list[tuple[int, int, int]]]:
+    """train_bpe on the counts of the pre-tokenised pieces, which a corpus too large to hold can
+    be counted into chunk by chunk. The result does not depend on the order of the pieces."""
     assert vocab_size > 256, f"vocab_size must exceed the 256 byte tokens, got {vocab_size}"
     # Work on unique pieces with their frequencies: far fewer than the corpus's pieces.
-    piece_counts = Counter(pretokenize(text, pattern))
     words = [list(piece.encode("utf-8")) for piece in piece_counts]  # each a list of token ids
     freqs = list(piece_counts.values())
 
@@ -256,11 +264,15 @@ def ranks_from_text(text: str) -> dict[bytes, int]:
 
 
 def bpe_encoding(
-    ranks: dict[bytes, int], pattern: str = GPT2_PATTERN, name: str = "bpe"
+    ranks: dict[bytes, int], pattern: str = GPT2_PATTERN, name: str = "bpe", eot: int | None = None
 ) -> tiktoken.Encoding:
+    """The tiktoken Encoding of trained ranks; eot, when given, is the id of an end-of-text token
+    (GPT-2's '<|endoftext|>') appended after the ranks, which separates documents."""
     assert sorted(ranks.values()) == list(range(len(ranks))), "bpe ranks must be the ids 0..n-1"
     assert all(bytes([i]) in ranks for i in range(256)), "a byte-level bpe needs all 256 byte tokens"
-    return tiktoken.Encoding(name=name, pat_str=pattern, mergeable_ranks=ranks, special_tokens={})
+    assert eot in (None, len(ranks)), f"the end-of-text id must follow the ranks: {len(ranks)}, not {eot}"
+    special = {} if eot is None else {GPT2_EOT: eot}
+    return tiktoken.Encoding(name=name, pat_str=pattern, mergeable_ranks=ranks, special_tokens=special)
 
 
 # ----------------------------------------------------------------------------- datasets
@@ -334,7 +346,9 @@ def tokenizer_from_meta(meta: dict) -> Tokenizer:
             raise ValueError("bpe meta has no 'bpe_ranks'; "
                              "read it with load_meta(dataset_dir), which inlines the ranks file")
         ranks = ranks_from_text(meta["bpe_ranks"])
-        encoding = bpe_encoding(ranks, meta.get("bpe_pattern", GPT2_PATTERN), name=f"bpe{len(ranks)}")
+        # "eot": datasets of several documents (older datasets and single texts have none)
+        encoding = bpe_encoding(ranks, meta.get("bpe_pattern", GPT2_PATTERN), name=f"bpe{len(ranks)}",
+                                eot=meta.get("eot"))
         return TiktokenTokenizer(encoding, "bpe")
     raise ValueError(f"unknown tokenizer {kind!r} in meta; valid: {', '.join(TOKENIZERS)}")
 

@@ -188,8 +188,8 @@ def test_bpe_meta_and_bins(bpe_dataset, small_corpus):
     assert meta["tokenizer"] == "bpe" and meta["dtype"] == "uint16" and meta["vocab_size"] == 512
     assert tok.decode([meta["start_id"]]) == "\n"
     text = small_corpus.read_text(encoding="utf-8")
-    train, val = prepare.split_text(text, 0.1)
-    for split, split_text in (("train", train), ("val", val)):
+    n = int(len(text) * 0.9)  # the last tenth of the characters is val
+    for split, split_text in (("train", text[:n]), ("val", text[n:])):
         ids = tk.open_split(bpe_dataset, split, meta)
         assert len(ids) == meta[f"{split}_tokens"]
         assert tok.decode(ids.tolist()) == split_text
@@ -372,14 +372,278 @@ def test_a_damaged_dataset_is_refused_naming_the_file_and_the_fix(char_dataset, 
         Batches(dataset, tk.load_meta(dataset), 32, 4, 0, "cpu", 1)
 
 
-def test_a_prepare_stopped_by_a_full_disk_leaves_no_dataset_train_would_accept(corpus, char_dataset, tmp_path,
-                                                                              monkeypatch, capsys):
+def snapshot(folder):
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def test_a_prepare_stopped_by_a_full_disk_leaves_the_previous_dataset_as_it_was(corpus, char_dataset, tmp_path,
+                                                                                monkeypatch, capsys):
     dataset = damage(char_dataset, tmp_path, "meta.json", lambda p: None)  # a whole dataset, prepared before
-    monkeypatch.setattr(files, "open", FullDevice(".val.bin.tmp", room=1000), raising=False)
-    assert prepare.main(["--input", str(corpus), "--data_dir", str(tmp_path)]) == 1
+    before = snapshot(dataset)
+    monkeypatch.setattr(files, "open", FullDevice("val.bin", room=1000), raising=False)
+    assert prepare.main(["--input", str(corpus), "--data_dir", str(tmp_path), "--val_fraction", "0.2"]) == 1
     err = capsys.readouterr().err.strip()
-    assert re.fullmatch(rf"error: cannot write {dataset}/val\.bin: the device is full \(No space left on device; "
-                        r"it needs 217\.9 KiB, [\d.]+ \w+ free there\)", err), err
-    assert sorted(p.name for p in dataset.iterdir()) == ["train.bin", "val.bin"]  # no meta.json: not a dataset
-    with pytest.raises(ValueError, match=r"no prepared dataset at .* \(meta\.json is missing\); create it with"):
-        tk.load_meta(dataset)
+    stage = tmp_path / ".shakespeare_char.tmp"
+    assert re.fullmatch(rf"error: cannot write {stage}/val\.bin: the device is full \(No space left on device; "
+                        r"[\d.]+ \w+ free there\)", err), err
+    assert snapshot(dataset) == before  # the dataset is whole, and the old one: nothing was moved in
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["shakespeare_char"]  # no temporary folder stays
+    tk.load_meta(dataset)
+
+
+def test_a_prepare_interrupted_while_encoding_leaves_the_previous_dataset(small_corpus, tmp_path, monkeypatch):
+    argv = ["--input", str(small_corpus), "--data_dir", str(tmp_path), "--dataset", "mine"]
+    assert prepare.main([*argv, "--tokenizer", "bpe", "--vocab_size", "300"]) == 0
+    before = snapshot(tmp_path / "mine")
+    calls = []
+
+    def ctrl_c_on_the_second_task(self, segments):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return encode(self, segments)
+
+    encode = prepare.Encoder.__call__
+    monkeypatch.setattr(prepare, "CHUNK_CHARS", 10_000)
+    monkeypatch.setattr(prepare.Encoder, "__call__", ctrl_c_on_the_second_task)
+    assert prepare.main(argv) == 130
+    assert snapshot(tmp_path / "mine") == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"]
+    # done to the end, the new dataset replaces the old, files of the old tokenizer included
+    monkeypatch.setattr(prepare.Encoder, "__call__", encode)
+    assert prepare.main(argv) == 0
+    assert sorted(p.name for p in (tmp_path / "mine").iterdir()) == ["meta.json", "train.bin", "val.bin"]
+    assert tk.load_meta(tmp_path / "mine")["tokenizer"] == "char"
+
+
+# ----------------------------------------------------------------------------- streaming
+
+
+def cut(text, target):
+    return [chunk for _, chunk in prepare.chunks([(0, text)], target)]
+
+
+def encodings(small_corpus):
+    """char, our bpe, and the same ranks under tiktoken's gpt2 pattern (gpt2's own files are not here offline)."""
+    from tiktoken_ext.openai_public import r50k_pat_str
+
+    text = small_corpus.read_text(encoding="utf-8")[:30_000] + TRICKY
+    ranks, _ = tk.train_bpe(text, 400, progress=False)
+    bpe = tk.bpe_encoding(ranks)
+    gpt2_like = tk.bpe_encoding(ranks, pattern=r50k_pat_str, eot=len(ranks))
+    return {"bpe": bpe.encode_ordinary, "gpt2 pattern": gpt2_like.encode_ordinary}
+
+
+HARD = (TRICKY * 3 + "  \n\n \t x  'll 's't 'S 12,345.6e7 ..." + "日本語のテキスト、句読点。" * 40 + "\r\n" * 5
+        + "a" * 300 + "   " + "'" * 50 + " \u00a0\u3000 end" + "x'  'x ''s" + "a\x1cb\x85 c\u2028\x0bd\x0c")
+
+
+@pytest.mark.parametrize("target", [1, 7, 64, 500])
+def test_text_cut_into_chunks_encodes_as_the_whole(small_corpus, target):
+    text = HARD + small_corpus.read_text(encoding="utf-8")[:20_000]
+    chunks = cut(text, target)
+    assert "".join(chunks) == text and len(chunks) > len(text) // 1000
+    for name, encode in encodings(small_corpus).items():
+        streamed = [i for chunk in chunks for i in encode(chunk)]
+        assert streamed == encode(text), name
+
+
+def test_chunks_fed_in_pieces_of_any_size_match_the_whole(small_corpus):
+    text = HARD + small_corpus.read_text(encoding="utf-8")[:10_000]
+    rng = np.random.default_rng(0)
+    ends = sorted(set(rng.integers(1, len(text), 200).tolist())) + [len(text)]
+    pieces = [(0, text[a:b]) for a, b in zip([0, *ends], ends)]
+    chunks = [chunk for _, chunk in prepare.chunks(pieces, 50)]
+    assert "".join(chunks) == text
+    for name, encode in encodings(small_corpus).items():
+        assert [i for chunk in chunks for i in encode(chunk)] == encode(text), name
+
+
+def test_a_word_with_no_safe_cut_is_cut_only_past_the_limit(monkeypatch):
+    monkeypatch.setattr(prepare, "MAX_CHUNK_CHARS", 1000)
+    assert cut("a" * 900 + " b", 100) == ["a" * 900, " b"]  # a safe cut past the target is waited for
+    # cut where it must, the one case where ids may differ, until the limit holds the rest
+    assert [len(c) for c in cut("a" * 2500, 100)] == [100] * 15 + [1000]
+
+
+def test_a_new_key_starts_a_new_chunk():
+    pieces = [(("train", 0), "one two"), (("train", 0), " three"), (("val", 0), "four"), (("val", 1), "five")]
+    assert list(prepare.chunks(pieces, 100)) == [(("train", 0), "one two three"), (("val", 0), "four"),
+                                                 (("val", 1), "five")]
+
+
+@pytest.mark.parametrize("tokenizer", ["char", "bpe"])
+def test_a_streamed_dataset_holds_the_ids_of_the_whole_text(tmp_path, small_corpus, monkeypatch, tokenizer):
+    text = HARD + small_corpus.read_text(encoding="utf-8")[:40_000]
+    (tmp_path / "c.txt").write_text(text, encoding="utf-8", newline="")
+    monkeypatch.setattr(prepare, "READ_BYTES", 1000)  # pieces, chunks and tasks of a few hundred characters
+    monkeypatch.setattr(prepare, "CHUNK_CHARS", 300)
+    extra = ["--vocab_size", "300"] if tokenizer == "bpe" else []
+    assert prepare.main(["--input", str(tmp_path / "c.txt"), "--data_dir", str(tmp_path), "--dataset", "d",
+                         "--tokenizer", tokenizer, "--num_proc", "1", *extra]) == 0
+    meta = tk.load_meta(tmp_path / "d")
+    tok, n = tk.tokenizer_from_meta(meta), int(len(text) * 0.9)
+    for split, part in (("train", text[:n]), ("val", text[n:])):
+        assert tk.open_split(tmp_path / "d", split, meta).tolist() == tok.encode(part)
+        assert meta[f"{split}_bytes"] == len(part.encode("utf-8"))
+
+
+def test_utf8_errors_give_the_offset_in_the_file_across_blocks(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(prepare, "READ_BYTES", 16)
+    good = "é" * 20  # 2 bytes each: blocks of 16 bytes cut none, but a 15-byte start would
+    (tmp_path / "a.txt").write_bytes(b"x" + good.encode() + b"\xff tail")
+    assert prepare.main(["--input", str(tmp_path / "a.txt"), "--data_dir", str(tmp_path / "out")]) == 1
+    assert "(byte 0xff at offset 41)" in capsys.readouterr().err
+    (tmp_path / "b.txt").write_bytes(b"x" + good.encode() + b" tail\n")
+    assert prepare.main(["--input", str(tmp_path / "b.txt"), "--data_dir", str(tmp_path / "out")]) == 0
+    meta = tk.load_meta(tmp_path / "out" / "shakespeare_char")
+    assert meta["train_bytes"] + meta["val_bytes"] == 47
+
+
+# ----------------------------------------------------------------------------- corpora of many documents
+
+
+DOCS = {  # path under the corpus folder: its documents
+    "a/1.txt": ["First document,\nof two lines.\n"],
+    "a/b/2.jsonl": ["second", "third <|endoftext|> has the literal", "fourth\n"],
+    "c.txt": ["fifth and last, é\n"],
+}
+
+
+@pytest.fixture
+def folder(tmp_path):
+    root = tmp_path / "corpus"
+    for name, docs in DOCS.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if name.endswith(".jsonl"):
+            lines = [json.dumps({"text": docs[0], "id": 1}), "", json.dumps({"text": ""}),  # blank, empty: skipped
+                     *(json.dumps({"text": d}) for d in docs[1:])]
+            path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        else:
+            path.write_text(docs[0], encoding="utf-8")
+    (root / "notes.md").write_text("not a corpus file")
+    return root
+
+
+def docs_of(*names):
+    return [d for name in names for d in DOCS[name]]
+
+
+def prepared(root, dataset):
+    meta = tk.load_meta(root / dataset)
+    tok = tk.tokenizer_from_meta(meta)
+    return meta, {s: tok.decode(tk.open_split(root / dataset, s, meta).tolist()) for s in tk.SPLITS}
+
+
+def test_a_folder_is_its_txt_and_jsonl_files_in_sorted_order_one_document_each_line(folder, tmp_path):
+    assert prepare.main(["--input", str(folder), "--data_dir", str(tmp_path), "--dataset", "d",
+                         "--val_fraction", "0.4"]) == 0
+    meta, text = prepared(tmp_path, "d")
+    docs = docs_of("a/1.txt", "a/b/2.jsonl", "c.txt")
+    # five documents, two val (round(5 * 0.4)), evenly spread: the third and the fifth; char joins with a newline
+    assert (meta["train_documents"], meta["val_documents"]) == (3, 2)
+    assert text["train"] == "\n".join([docs[0], docs[1], docs[3]])
+    assert text["val"] == "\n".join([docs[2], docs[4]])
+    assert meta["train_bytes"] == sum(len(docs[i].encode()) for i in (0, 1, 3))  # separators not counted
+    assert meta["source"] == str(folder.resolve())
+
+
+def test_a_glob_and_a_jsonl_file(folder, tmp_path):
+    assert prepare.main(["--input", str(folder / "**" / "*.txt"), "--data_dir", str(tmp_path), "--dataset", "g"]) == 0
+    meta, text = prepared(tmp_path, "g")
+    assert (text["train"], text["val"]) == tuple(docs_of("a/1.txt", "c.txt"))  # two documents: one each
+    assert meta["source"] == str(folder / "**" / "*.txt")
+    assert prepare.main(["--input", str(folder / "a/b/2.jsonl"), "--data_dir", str(tmp_path), "--dataset", "j"]) == 0
+    meta, text = prepared(tmp_path, "j")
+    docs = docs_of("a/b/2.jsonl")
+    assert text["train"] == "\n".join(docs[:2]) and text["val"] == docs[2]
+
+
+def test_bpe_separates_documents_with_an_end_of_text_token(folder, tmp_path):
+    assert prepare.main(["--input", str(folder), "--data_dir", str(tmp_path), "--dataset", "b", "--tokenizer", "bpe",
+                         "--vocab_size", "270", "--val_fraction", "0.4"]) == 0
+    meta, text = prepared(tmp_path, "b")
+    eot = meta["eot"]
+    assert eot == 269 and meta["vocab_size"] == 270 and meta["start_id"] == eot  # --vocab_size counts it
+    tok = tk.tokenizer_from_meta(meta)
+    assert tok.vocab_size == 270 and tok.decode([eot]) == tk.GPT2_EOT
+    docs = docs_of("a/1.txt", "a/b/2.jsonl", "c.txt")
+    assert text["train"] == tk.GPT2_EOT.join([docs[0], docs[1], docs[3]])
+    ids = tk.open_split(tmp_path / "b", "train", meta).tolist()
+    assert ids.count(eot) == 2, "only the separators: the literal <|endoftext|> in a document is text"
+    assert tok.encode(tk.GPT2_EOT) != [eot]
+    # train.py and sample.py rebuild it from the checkpoint's copy of meta
+    loaded = torch.load(io.BytesIO(_saved({"meta": meta})), weights_only=True)["meta"]
+    assert tk.tokenizer_from_meta(loaded).decode(ids) == text["train"]
+
+
+def _saved(obj):
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("n, fraction", [(2, 0.1), (3, 0.5), (10, 0.1), (11, 0.25), (1000, 0.01), (7, 0.95)])
+def test_the_val_documents_are_evenly_spread_and_never_all(n, fraction):
+    split = prepare.Split.plan(prepare.Scan(documents=n, chars=10 * n), fraction)
+    val = [k for k in range(n) if split.of(k) == "val"]
+    assert len(val) == split.val_documents == min(n - 1, max(1, round(n * fraction)))
+    assert val[-1] == n - 1 and max(np.diff([-1, *val])) <= -(-n // len(val))  # no gap wider than n / len(val)
+
+
+def test_many_documents_prepare_the_same_with_several_processes(small_corpus, tmp_path):
+    """Documents of a jsonl file and text files, spread over tasks that processes encode out of order."""
+    text = small_corpus.read_text(encoding="utf-8")
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    speeches = text.split("\n\n")
+    with open(corpus / "speeches.jsonl", "w", encoding="utf-8") as f:
+        for speech in speeches * 3:
+            f.write(json.dumps({"text": speech}) + "\n")
+    (corpus / "whole.txt").write_text(text * 2, encoding="utf-8")
+    outputs = []
+    for num_proc in ("1", "2"):
+        root = tmp_path / num_proc
+        proc = run_prepare("--input", str(corpus), "--data_dir", str(root), "--tokenizer", "bpe", "--vocab_size",
+                           "300", "--num_proc", num_proc, env={"PYTHONHASHSEED": num_proc})
+        assert proc.returncode == 0, proc.stderr
+        assert f"encoding with {num_proc} process(es)" in proc.stdout
+        outputs.append(snapshot(root / "shakespeare_bpe"))
+    assert outputs[0] == outputs[1]
+    meta = json.loads(outputs[0]["meta.json"])
+    assert meta["train_documents"] + meta["val_documents"] == 3 * len(speeches) + 1
+
+
+def test_bad_corpora_are_one_line_errors(folder, tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "bad").mkdir()
+    lines = {"no_text.jsonl": '{"text": "ok"}\n{"body": "x"}\n', "not_json.jsonl": '{"text": "ok"}\n\n{"text": \n',
+             "list.jsonl": '["text"]\n', "number.jsonl": '{"text": 3}\n', "latin1.jsonl": '{"text": "caf\xe9"}\n'}
+    for name, content in lines.items():
+        (tmp_path / "bad" / name).write_bytes(content.encode("latin-1"))
+    (folder / "a" / "latin1.txt").write_bytes("ok\ncaf\xe9\n".encode("latin-1"))
+    (tmp_path / "blank.jsonl").write_text('{"text": ""}\n\n')
+    bad = tmp_path / "bad"
+    cases = [
+        (str(tmp_path / "empty"), "input folder", "empty holds no .txt or .jsonl files"),
+        (str(tmp_path / "*.nothing"), "input pattern", "*.nothing' matches no files"),
+        (str(bad / "no_text.jsonl"), "no_text.jsonl line 2 has no \"text\" field"),
+        (str(bad / "not_json.jsonl"), "not_json.jsonl line 3 is not valid JSON (Expecting value at column 10)"),
+        (str(bad / "list.jsonl"), "list.jsonl line 1 has no \"text\" field"),
+        (str(bad / "number.jsonl"), "number.jsonl line 1 has a \"text\" that is a int, not a string"),
+        (str(bad / "latin1.jsonl"), "latin1.jsonl line 1 is not UTF-8 text (byte 0xe9 at column 14)"),
+        (str(folder), "a/latin1.txt is not UTF-8 text (byte 0xe9 at offset 6)"),
+        (str(tmp_path / "blank.jsonl"), "blank.jsonl holds no text"),
+    ]
+    for spec, *fragments in cases:
+        assert prepare.main(["--input", spec, "--data_dir", str(tmp_path / "out")]) == 1
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and err.startswith("error: "), err
+        assert all(f in err for f in fragments), (fragments, err)
+    (folder / "a" / "latin1.txt").unlink()
+    for argv, says in [(["--num_proc", "0"], "--num_proc 0 is out of range"),
+                       (["--tokenizer", "bpe", "--vocab_size", "257"], "needs 258..")]:
+        assert prepare.main(["--input", str(folder), "--data_dir", str(tmp_path / "out"), *argv]) == 1
+        assert says in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

@@ -1,10 +1,14 @@
-"""The README quickstart as commands: prepare, train, sample."""
+"""The README quickstart as commands: prepare, train, sample; the shipped GPT-2 config, shrunk."""
 
 import json
 
+import numpy as np
 import torch
 
-from conftest import TINY, run
+import config
+import train
+from conftest import ROOT, TINY, flags, log, run
+from model import GPT, GPTConfig
 
 
 def test_prepare_train_sample(data_dir, tmp_path):
@@ -26,3 +30,26 @@ def test_prepare_train_sample(data_dir, tmp_path):
     assert text.startswith("ROMEO:") and len(text) == len("ROMEO:") + 40 + 1  # char-level, then a newline
     again = run("sample.py", f"--out_dir={out}", "--start=ROMEO:", "--max_new_tokens=40", "--seed=3").stdout
     assert again == text
+
+
+def test_the_gpt2_124m_config_trains_shrunk_on_a_prepared_dataset(data_dir, tmp_path, one_thread):
+    """configs/gpt2_124m.toml with its shape shrunk and a char dataset in place of OpenWebText (the gpt2
+    tokenizer's files cannot be fetched offline): its recipe runs, with every setting not overridden kept."""
+    path = ROOT / "configs" / "gpt2_124m.toml"
+    gcfg, tc = config.parse([str(path), "--vocab_size=50257"], GPTConfig, train.TrainConfig)
+    with torch.device("meta"):  # the full shape, without allocating it: GPT-2 small, no biases, no position table
+        assert GPT(gcfg).num_params() == 123_551_232
+    assert tc.batch_size * gcfg.block_size * tc.gradient_accumulation_steps == 491_520  # ~0.5M tokens a step
+
+    out = tmp_path / "run"
+    overrides = flags(data_dir, out, "--dataset=shakespeare_char", "--gradient_accumulation_steps=2", "--max_iters=3",
+                      "--warmup_iters=1", "--lr_decay_iters=3", "--eval_interval=3", "--log_interval=1")
+    train.main([str(path), *overrides])
+    saved = json.loads((out / "config.json").read_text())
+    overridden = {arg.removeprefix("--").split("=")[0] for arg in overrides}
+    kept = {k: v for k, v in config.read_toml(path).items() if k not in overridden}
+    assert {"learning_rate", "min_lr", "beta2", "weight_decay", "grad_clip", "bias", "pos_emb"} <= kept.keys()
+    assert kept == {k: (saved["model"] | saved["train"])[k] for k in kept}
+    lines = log(out)
+    assert [m["iter"] for m in lines if "train_loss" in m] == [1, 2, 3] and lines[-1]["iter"] == 3
+    assert all(np.isfinite(m.get("train_loss", m.get("val_loss"))) for m in lines)
