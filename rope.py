@@ -152,6 +152,8 @@ def rope_cache(inv_freq: torch.Tensor, positions: torch.Tensor, device=None) -> 
         raise ValueError(f"positions must be integers, got dtype {positions.dtype}: "
                          f"low-precision floats merge neighbouring positions")
     device = positions.device if device is None else device
+    if positions.is_meta or inv_freq.is_meta:  # a model built on the meta device (shapes only): no values to compute
+        return (torch.empty(len(positions), len(inv_freq), device="meta"),) * 2
     angles = positions.cpu().double()[:, None] * inv_freq.cpu().double()[None, :]  # (T, rot/2)
     return angles.cos().float().to(device), angles.sin().float().to(device)
 
