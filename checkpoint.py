@@ -16,6 +16,7 @@ from files import atomic_write
 from model import GPT, GPTConfig
 
 RESUME_KEYS = ("model", "optimizer", "scaler", "iter", "best_val_loss", "rng", "tokenizer")
+CHECKPOINTS = {"best": ("best.pt", "ckpt.pt"), "latest": ("ckpt.pt",)}  # a run's file names tried, in order
 
 
 def rng_state():
@@ -61,6 +62,28 @@ def load_checkpoint(path, device="cpu"):
     return ckpt
 
 
+def checkpoint_in(out_dir, which):
+    """The checkpoint file in the run folder out_dir that `which` (best, latest) names, or None."""
+    return next((Path(out_dir) / n for n in CHECKPOINTS[which] if (Path(out_dir) / n).is_file()), None)
+
+
+def load_run(path, which="latest", device="cpu"):
+    """(file, checkpoint) of a training run: path is a checkpoint file, or a run folder whose `which` checkpoint is
+    taken. One without the tokenizer train.py saves (weights alone) is refused: sampling, export and fine-tuning
+    all need it."""
+    path = Path(path)
+    if not path.is_file():  # a run folder, or a missing one
+        found = checkpoint_in(path, which)
+        if found is None:
+            raise ValueError(f"no checkpoint in {str(path)!r} (looked for {' or '.join(CHECKPOINTS[which])}); train "
+                             f"first (python train.py --out_dir={path}) or pass the run's folder")
+        path = found
+    ckpt = load_checkpoint(path, device)
+    if "tokenizer" not in ckpt:
+        raise ValueError(f"{str(path)!r} is not a nanorope checkpoint (it lacks the tokenizer entry)")
+    return path, ckpt
+
+
 def model_from_checkpoint(ckpt, device="cpu", path="the checkpoint"):
     """The GPT a load_checkpoint dict describes; one whose config or weights are another model's is refused."""
     try:
@@ -85,11 +108,7 @@ def config_diff(ckpt, config, meta, may_differ):
 def init_from_checkpoint(model, path, meta):
     """Fine-tuning's start: model's weights from the checkpoint at path (a file, or a run folder holding ckpt.pt).
     Only what no weight depends on may differ: the context length, the RoPE scaling, dropout."""
-    path = Path(path)
-    path = path / "ckpt.pt" if path.is_dir() else path
-    ckpt = load_checkpoint(path)
-    if "tokenizer" not in ckpt:
-        raise ValueError(f"init_from={str(path)!r} lacks its tokenizer; give a checkpoint train.py wrote")
+    path, ckpt = load_run(path)
     diff = config_diff(ckpt, model.config, meta, may_differ=("block_size", "dropout", "rope_scaling",
                                                             "rope_scaling_factor", "rope_original_len"))
     if diff:

@@ -41,10 +41,9 @@ from transformers.convert_slow_tokenizer import TikTokenConverter
 import config
 import positions
 import rope
-from checkpoint import load_checkpoint, model_from_checkpoint
+from checkpoint import CHECKPOINTS, load_run, model_from_checkpoint
 from data.tokenizer import tokenizer_from_meta
 
-CHECKPOINTS = {"best": ("best.pt", "ckpt.pt"), "latest": ("ckpt.pt",)}  # file names tried, in order
 RUN_FILES = ("ckpt.pt", "best.pt", "metrics.jsonl")  # a folder holding one is a run: its config.json is not ours
 # what GPT-NeoX and GPT-2 lack for each scheme that export refuses; a scheme not named here is refused too
 LACKS = {
@@ -246,14 +245,6 @@ class RanksConverter(TikTokenConverter):
 
 # ----------------------------------------------------------------------------- the command
 
-def checkpoint_in(out_dir, which):
-    path = next((Path(out_dir) / n for n in CHECKPOINTS[which] if (Path(out_dir) / n).is_file()), None)
-    if path is None:
-        raise ValueError(f"no checkpoint in {str(out_dir)!r} (looked for {' or '.join(CHECKPOINTS[which])}); "
-                         "train first (python train.py ...) or pass the run's folder")
-    return path
-
-
 def export(out_dir, hf_dir, which="best", rope_scaling=None, rope_scaling_factor=None):
     """Write hf_dir from out_dir's checkpoint; returns the largest logit difference of the check."""
     hf_dir = Path(hf_dir)
@@ -261,10 +252,7 @@ def export(out_dir, hf_dir, which="best", rope_scaling=None, rope_scaling_factor
         raise ValueError(f"{str(hf_dir)!r} is a file or a training run's folder; name a new folder for the export")
     if (rope_scaling is None) != (rope_scaling_factor is None):
         raise ValueError("--rope_scaling and --rope_scaling_factor go together: name the scaling and its factor")
-    path = checkpoint_in(out_dir, which)
-    ckpt = load_checkpoint(path)
-    if "tokenizer" not in ckpt:
-        raise ValueError(f"{str(path)!r} is not a nanorope checkpoint (it lacks the tokenizer entry)")
+    path, ckpt = load_run(out_dir, which)
     model = model_from_checkpoint(ckpt, path=path).float().eval()  # written, and checked, in float32
     if rope_scaling is not None:
         model.reconfigure(rope_scaling=rope_scaling, rope_scaling_factor=rope_scaling_factor)

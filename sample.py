@@ -26,12 +26,11 @@ from tqdm import tqdm
 
 import config
 import rope
-from checkpoint import load_checkpoint, model_from_checkpoint
+from checkpoint import CHECKPOINTS, checkpoint_in, load_run, model_from_checkpoint
 from data.tokenizer import tokenizer_from_meta
 from generate import context_length, generate
 from runtime import check_compile, decode_autocast, pick_device, pick_dtype
 
-CHECKPOINTS = {"best": ("best.pt", "ckpt.pt"), "latest": ("ckpt.pt",)}  # file names tried, in order
 FORMATS = ("columns", "text", "markdown")
 MIN_COLUMN = 24  # narrower columns wrap the text into confetti: print blocks instead
 SEPARATOR = "-" * 40  # between samples of one model
@@ -92,11 +91,6 @@ def read_prompt(start):
 
 # ----------------------------------------------------------------------------- models
 
-def checkpoint_in(out_dir, which):
-    """The checkpoint file in out_dir that --checkpoint names, or None."""
-    return next((Path(out_dir) / n for n in CHECKPOINTS[which] if (Path(out_dir) / n).is_file()), None)
-
-
 def default_run(which):
     """out/ (train.py's default), else the newest out*/ folder in the working directory: the run just trained."""
     runs = [p for p in Path().glob("out*") if p.is_dir() and checkpoint_in(p, which)]
@@ -112,14 +106,7 @@ class Sampler:
 
     def __init__(self, out_dir, prompt, args, device):
         self.name = str(out_dir)
-        self.path = checkpoint_in(out_dir, args.checkpoint)
-        if self.path is None:
-            looked = " or ".join(CHECKPOINTS[args.checkpoint])
-            raise ValueError(f"no checkpoint in {self.name!r} (looked for {looked}); train first "
-                             f"(python train.py --out_dir={self.name}) or pass the right folder")
-        self.ckpt = load_checkpoint(self.path, device)
-        if "tokenizer" not in self.ckpt:
-            raise ValueError(f"{str(self.path)!r} is not a nanorope checkpoint (it lacks the tokenizer entry)")
+        self.path, self.ckpt = load_run(out_dir, args.checkpoint, device)
         self.model = model_from_checkpoint(self.ckpt, device, self.path).eval()
         self.tok = tokenizer_from_meta(self.ckpt["tokenizer"])
         cfg = self.model.config

@@ -384,7 +384,7 @@ BATTERY = [
                                    "--pos_emb=learned", "--block_size=64"],
      "init_from='{root}/learned/ckpt.pt': its weights do not fit this model (size mismatch for pos.wpe.weight"),
     ("init_from missing", ["--resume=false", "--out_dir={root}/ft", "--init_from={root}/nowhere"],
-     "no checkpoint at '{root}/nowhere'"),
+     "no checkpoint in '{root}/nowhere' (looked for ckpt.pt); train first"),
     ("gas not divisible by ranks", ["--gradient_accumulation_steps=3", "WORLD_SIZE=2"],
      "gradient_accumulation_steps=3 must be divisible by the number of processes (2)"),
     ("one GPU named for all ranks", ["--device=cuda:1", "WORLD_SIZE=2"], "device='cuda:1' cannot serve 2 processes"),
