@@ -462,19 +462,27 @@ def run_statuses(plan):
     return {(name, seed): status(plan, name, seed) for seed in plan.seeds for name in plan.grid}
 
 
-def main(argv=None):
+def command(argv, doc, settings, run):
+    """The main of a tool that trains many runs (ablate.py, extend.py): --help from doc and the settings classes
+    (its own, GPTConfig, TrainConfig), else run(*their parsed values); a bad setting or a diverging run is one
+    line and exit 1, an interruption exit 130 with the hint that rerunning resumes."""
     argv = sys.argv[1:] if argv is None else argv
+    classes = (settings, GPTConfig, train.TrainConfig)
     if "-h" in argv or "--help" in argv:
-        print(__doc__ + config.help_text(AblateConfig, GPTConfig, train.TrainConfig))
+        print(doc + config.help_text(*classes))
         return
     try:
-        ablate(make_plan(*config.parse(argv, AblateConfig, GPTConfig, train.TrainConfig)))
+        run(*config.parse(argv, *classes))
     except ValueError as e:  # bad settings, and a diverging run (train.Divergence)
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
     except (Interrupted, KeyboardInterrupt) as e:
         print(f"\ninterrupted{': ' + str(e) if str(e) else ''}; rerun the same command to resume", file=sys.stderr)
         sys.exit(130)
+
+
+def main(argv=None):
+    command(argv, __doc__, AblateConfig, lambda *settings: ablate(make_plan(*settings)))
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ Settings: ExtendConfig (here), GPTConfig and TrainConfig; `python extend.py --he
 
 import json
 import math
-import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -156,16 +155,17 @@ def losses(model, lab, lengths):
 
 def passkey(lab, out, scaling="none"):
     """{W: passkey accuracy} of the run in out, as trained; with a scaling, by factor W/L0 past L0 (else None)."""
-    cfg, acc = load_model(out, lab.rt).config, {}
-    scheme = positions.scheme(cfg.pos_emb)
+    model = load_model(out, lab.rt)
+    L0, scheme, acc = model.config.block_size, positions.scheme(model.config.pos_emb), {}
     for W, batches in lab.probe.items():
-        if scaling != "none" and W <= cfg.block_size:
+        if scaling != "none" and W <= L0:
             continue
-        if W > cfg.block_size and not scheme.extrapolates:
+        if W > L0 and not scheme.extrapolates:
             acc[str(W)] = None
             continue
-        changes = {"rope_scaling": scaling, "rope_scaling_factor": W / cfg.block_size} if scaling != "none" else {}
-        acc[str(W)] = lab.passkeys.accuracy(load_model(out, lab.rt, **changes), batches, lab.rt)
+        if scaling != "none":
+            model.reconfigure(rope_scaling=scaling, rope_scaling_factor=W / L0)
+        acc[str(W)] = lab.passkeys.accuracy(model, batches, lab.rt)
     return acc
 
 
@@ -174,7 +174,7 @@ def evaluated(path, compute):
     if not path.is_file():
         obj = compute()
         path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, lambda f: f.write((json.dumps(obj, indent=1) + "\n").encode()))
+        ablate.write_json(path, obj)
     return json.loads(path.read_text())
 
 
@@ -202,8 +202,8 @@ def finetune_run(lab, scaling, s, seed):
     the loss at L0, s*L0 and 2s*L0 after each; then the passkey probe."""
     out, gcfg, tc = lab.finetune(scaling, s, seed)
     check_settings(out, gcfg, tc)
-    L0, lengths = lab.gcfg.block_size, [lab.gcfg.block_size, round(s * lab.gcfg.block_size),
-                                        round(2 * s * lab.gcfg.block_size)]
+    L0 = lab.gcfg.block_size
+    lengths = [L0, round(s * L0), round(2 * s * L0)]
     base_out = lab.base("rope", seed)[0]
     curve = {}
     for step in lab.steps:
@@ -214,9 +214,7 @@ def finetune_run(lab, scaling, s, seed):
             continue
         ablate.train_run(f"{scaling}-x{s:g}", gcfg, replace(tc, max_iters=step), out)
         curve[str(step)] = evaluated(out / f"step{step}.json", lambda: losses(load_model(out, lab.rt), lab, lengths))
-    probe = evaluated(out / "eval.json", lambda: {"passkey": passkey(lab, out)})
-    assert load_model(out, lab.rt).config.rope_original_len == L0
-    return {"loss": curve, **probe}
+    return {"loss": curve, **evaluated(out / "eval.json", lambda: {"passkey": passkey(lab, out)})}
 
 
 def run_lab(lab):
@@ -244,19 +242,7 @@ def run_lab(lab):
 
 
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    if "-h" in argv or "--help" in argv:
-        print(__doc__ + config.help_text(ExtendConfig, GPTConfig, train.TrainConfig))
-        return
-    try:
-        run_lab(make_lab(*config.parse(argv, ExtendConfig, GPTConfig, train.TrainConfig)))
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
-    except (ablate.Interrupted, KeyboardInterrupt) as e:
-        print(f"\ninterrupted{': ' + str(e) if str(e) else ''}; rerun the same command to resume", file=sys.stderr)
-        sys.exit(130)
-
+    ablate.command(argv, __doc__, ExtendConfig, lambda *settings: run_lab(make_lab(*settings)))
 
 if __name__ == "__main__":
     main()

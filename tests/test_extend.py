@@ -2,9 +2,8 @@
 
 import json
 
-import torch
-
 import extend
+import extend_report
 from checkpoint import load_checkpoint
 from conftest import TINY, run, same_tensors
 
@@ -66,4 +65,23 @@ def test_bad_lab_settings_give_one_line_errors(data_dir, tmp_path, capsys):
             code = e.code
         err = capsys.readouterr().err
         assert code == 1 and err.startswith("error: ") and named in err and err.count("\n") == 1, err
-    assert torch.get_num_threads() >= 1 and not any(tmp_path.iterdir())
+    assert not any(tmp_path.iterdir())
+
+
+def test_each_claim_is_judged_from_the_means_and_left_out_without_its_scalings():
+    def run(scaling, curve):  # {step: (loss at 32, 64, 128)}
+        return {"scaling": scaling, "factor": 2.0, "loss": {str(st): {L: {"mean": v} for L, v in zip(("32", "64", "128"), vals)}
+                                                          for st, vals in curve.items()}}
+    r = {"block_size": 32, "steps": [0, 10, 20], "finetune": {
+        "none-x2": run("none", {0: (2.0, 2.5, 3.0), 10: (1.9, 2.0, 2.2), 20: (1.80, 1.85, 1.9)}),
+        "linear-x2": run("linear", {0: (2.6, 2.7, 2.8), 10: (1.95, 1.9, 2.1), 20: (1.82, 1.80, 2.0)}),
+        "yarn-x2": run("yarn", {0: (2.1, 2.2, 2.4), 10: (1.9, 1.8, 1.9), 20: (1.81, 1.79, 1.95)})}}
+    verdicts = {text[:3]: (verdict, numbers) for text, verdict, numbers in extend_report.claims(r, 2.0)}
+    assert verdicts["(a)"] == ("holds", "2.400 vs 2.800")  # the last: yarn at 128 (ntk did not run: left out)
+    assert verdicts["(b)"] == ("holds", "1.800 vs 1.850")
+    assert verdicts["(c)"] == ("holds", "YaRN reaches it at step 10")
+    assert verdicts["(d)"] == ("holds", "1.950 vs 2.000")
+    assert verdicts["(e)"] == ("holds", "1.820 vs 1.800, +0.020 (the base model: 2.000)")
+    assert sum(text.startswith("(a)") for text, _, _ in extend_report.claims(r, 2.0)) == 2
+    del r["finetune"]["yarn-x2"]
+    assert [text[:3] for text, _, _ in extend_report.claims(r, 2.0)] == ["(b)", "(e)"]
