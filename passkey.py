@@ -44,24 +44,23 @@ class Passkeys:
         for row, a, q, key in zip(rows, start.tolist(), (start + gap).tolist(), keys):
             row[a], row[a + 1:a + 1 + k], row[q], row[q + 1:q + 1 + k] = self.marker, key, self.marker, key
 
-    def insert(self, x, y, share, seed):
-        """x, y (B, T) with a passkey in about share of the rows, its gap (marker to marker) uniform in
-        [key_len + 1, T - key_len], all drawn from seed; the targets of the unpredictable tokens are -1."""
-        B, T = x.shape
+    def insert(self, rows, share, seed):
+        """(x, y) of rows (B, T+1) of tokens (on the CPU) with a passkey in about share of them, its gap (marker to
+        marker) uniform in [key_len + 1, T - key_len], all drawn from seed; the targets of the unpredictable
+        tokens are -1. rows is not modified."""
+        B, T = rows.shape[0], rows.shape[1] - 1
         k, g = self.key_len, torch.Generator().manual_seed(seed)
-        rows = torch.cat((x, y[:, -1:]), 1).cpu()  # (B, T+1)
         chosen = (torch.rand(B, generator=g) < share).nonzero().flatten()
         n = len(chosen)
         gap = torch.randint(k + 1, T - k + 1, (n,), generator=g)
         start = (torch.rand(n, generator=g) * (T - k - gap + 1)).long()  # the second key ends by the row's end
-        picked = rows[chosen]
+        rows, picked = rows.clone(), rows[chosen]
         self.write(picked, start, gap, self.keys(n, g))
         rows[chosen] = picked
         ignored = torch.zeros_like(rows, dtype=torch.bool)
         for i, a, q in zip(chosen.tolist(), start.tolist(), (start + gap).tolist()):
             ignored[i, a:a + k + 1] = ignored[i, q] = True  # the first marker and key, and the question's marker
-        targets = rows[:, 1:].masked_fill(ignored[:, 1:], -1)
-        return rows[:, :-1].to(x.device), targets.to(y.device)
+        return rows[:, :-1], rows[:, 1:].masked_fill(ignored[:, 1:], -1)
 
     @torch.no_grad()
     def accuracy(self, model, batches, rt):
@@ -92,6 +91,5 @@ class PasskeyBatches(Batches):
         super().__init__(dataset_dir, meta, block_size, *args)
         self.passkeys, self.share = passkeys, share
 
-    def train(self, step, micro):
-        x, y = super().train(step, micro)
-        return self.passkeys.insert(x, y, self.share, micro_seed(self.seed, step, micro, PASSKEY))
+    def mix(self, rows, step, micro):
+        return self.passkeys.insert(rows, self.share, micro_seed(self.seed, step, micro, PASSKEY))

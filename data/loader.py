@@ -39,20 +39,27 @@ class Batches:
         high = self.lengths[split] - self.block_size
         return torch.randint(high, (n,), generator=generator)
 
-    def _load(self, split, starts):
+    def _rows(self, split, starts):
+        """(B, T+1) int64 tokens on the CPU from each start: a window and its next token."""
         # a fresh memmap per batch: numpy keeps pages of a long-lived one resident (nanoGPT's leak fix)
         data = open_split(self.dataset_dir, split, self.meta)
-        rows = torch.from_numpy(data[starts.numpy()[:, None] + np.arange(self.block_size + 1)].astype(np.int64))  # (B, T+1)
+        return torch.from_numpy(data[starts.numpy()[:, None] + np.arange(self.block_size + 1)].astype(np.int64))
+
+    def _move(self, x, y):
         if self.device.startswith("cuda"):
-            rows = rows.pin_memory().to(self.device, non_blocking=True)
-        else:
-            rows = rows.to(self.device)
+            return x.pin_memory().to(self.device, non_blocking=True), y.pin_memory().to(self.device, non_blocking=True)
+        return x.to(self.device), y.to(self.device)
+
+    def mix(self, rows, step, micro):
+        """A training micro-batch's (x, y) from its rows (B, T+1), on the CPU before they move: each token's next.
+        A subclass may write into them (passkey.PasskeyBatches)."""
         return rows[:, :-1], rows[:, 1:]
 
     def train(self, step, micro):
         g = torch.Generator().manual_seed(micro_seed(self.seed, step, micro, BATCH))
-        return self._load("train", self._starts("train", self.batch_size, g))
+        return self._move(*self.mix(self._rows("train", self._starts("train", self.batch_size, g)), step, micro))
 
     def eval_batches(self, split):
         for chunk in self.eval_starts[split].split(self.batch_size):
-            yield self._load(split, chunk)
+            rows = self._rows(split, chunk)
+            yield self._move(rows[:, :-1], rows[:, 1:])
