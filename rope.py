@@ -146,16 +146,15 @@ def keep_highest(inv_freq: torch.Tensor, p: float) -> torch.Tensor:
 
 def rope_cache(inv_freq: torch.Tensor, positions: torch.Tensor, device=None) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin float32 (T, rot_dim//2) on device (default positions') for integer `positions` (T,). The angles
-    m * theta are computed in float64 on the CPU (MPS has no float64), so with float64 frequencies each table
+    m * theta are computed in float64 (on the CPU for MPS, which has none), so with float64 frequencies each table
     entry is the exact angle's cos/sin rounded once to float32, at any position below 2^53."""
     if positions.is_floating_point():
         raise ValueError(f"positions must be integers, got dtype {positions.dtype}: "
                          f"low-precision floats merge neighbouring positions")
-    device = positions.device if device is None else device
-    if positions.is_meta or inv_freq.is_meta:  # a model built on the meta device (shapes only): no values to compute
-        return (torch.empty(len(positions), len(inv_freq), device="meta"),) * 2
-    angles = positions.cpu().double()[:, None] * inv_freq.cpu().double()[None, :]  # (T, rot/2)
-    return angles.cos().float().to(device), angles.sin().float().to(device)
+    device = positions.device if device is None else torch.device(device)
+    work = torch.device("cpu") if device.type == "mps" else device
+    angles = positions.to(work, torch.float64)[:, None] * inv_freq.to(work, torch.float64)[None, :]  # (T, rot/2)
+    return angles.cos().to(device, torch.float32), angles.sin().to(device, torch.float32)
 
 
 def _complex_pairs(x):
@@ -282,7 +281,7 @@ class Rotary(torch.nn.Module):
         return keep_highest(inv_freq, self.keep), attn_factor
 
     def _build(self, n, device):
-        """(Re)build the float64 frequencies (on the CPU: a plain attribute, not a buffer, since MPS has no float64)
+        """(Re)build the float64 frequencies (kept on the CPU as a plain attribute, not a buffer: MPS has no float64)
         and the float32 cos/sin tables for positions [0, n) on device."""
         self.inv_freq, self.attn_factor = self.frequencies()
         # a table grown during generation (inference mode) must still serve training afterwards
@@ -310,7 +309,7 @@ class Rotary(torch.nn.Module):
             # The frequencies depend on the total length, so no fixed table serves: compute the T
             # rows needed. Keys already in a KV cache keep the frequencies they were rotated with.
             inv_freq = self.frequencies(seq_len=end)[0]
-            cos, sin = rope_cache(inv_freq, torch.arange(offset, end), x.device)  # (T, rot/2)
+            cos, sin = rope_cache(inv_freq, torch.arange(offset, end, device=x.device))  # (T, rot/2)
         else:
             self.reserve(end)
             cos, sin = self.cos[offset:end], self.sin[offset:end]  # (T, rot/2)
