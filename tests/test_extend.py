@@ -51,8 +51,8 @@ def test_the_lab_fine_tunes_each_scaling_and_reports_and_a_rerun_trains_nothing(
     run("train.py", *TINY, f"--data_dir={data_dir}", f"--out_dir={straight}",
         *(f"--{k}={v}" for k, v in {**ft["model"], **ft["train"]}.items()
           if k not in ("out_dir", "resume", "vocab_size") and v is not None))
-    same_tensors(load_checkpoint(straight / "ckpt.pt")["model"],
-                 load_checkpoint(out / "finetune" / "yarn-x2-seed1337" / "ckpt.pt")["model"])
+    assert same_tensors(load_checkpoint(straight / "ckpt.pt")["model"],
+                        load_checkpoint(out / "finetune" / "yarn-x2-seed1337" / "ckpt.pt")["model"])
 
 
 def test_bad_lab_settings_give_one_line_errors(data_dir, tmp_path, capsys):
