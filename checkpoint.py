@@ -74,9 +74,9 @@ def model_from_checkpoint(ckpt, device="cpu", path="the checkpoint"):
 def config_diff(ckpt, config, meta, may_differ):
     """['key: checkpoint X, now Y', ...] for each model setting outside may_differ in which the checkpoint differs
     from config, and for a vocabulary that differs from the dataset's (meta)."""
-    saved = ckpt["model_config"]
+    saved = GPTConfig().asdict() | ckpt["model_config"]  # a setting newer than the checkpoint: its default
     diff = [f"{k}: checkpoint {saved[k]!r}, now {v!r}" for k, v in config.asdict().items()
-            if k in saved and saved[k] != v and k not in may_differ]
+            if saved[k] != v and k not in may_differ]
     if any(ckpt["tokenizer"].get(k) != meta.get(k) for k in ("tokenizer", "chars", "eot", "bpe_ranks")):
         diff.append(f"tokenizer: dataset {meta['dataset']!r} has another vocabulary")
     return diff
