@@ -110,7 +110,9 @@ class CausalSelfAttention(nn.Module):
         # under torch.compile that is a symbolic bool, which scaled_dot_product_attention refuses (a graph break)
         mask = pos.bias(T, k.shape[2], offset, self.layer)  # (nh, T, past+T) with the causal mask built in, or None
         causal = False
-        if mask is None and T > 1:
+        if mask is None and torch.is_tensor(offset):  # a static cache: its slots past the queries are unwritten
+            mask = positions.distances(T, k.shape[2], offset, x.device) >= 0  # (T, S)
+        elif mask is None and T > 1:
             if past == 0:
                 causal = True
             else:  # new tokens after cached ones: is_causal would align the triangle top-left
