@@ -102,14 +102,19 @@ def init_from_checkpoint(model, path, meta):
                          f"({str(e).splitlines()[-1].strip()[:200]})") from None
 
 
-def resumable_checkpoint(path, config_at, meta, max_iters):
+def resumable_checkpoint(path, config_at, meta, max_iters, optimizer="adamw"):
     """ckpt.pt, loaded to the CPU (RNG states must stay there), or a refusal naming every field that differs
-    from config_at(its iteration), the model config the run has at that step."""
+    from config_at(its iteration), the model config the run has at that step, or its other optimizer."""
     ckpt = load_checkpoint(path)
     missing = [k for k in RESUME_KEYS if k not in ckpt]
     if missing:
         raise ValueError(f"cannot resume from {str(path)!r}: it lacks {', '.join(missing)} (it holds weights only); "
                          "start a new run in another out_dir")
+    saved = ckpt.get("train_config", {}).get("optimizer", "adamw")  # checkpoints from before the option: AdamW
+    if saved != optimizer:
+        raise ValueError(f"cannot resume: the checkpoint was trained with optimizer={saved!r}, this run asks for "
+                         f"optimizer={optimizer!r}, whose state it does not hold; pass --optimizer={saved} or use a "
+                         "new out_dir")
     diff = config_diff(ckpt, config_at(ckpt["iter"]), meta, may_differ=("dropout",))
     if diff:
         raise ValueError("cannot resume: this run's model differs from the checkpoint's (" + "; ".join(diff) +
