@@ -161,35 +161,41 @@ def bench_train_step(run):
 
 
 def bench_generate(run):
-    """Greedy decoding from a 1-token prompt, batch 1: with the KV cache (eager, and compiled) and
-    without it; speedup is each variant's tokens/s over the uncached one's."""
+    """Greedy decoding from a 1-token prompt, batch 1: with the KV cache (dynamic, and static: fixed shapes, a CUDA
+    graph when compiled on CUDA), eager and compiled, and without it; speedup is each variant's tokens/s over the
+    uncached one's."""
     torch.manual_seed(run.tc.seed)
     model = GPT(run.gcfg).to(run.rt.device).eval()
     prompt = torch.zeros((1, 1), dtype=torch.long, device=run.rt.device)
 
-    def generation(use_cache, compile=False):
+    def generation(use_cache, compile=False, static_cache=False):
         def call():
             with decode_autocast(run.rt.device_type, run.rt.dtype):  # as sample.py decodes
-                for _ in generate(model, prompt, run.new_tokens, temperature=0, use_cache=use_cache, compile=compile):
+                for _ in generate(model, prompt, run.new_tokens, temperature=0, use_cache=use_cache, compile=compile,
+                                  static_cache=static_cache):
                     pass
         return call
 
-    variants = {(True, False): generation(True), (False, False): generation(False)}
-    compile_s = None
+    # (kv_cache, compiled, static_cache)
+    variants = {(True, False, False): generation(True), (True, False, True): generation(True, static_cache=True),
+                (False, False, False): generation(False)}
+    compile_s = {}
     if run.compile:
-        variants[True, True] = generation(True, compile=True)
-        compile_s = timed_first_call(variants[True, True], run.sync)
+        for static in (False, True):
+            variants[True, True, static] = generation(True, compile=True, static_cache=static)
+            compile_s[static] = timed_first_call(variants[True, True, static], run.sync)
     seconds = time_in_turns(variants, run.repeats("generate"), sync=run.sync, desc="generate")
-    uncached_ms = statistics.median(seconds[False, False]) * 1e3
+    uncached_ms = statistics.median(seconds[False, False, False]) * 1e3
     rows = []
-    for (kv_cache, compiled), s in seconds.items():
+    for (kv_cache, compiled, static), s in seconds.items():
         figures = spread(s)
         figures["tokens_per_s"] = run.new_tokens / (figures["ms_median"] / 1e3)
         if kv_cache:
             figures["speedup"] = uncached_ms / figures["ms_median"]
         if compiled:
-            figures["compile_s"] = compile_s
-        variant = {"kv_cache": kv_cache, "compiled": compiled, "new_tokens": run.new_tokens, **run.shape(batch=False)}
+            figures["compile_s"] = compile_s[static]
+        variant = {"kv_cache": kv_cache, "static_cache": static, "compiled": compiled, "new_tokens": run.new_tokens,
+                   **run.shape(batch=False)}
         rows.append((variant, figures))
     return rows
 

@@ -97,9 +97,9 @@ def model_from_checkpoint(ckpt, device="cpu", path="the checkpoint"):
 def config_diff(ckpt, config, meta, may_differ):
     """['key: checkpoint X, now Y', ...] for each model setting outside may_differ in which the checkpoint differs
     from config, and for a vocabulary that differs from the dataset's (meta)."""
-    saved = ckpt["model_config"]
+    saved = GPTConfig().asdict() | ckpt["model_config"]  # a setting newer than the checkpoint: its default
     diff = [f"{k}: checkpoint {saved[k]!r}, now {v!r}" for k, v in config.asdict().items()
-            if k in saved and saved[k] != v and k not in may_differ]
+            if saved[k] != v and k not in may_differ]
     if any(ckpt["tokenizer"].get(k) != meta.get(k) for k in ("tokenizer", "chars", "eot", "bpe_ranks")):
         diff.append(f"tokenizer: dataset {meta['dataset']!r} has another vocabulary")
     return diff
@@ -121,14 +121,19 @@ def init_from_checkpoint(model, path, meta):
                          f"({str(e).splitlines()[-1].strip()[:200]})") from None
 
 
-def resumable_checkpoint(path, config_at, meta, max_iters):
+def resumable_checkpoint(path, config_at, meta, max_iters, optimizer="adamw"):
     """ckpt.pt, loaded to the CPU (RNG states must stay there), or a refusal naming every field that differs
-    from config_at(its iteration), the model config the run has at that step."""
+    from config_at(its iteration), the model config the run has at that step, or its other optimizer."""
     ckpt = load_checkpoint(path)
     missing = [k for k in RESUME_KEYS if k not in ckpt]
     if missing:
         raise ValueError(f"cannot resume from {str(path)!r}: it lacks {', '.join(missing)} (it holds weights only); "
                          "start a new run in another out_dir")
+    saved = ckpt.get("train_config", {}).get("optimizer", "adamw")  # checkpoints from before the option: AdamW
+    if saved != optimizer:
+        raise ValueError(f"cannot resume: the checkpoint was trained with optimizer={saved!r}, this run asks for "
+                         f"optimizer={optimizer!r}, whose state it does not hold; pass --optimizer={saved} or use a "
+                         "new out_dir")
     diff = config_diff(ckpt, config_at(ckpt["iter"]), meta, may_differ=("dropout",))
     if diff:
         raise ValueError("cannot resume: this run's model differs from the checkpoint's (" + "; ".join(diff) +

@@ -17,8 +17,9 @@ What maps to what:
   pos_emb=none     GPT-NeoX with no rotary dims (partial_rotary_factor=0): nothing positional, like NoPE
   pos_emb=learned  GPT-2 (its Conv1D weights are ours transposed), activation "gelu", the exact one we use
   other schemes    refused with one line: GPT-NeoX and GPT-2 have nothing that computes them
-  p-RoPE (rope_p < 1) is refused too. Missing biases (bias=false) are written as zeros where the
-  architecture has them; the head stays tied to the token embedding.
+  p-RoPE (rope_p < 1), qk_norm and logit_softcap are refused too. Missing biases (bias=false) are written
+  as zeros where the architecture has them; mlp_act gelu and relu2 are transformers' own; an untied head
+  (tie_embeddings=false) is written as its own weight (tie_word_embeddings=false).
 
 Files: config.json, generation_config.json, model.safetensors (float32), and tokenizer.json with
 tokenizer_config.json: for gpt2 and bpe a byte-level BPE (tiktoken's ranks through transformers'
@@ -54,6 +55,9 @@ LACKS = {
     "fire": "FIRE's learned function of normalised distances",
     "rnope": "layers without RoPE among layers with it (GPT-NeoX rotates in every layer)",
 }
+# mlp_act -> the activation's name in transformers (hidden_act, activation_function): the same functions
+HIDDEN_ACTS = {"gelu": "gelu",  # the exact erf GELU of model.MLP's F.gelu; GPT-2's own gelu_new is the tanh one
+               "relu2": "relu2"}  # transformers' ReLUSquaredActivation
 PROBE_TOKENS = 32  # tokens past block_size in the logit check of a RoPE or NoPE model, so length scalings act
 PROBE_TOLERANCE = 1e-3  # largest logit difference, relative to the largest logit, that float32 rounding explains
 
@@ -62,6 +66,12 @@ PROBE_TOLERANCE = 1e-3  # largest logit difference, relative to the largest logi
 
 def refusal(cfg):
     """Why transformers cannot run this model as nanorope does, or None."""
+    if cfg.qk_norm:
+        return "qk_norm=True: GPT-NeoX and GPT-2 have no norm of queries and keys"
+    if cfg.logit_softcap:
+        return f"logit_softcap={cfg.logit_softcap}: GPT-NeoX and GPT-2 have no soft cap of the logits"
+    if cfg.mlp_act not in HIDDEN_ACTS:
+        return f"mlp_act={cfg.mlp_act!r} has no transformers activation here"
     if cfg.pos_emb not in ARCHITECTURES:
         lacks = LACKS.get(cfg.pos_emb, "this scheme")
         return (f"pos_emb={cfg.pos_emb!r} has no transformers architecture here: GPT-NeoX and GPT-2 lack {lacks} "
@@ -140,18 +150,17 @@ def neox(model, meta):
     rotary = model.pos.rotary if isinstance(model.pos, positions.RoPE) else None
     hf = transformers.GPTNeoXConfig(
         vocab_size=c.vocab_size, hidden_size=c.n_embd, num_hidden_layers=c.n_layer, num_attention_heads=c.n_head,
-        intermediate_size=model.blocks[0].mlp.c_fc.out_features,
-        hidden_act="gelu",  # the exact erf GELU of model.MLP's F.gelu
+        intermediate_size=model.blocks[0].mlp.c_fc.out_features, hidden_act=HIDDEN_ACTS[c.mlp_act],
         attention_dropout=c.dropout, hidden_dropout=c.dropout, layer_norm_eps=model.ln_f.eps,
         use_parallel_residual=False,  # x + attn(ln_1(x)), then + mlp(ln_2(.)), as model.Block
-        attention_bias=c.bias, tie_word_embeddings=True, rope_parameters=rope_parameters(c),
+        attention_bias=c.bias, tie_word_embeddings=c.tie_embeddings, rope_parameters=rope_parameters(c),
         # the context a scaling stretches L0 to; dynamic reads it as L0, its threshold
         max_position_embeddings=(original_len(c) if c.rope_scaling == "dynamic" and scaled(c) else
                                  max(c.block_size, round(original_len(c) * c.rope_scaling_factor)) if scaled(c)
                                  else c.block_size),
         **token_ids(meta))
     sd, rot_dim = weights(model), rotary.rot_dim if rotary else 0
-    out = {"gpt_neox.embed_in.weight": sd["wte.weight"], "lm_head.weight": sd["wte.weight"],
+    out = {"gpt_neox.embed_in.weight": sd["wte.weight"], "lm_head.weight": sd["lm_head.weight"],  # tied: the same
            "gpt_neox.final_layer_norm.weight": sd["ln_f.weight"], "gpt_neox.final_layer_norm.bias": sd["ln_f.bias"]}
     parts = {"input_layernorm": "ln_1", "post_attention_layernorm": "ln_2", "attention.query_key_value": "attn.c_attn",
              "attention.dense": "attn.c_proj", "mlp.dense_h_to_4h": "mlp.c_fc", "mlp.dense_4h_to_h": "mlp.c_proj"}
@@ -173,12 +182,11 @@ def gpt2(model, meta):
     c = model.config
     hf = transformers.GPT2Config(
         vocab_size=c.vocab_size, n_positions=c.block_size, n_embd=c.n_embd, n_layer=c.n_layer, n_head=c.n_head,
-        n_inner=model.blocks[0].mlp.c_fc.out_features,
-        activation_function="gelu",  # model.MLP's exact erf GELU; GPT-2's own gelu_new is the tanh approximation
+        n_inner=model.blocks[0].mlp.c_fc.out_features, activation_function=HIDDEN_ACTS[c.mlp_act],
         resid_pdrop=c.dropout, embd_pdrop=c.dropout, attn_pdrop=c.dropout, layer_norm_epsilon=model.ln_f.eps,
-        tie_word_embeddings=True, **token_ids(meta))
+        tie_word_embeddings=c.tie_embeddings, **token_ids(meta))
     sd = weights(model)
-    out = {"transformer.wte.weight": sd["wte.weight"], "lm_head.weight": sd["wte.weight"],
+    out = {"transformer.wte.weight": sd["wte.weight"], "lm_head.weight": sd["lm_head.weight"],
            "transformer.wpe.weight": sd["pos.wpe.weight"],
            "transformer.ln_f.weight": sd["ln_f.weight"], "transformer.ln_f.bias": sd["ln_f.bias"]}
     for i in range(c.n_layer):

@@ -16,6 +16,12 @@ import rope
 from config import opt, require_positive
 
 
+ACTIVATIONS = {  # mlp_act -> the MLP's nonlinearity
+    "gelu": F.gelu,  # the exact (erf) GELU of GPT-2's paper
+    "relu2": lambda x: F.relu(x).square(),  # ReLU squared (So et al. 2021, "Primer")
+}
+
+
 @dataclass
 class GPTConfig:
     block_size: int = opt(256, "context length the model is trained at (L0)")
@@ -36,6 +42,11 @@ class GPTConfig:
     rope_p: float = opt(1.0, "p-RoPE: fraction of RoPE's frequencies that rotate, the highest (1 = all)")
     xpos_scale_base: float = opt(512.0, "xpos: B in the decay zeta^((m - n)/B) of its scores")
     nope_every: int = opt(4, "rnope: every this many layers, the last has no positional information")
+    qk_norm: bool = opt(False, "RMS-normalise each head's queries and keys (learned gain) before positions and scores")
+    mlp_act: str = opt("gelu", "MLP activation: " + ", ".join(ACTIVATIONS))
+    tie_embeddings: bool = opt(True, "the head reuses the token embedding (false: a head of its own)")
+    logit_softcap: float = opt(0.0, "c > 0 squashes logits to c * tanh(logits / c), in training and sampling (0: off)")
+    zero_init_proj: bool = opt(False, "the attention and MLP output projections start at zero")
 
     def __post_init__(self):
         scheme = positions.scheme(self.pos_emb)  # an unknown name fails first
@@ -44,6 +55,10 @@ class GPTConfig:
             raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout={self.dropout} must lie in [0, 1)")
+        if self.mlp_act not in ACTIVATIONS:
+            raise ValueError(f"mlp_act={self.mlp_act!r} is unknown; choose one of {', '.join(ACTIVATIONS)}")
+        if not 0.0 <= self.logit_softcap < math.inf:
+            raise ValueError(f"logit_softcap={self.logit_softcap} must be a finite number >= 0 (0 is off)")
         scheme.check(self)
 
     @property
@@ -71,11 +86,20 @@ class CausalSelfAttention(nn.Module):
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.dropout = config.dropout
+        # QK-norm puts queries and keys at RMS 1 times a learned gain per dim (shared by the heads), so under the
+        # 1/sqrt(hs) scale kept below a score is at most sqrt(hs) times the gains. Gain-less, that cap (5.7 at
+        # hs = 32) would keep attention flat; the gains, starting at 1, let each layer learn its sharpness
+        if config.qk_norm:
+            self.ln_q, self.ln_k = nn.RMSNorm(config.head_dim), nn.RMSNorm(config.head_dim)
+        self.qk_norm = config.qk_norm
 
     def forward(self, x, pos, cache, offset):
         B, T, C = x.shape
         qkv = self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)  # (3, B, nh, T, hs)
-        q, k = pos.rotate(qkv[:2], offset, self.layer)  # (B, nh, T, hs) each; values never carry position
+        qk = qkv[:2]
+        if self.qk_norm:  # before the scheme's rotation or scaling; in float32 as the gains, under autocast too
+            qk = torch.stack((self.ln_q(qk[0].float()), self.ln_k(qk[1].float()))).to(qk.dtype)  # (2, B, nh, T, hs)
+        q, k = pos.rotate(qk, offset, self.layer)  # (B, nh, T, hs) each; values never carry position
         v = qkv[2]
         if cache is not None:
             k, v = cache.update(self.layer, k, v)  # (B, nh, past+T, hs)
@@ -86,7 +110,9 @@ class CausalSelfAttention(nn.Module):
         # under torch.compile that is a symbolic bool, which scaled_dot_product_attention refuses (a graph break)
         mask = pos.bias(T, k.shape[2], offset, self.layer)  # (nh, T, past+T) with the causal mask built in, or None
         causal = False
-        if mask is None and T > 1:
+        if mask is None and torch.is_tensor(offset):  # a static cache: its slots past the queries are unwritten
+            mask = positions.distances(T, k.shape[2], offset, x.device) >= 0  # (T, S)
+        elif mask is None and T > 1:
             if past == 0:
                 causal = True
             else:  # new tokens after cached ones: is_causal would align the triangle top-left
@@ -101,10 +127,11 @@ class MLP(nn.Module):
         super().__init__()
         self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
         self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.act = ACTIVATIONS[config.mlp_act]
         self.dropout = config.dropout
 
     def forward(self, x):
-        return F.dropout(self.c_proj(F.gelu(self.c_fc(x))), self.dropout, self.training)
+        return F.dropout(self.c_proj(self.act(self.c_fc(x))), self.dropout, self.training)
 
 
 class Block(nn.Module):
@@ -130,8 +157,8 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layer))
         self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        # weight tying: the output projection reuses the token embedding (fewer parameters, better small models)
-        self.lm_head.weight = self.wte.weight
+        if config.tie_embeddings:  # the head reuses the token embedding (fewer parameters, better small models)
+            self.lm_head.weight = self.wte.weight
         self.init_weights()
 
     def init_weights(self):
@@ -143,16 +170,20 @@ class GPT(nn.Module):
                 nn.init.zeros_(p)
             elif "ln" in name:
                 nn.init.ones_(p)
+            elif name.endswith("c_proj.weight") and self.config.zero_init_proj:
+                nn.init.zeros_(p)  # each block starts as the identity; c_proj's own gradient is not zero
             elif name.endswith("c_proj.weight"):
                 # each block adds two residual branches: scale them so the residual stream's variance stays O(1)
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * self.config.n_layer))
-            else:  # embeddings (tied with the head) and the other linear weights
+            else:  # embeddings, an untied head (GPT-2's scale, as the tied one starts) and the other linear weights
                 nn.init.normal_(p, mean=0.0, std=0.02)
 
     def num_params(self, non_embedding=True):
-        """Parameter count; the tied token embedding counts once (it is also the head)."""
+        """Parameter count; non_embedding leaves out the lookup tables, which cost no multiplications: a position
+        table, and the token embedding when the head has a weight of its own (tied, it is the head: counted once)."""
         n = sum(p.numel() for p in self.parameters())
-        return n - self.pos.embedding_numel() if non_embedding else n
+        tables = self.pos.embedding_numel() + (0 if self.config.tie_embeddings else self.wte.weight.numel())
+        return n - tables if non_embedding else n
 
     def flops_per_token(self, seq_len):
         """Training FLOPs per token (forward + backward): 6N for the weights plus attention's 12·L·T·d (PaLM appendix B)."""
@@ -176,12 +207,19 @@ class GPT(nn.Module):
             cache.length += T
         x = self.ln_f(x)
         if targets is None:
-            return self.lm_head(x[:, -1:, :]), None  # (B, 1, vocab)
-        logits = self.lm_head(x)  # (B, T, vocab)
+            return self.head(x[:, -1:, :]), None  # (B, 1, vocab)
+        logits = self.head(x)  # (B, T, vocab)
         loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-1, reduction=reduction)
         if reduction == "none":
             loss = loss.view(targets.shape)  # (B, T)
         return logits, loss
+
+    def head(self, x):
+        """Logits of the final states; with logit_softcap = c, c * tanh(logits / c), in float32: near the cap bf16's
+        8 bits would make distinct logits equal."""
+        logits = self.lm_head(x)
+        c = self.config.logit_softcap
+        return c * torch.tanh(logits.float() / c) if c else logits
 
     def reconfigure(self, **changes):
         """Change settings that no weight depends on: the RoPE scaling (to evaluate or sample past block_size), or

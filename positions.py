@@ -8,6 +8,9 @@ A scheme may add position to three places of the decoder, and each class says wh
   for T queries at positions offset.. and the S keys up to the last of them (alibi, kerple, fire); None
   leaves attention plainly causal.
 The last two get the block's index, so a scheme may differ from layer to layer (rnope) or learn per layer.
+`offset` is an int, or in a static-shape decoding step (generate.StaticKVCache, for CUDA graphs) a 0-dim
+tensor that no host code may read; there the S keys are the cache's fixed slots 0..S-1, those past the last
+query not yet written, and `distances` gives -inf to them as to the future.
 
 Class attributes say the rest: `relative` (scores depend on m - n alone), `extrapolates` (whether it runs
 past block_size at all), `scalings` (the `rope_scaling` values it takes at evaluation or sampling time,
@@ -77,7 +80,7 @@ class Scheme(nn.Module):
         return None
 
     def reserve(self, n):
-        """Make any table cover positions [0, n) before compiled code reaches them."""
+        """Make any table cover positions [0, n) before compiled code (or a tensor offset) reaches them."""
 
     def embedding_numel(self):
         """Parameters of a position table: the non-embedding parameter count leaves them out, as nanoGPT's wpe."""
@@ -149,7 +152,15 @@ class Sinusoidal(Scheme):
         if config.n_embd % 2:
             raise ValueError(f"n_embd={config.n_embd} must be even for sinusoidal embeddings")
 
+    def reserve(self, n):
+        if n > len(self.sinusoid):
+            with torch.inference_mode(False):  # a table grown while sampling must still serve training
+                table = sinusoidal_table(n, self.config.n_embd).to(self.sinusoid.device)
+            self.register_buffer("sinusoid", table, persistent=False)
+
     def embed(self, tok, offset):
+        if torch.is_tensor(offset):  # a static decoding step: reserve() made the table reach its position
+            return tok * math.sqrt(tok.shape[2]) + self.sinusoid[position_ids(offset, tok.shape[1])].to(tok.dtype)
         end = offset + tok.shape[1]
         # past the built table the rows are computed from the formula on demand
         table = self.sinusoid if end <= len(self.sinusoid) else sinusoidal_table(end, tok.shape[2]).to(tok.device)
@@ -170,18 +181,28 @@ class Learned(Scheme):
 
     def embed(self, tok, offset):
         end = offset + tok.shape[1]
-        if end > self.config.block_size:
+        if not torch.is_tensor(end) and end > self.config.block_size:  # a static cache stops at block_size itself
             raise ValueError(f"position {end - 1} is past the learned table (block_size={self.config.block_size}); "
                              "learned positions cannot extrapolate")
-        return tok + self.wpe(torch.arange(offset, end, device=tok.device))
+        return tok + self.wpe(position_ids(offset, tok.shape[1], tok.device))
 
     def embedding_numel(self):
         return self.wpe.weight.numel()
 
 
-def distances(q_len, k_len, device):
-    """(q_len, k_len) query position minus key position, the keys ending at the last query: >= 0 where visible."""
-    return torch.arange(k_len - q_len, k_len, device=device)[:, None] - torch.arange(k_len, device=device)[None, :]
+def position_ids(offset, n, device=None):
+    """(n,) positions offset..offset+n-1, for an int offset or a tensor one (a static decoding step's)."""
+    if torch.is_tensor(offset):
+        return offset + torch.arange(n, device=offset.device)
+    return torch.arange(offset, offset + n, device=device)
+
+
+def distances(q_len, k_len, offset, device):
+    """(q_len, k_len) query position minus key position for queries at offset..: >= 0 where visible. The keys end
+    at the last query, or, for a tensor offset, are a static cache's slots 0..k_len-1 (see the module's doc)."""
+    if not torch.is_tensor(offset):
+        return torch.arange(k_len - q_len, k_len, device=device)[:, None] - torch.arange(k_len, device=device)[None, :]
+    return position_ids(offset, q_len)[:, None] - torch.arange(k_len, device=offset.device)[None, :]
 
 
 def causal(bias, dist):
@@ -213,7 +234,7 @@ class ALiBi(Scheme):
         self.register_buffer("slopes", alibi_slopes(config.n_head), persistent=False)
 
     def bias(self, q_len, k_len, offset, layer):
-        dist = distances(q_len, k_len, self.slopes.device)
+        dist = distances(q_len, k_len, offset, self.slopes.device)
         return causal(-self.slopes[:, None, None] * dist, dist)  # (nh, T, S): -slope * (m - n)
 
 
@@ -246,7 +267,7 @@ class XPos(RoPE):
 
     def rotate(self, qk, offset, layer):
         q, k = self.rotary(qk, offset)  # (B, nh, T, hs) each
-        m = torch.arange(offset, offset + q.shape[-2], device=q.device, dtype=torch.float32)
+        m = position_ids(offset, q.shape[-2], q.device).float()
         scale = (m[:, None] / self.config.xpos_scale_base * self.log_zeta).exp()  # (T, hs): zeta^(m/B) per dim
         return torch.stack((q * scale, k / scale)).to(qk.dtype)
 
@@ -270,7 +291,7 @@ class Kerple(Scheme):
         nn.init.constant_(p, math.log(math.e - 1))  # softplus^-1(1)
 
     def bias(self, q_len, k_len, offset, layer):
-        dist = distances(q_len, k_len, self.r1[layer].device)
+        dist = distances(q_len, k_len, offset, self.r1[layer].device)
         r1, r2 = (F.softplus(r[layer]).float()[:, None, None] for r in (self.r1, self.r2))  # (nh, 1, 1) each
         return causal(-r1 * torch.log1p(r2 * dist.clamp(min=0)), dist)  # (nh, T, S)
 
@@ -306,9 +327,9 @@ class FIRE(Scheme):
 
     def bias(self, q_len, k_len, offset, layer):
         device = self.c[layer].device
-        dist = distances(q_len, k_len, device)  # (T, S)
+        dist = distances(q_len, k_len, offset, device)  # (T, S)
         c, L = F.softplus(self.c[layer]).float(), self.threshold[layer].float().abs()
-        m = torch.arange(offset, offset + q_len, device=device, dtype=torch.float32)[:, None]  # (T, 1)
+        m = position_ids(offset, q_len, device).float()[:, None]  # (T, 1)
         x = torch.log1p(c * dist.clamp(min=0)) / torch.log1p(c * torch.maximum(m, L))  # (T, S) in [0, 1]
         hidden = F.relu(F.linear(x[..., None], self.w1[layer].float(), self.b1[layer].float()))  # (T, S, 32)
         bias = F.linear(hidden, self.w2[layer].float(), self.b2[layer].float()).permute(2, 0, 1)  # (nh, T, S)

@@ -299,9 +299,13 @@ class Rotary(torch.nn.Module):
 
     def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
         """Rotate x (..., T, hs), e.g. q and k stacked (2, B, H, T, hs), as positions offset..offset+T-1
-        (offset: a KV cache's length)."""
+        (offset: a KV cache's length, an int, or a 0-dim tensor in a static-shape decoding step)."""
         if x.shape[-1] != self.head_dim:
             raise ValueError(f"x has hs={x.shape[-1]} but this Rotary was built for head_dim={self.head_dim}")
+        if torch.is_tensor(offset):  # a static decoding step's position (0-dim), which the host never reads:
+            # rows gathered from tables that reserve() made long enough; dynamic's per-length frequencies cannot
+            rows = offset + torch.arange(x.shape[-2], device=offset.device)
+            return apply_rope(x, self.cos[rows], self.sin[rows], self.layout)
         if offset < 0:
             raise ValueError(f"offset={offset} must be >= 0")
         end = offset + x.shape[-2]

@@ -71,6 +71,9 @@ def arg_parser():
                    help="torch.compile the cached decoding (true/false): several times the tokens/s of a small "
                         "model on CPU after a compile of seconds to a minute (README: Benchmarks), so worth it for "
                         "long or many samples")
+    p.add_argument("--static_cache", type=true_false, nargs="?", const=True, default=False,
+                   help="decode over a fixed-size KV cache, one static-shape step (true/false): with --compile on "
+                        "CUDA that step is replayed as a CUDA graph (torch.compile's reduce-overhead)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
     p.add_argument("--format", choices=FORMATS, default="columns",
                    help="how --compare prints: samples side by side, one block per model, or a markdown table")
@@ -149,7 +152,8 @@ class Sampler:
         out, pending = [], []  # pending: drawn but not yet written, only the tail is ever decoded
         t0 = time.perf_counter()
         for nxt in generate(self.model, self.ids, args.max_new_tokens, args.temperature, args.top_k, args.top_p,
-                            args.max_context, use_cache=args.kv_cache, compile=args.compile, generator=generator):
+                            args.max_context, use_cache=args.kv_cache, compile=args.compile, generator=generator,
+                            static_cache=args.static_cache):
             out.append(nxt.item())
             if on_token:
                 on_token()
@@ -169,7 +173,8 @@ def decoding(args):
     """How tokens are drawn, for the speed reports: a compiled decoding's first sample includes the compile."""
     if not args.kv_cache:
         return "kv cache off"
-    return "kv cache on, compiled: the first sample's rate includes compiling" if args.compile else "kv cache on"
+    cache = "static kv cache" if args.static_cache else "kv cache on"
+    return f"{cache}, compiled: the first sample's rate includes compiling" if args.compile else cache
 
 
 def generator_for(seed, device):
@@ -308,6 +313,8 @@ def main(argv=None):
         device_type = device.split(":")[0]
         if args.compile and not args.kv_cache:
             raise ValueError("--compile=true compiles the cached decoding; it needs --kv_cache=true")
+        if args.static_cache and not args.kv_cache:
+            raise ValueError("--static_cache=true is a kind of KV cache; it needs --kv_cache=true")
         check_compile(args.compile, device_type)
         with decode_autocast(device_type, pick_dtype("auto", device_type)):
             (compare if args.compare else sample_one)(args, prompt, device, reason)

@@ -36,6 +36,9 @@ from passkey import PasskeyBatches, Passkeys
 from runtime import DTYPES, any_rank, run_record, setup_runtime
 
 
+OPTIMIZERS = ("adamw", "muon")
+
+
 @dataclass
 class TrainConfig:
     dataset: str = opt("shakespeare_char", "dataset folder name under data_dir (made by data/prepare.py)")
@@ -52,6 +55,12 @@ class TrainConfig:
     weight_decay: float = opt(0.1, "AdamW weight decay on matrices (not on biases, norms)")
     beta1: float = opt(0.9, "AdamW beta1")
     beta2: float = opt(0.95, "AdamW beta2")
+    optimizer: str = opt("adamw", "adamw, or muon: Muon on the blocks' weight matrices, AdamW (learning_rate) on the "
+                                  "embeddings, head, norms, biases and positional parameters")
+    muon_lr: float = opt(0.02, "Muon's peak learning rate, on learning_rate's schedule (0.02: Keller Jordan's Muon, "
+                               "nanochat's matrices)")
+    muon_momentum: float = opt(0.95, "Muon's (Nesterov) momentum")
+    muon_weight_decay: float = opt(0.0, "Muon's decoupled weight decay: weights shrink by muon_lr times it a step")
     grad_clip: float = opt(1.0, "clip the global gradient norm to this (0 = off)")
     eval_interval: int = opt(250, "evaluate and checkpoint every this many steps (and at the end)")
     eval_iters: int = opt(20, "validation batches per evaluation (a fixed set)")
@@ -74,13 +83,17 @@ class TrainConfig:
         if self.drop_rope_at is not None and self.drop_rope_at >= self.max_iters:
             raise ValueError(f"drop_rope_at={self.drop_rope_at} must come before max_iters={self.max_iters}, "
                              "leaving steps to recalibrate without RoPE")
-        for name in ("warmup_iters", "weight_decay", "grad_clip", "min_lr", "seed"):
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer={self.optimizer!r} is unknown; choose one of {', '.join(OPTIMIZERS)}")
+        for name in ("warmup_iters", "weight_decay", "grad_clip", "min_lr", "seed", "muon_weight_decay"):
             value = getattr(self, name)
             if value is not None and not 0 <= value < math.inf:
                 raise ValueError(f"{name}={value} must be a finite number >= 0")
         if not 0 < self.learning_rate < math.inf:
             raise ValueError(f"learning_rate={self.learning_rate} must be a finite number > 0")
-        for name in ("beta1", "beta2"):
+        if not 0 < self.muon_lr < math.inf:
+            raise ValueError(f"muon_lr={self.muon_lr} must be a finite number > 0")
+        for name in ("beta1", "beta2", "muon_momentum"):
             if not 0 <= getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must lie in [0, 1)")
         if not 0 <= self.passkey_share <= 1:
@@ -112,16 +125,56 @@ def evaluate(model, batches, rt):
 
 # ----------------------------------------------------------------------------- the optimizer step
 
+class Optimizers:
+    """Several torch optimizers that train_step, the GradScaler and the checkpoint treat as one: their param_groups
+    in one list, one step, one zero_grad, one state dict (keyed by name)."""
+
+    def __init__(self, **optimizers):
+        self.optimizers = optimizers
+
+    @property
+    def param_groups(self):
+        return [group for o in self.optimizers.values() for group in o.param_groups]
+
+    def step(self):
+        for o in self.optimizers.values():
+            o.step()
+
+    def zero_grad(self, set_to_none=True):
+        for o in self.optimizers.values():
+            o.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self):
+        return {name: o.state_dict() for name, o in self.optimizers.items()}
+
+    def load_state_dict(self, state):
+        for name, o in self.optimizers.items():
+            o.load_state_dict(state[name])
+
+
 def make_optimizer(model, tc, rt):
-    """AdamW and the gradient scaler that float16 needs (a pass-through in other dtypes): every step uses both.
-    Matrices decay, vectors (biases, norm gains) do not. The fused kernel (one pass over each parameter
-    instead of a dozen foreach ops) on CUDA and on CPU alike."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": tc.weight_decay},
-              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    optimizer = torch.optim.AdamW(groups, lr=tc.learning_rate, betas=(tc.beta1, tc.beta2),
-                                  fused=rt.device_type in ("cuda", "cpu") or None)
-    return optimizer, torch.amp.GradScaler(rt.device_type, enabled=rt.dtype == torch.float16)
+    """The optimizer (tc.optimizer) and the gradient scaler that float16 needs (a pass-through in other dtypes):
+    every step uses both.
+
+    AdamW: matrices decay, vectors (biases, norm gains) do not; the fused kernel (one pass over each parameter
+    instead of a dozen foreach ops) on CUDA and on CPU alike. Muon: the 2-D weights inside the blocks go to
+    torch.optim.Muon (its default "original" lr adjustment: times sqrt(max(1, rows/cols)), so c_attn's update
+    takes sqrt(3), c_fc's 2), everything else to that AdamW; the two as one Optimizers, Muon's group stepping
+    at muon_lr / learning_rate times the schedule's lr (its lr_scale)."""
+    params = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    on_muon = {name: tc.optimizer == "muon" and name.startswith("blocks.") and p.dim() == 2 for name, p in params}
+    matrices = [p for name, p in params if on_muon[name]]
+    rest = [p for name, p in params if not on_muon[name]]
+    groups = [{"params": [p for p in rest if p.dim() >= 2], "weight_decay": tc.weight_decay},
+              {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0}]
+    adamw = torch.optim.AdamW(groups, lr=tc.learning_rate, betas=(tc.beta1, tc.beta2),
+                              fused=rt.device_type in ("cuda", "cpu") or None)
+    scaler = torch.amp.GradScaler(rt.device_type, enabled=rt.dtype == torch.float16)
+    if tc.optimizer == "adamw":
+        return adamw, scaler
+    muon = torch.optim.Muon([{"params": matrices, "lr_scale": tc.muon_lr / tc.learning_rate}], lr=tc.muon_lr,
+                            momentum=tc.muon_momentum, weight_decay=tc.muon_weight_decay)
+    return Optimizers(muon=muon, adamw=adamw), scaler
 
 
 def lr_at(it, tc):
@@ -171,7 +224,7 @@ def train_step(model, optimizer, scaler, micro_batches, lr, grad_clip, rt):
     (0 = off), step and clear. model may be wrapped by torch.compile or DDP. Returns the loss summed over
     micro-batches and the gradient norm as tensors: reading them is a device sync, the caller's choice."""
     for group in optimizer.param_groups:
-        group["lr"] = lr
+        group["lr"] = lr * group.get("lr_scale", 1.0)  # a group with a peak of its own follows the schedule's shape
     loss_sum, n = torch.zeros((), device=rt.device), len(micro_batches)
     for j, (x, y, seed) in enumerate(micro_batches):
         if seed is not None:
@@ -326,8 +379,8 @@ def started_run(gcfg, tc):
     if tc.drop_rope_at is not None and not issubclass(positions.scheme(gcfg.pos_emb), positions.RoPE):
         raise ValueError(f"drop_rope_at={tc.drop_rope_at} drops RoPE, but pos_emb={gcfg.pos_emb!r} has none; "
                          "use pos_emb=rope (or a RoPE variant) with it")
-    ckpt = resumable_checkpoint(out / "ckpt.pt", lambda it: config_at(gcfg, tc, it), meta, tc.max_iters) \
-        if tc.resume else None
+    ckpt = resumable_checkpoint(out / "ckpt.pt", lambda it: config_at(gcfg, tc, it), meta, tc.max_iters,
+                                tc.optimizer) if tc.resume else None
     torch.manual_seed(tc.seed)  # the same initial weights on every rank
     state = TrainState(GPT(gcfg).to(rt.device), tc, rt)
     if tc.init_from and not ckpt:  # fine-tuning's start; a resume continues from its own checkpoint instead

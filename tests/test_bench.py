@@ -37,7 +37,8 @@ def test_every_bench_reports_finite_positive_figures_with_their_spread(records):
 
 def test_variants_cover_the_contract(records):
     assert [r["compiled"] for r in only(records, "train_step")] == [False]  # --quick skips torch.compile
-    assert sorted((r["kv_cache"], r["compiled"]) for r in only(records, "generate")) == [(False, False), (True, False)]
+    assert sorted((r["kv_cache"], r["static_cache"], r["compiled"]) for r in only(records, "generate")) == [
+        (False, False, False), (True, False, False), (True, True, False)]
     impls = {(r["impl"], r["layout"]) for r in only(records, "rope_apply")}
     assert impls == {("apply_rope", "interleaved"), ("apply_rope", "half"), ("complex", "interleaved"),
                      ("rotate_half", "half"), ("clone", None)}
@@ -53,10 +54,11 @@ def test_derived_figures_follow_from_the_measured_times(records):
     cfg = GPTConfig(**{k: step[k] for k in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")})
     flops = 6 * sum(p.numel() for p in GPT(cfg).parameters()) + 12 * cfg.n_layer * cfg.block_size * cfg.n_embd
     assert step["mfu"] == pytest.approx(flops * step["tokens_per_s"] / (step["peak_gflops"] * 1e9))
-    cached, uncached = sorted(only(records, "generate"), key=lambda r: not r["kv_cache"])
-    for r in (cached, uncached):
+    (uncached,) = [r for r in only(records, "generate") if not r["kv_cache"]]
+    for r in only(records, "generate"):
         assert r["tokens_per_s"] == pytest.approx(r["new_tokens"] / (r["ms_median"] / 1e3))
-    assert cached["speedup"] == pytest.approx(cached["tokens_per_s"] / uncached["tokens_per_s"])
+        if r["kv_cache"]:  # dynamic and static
+            assert r["speedup"] == pytest.approx(r["tokens_per_s"] / uncached["tokens_per_s"])
     rows = {r["impl"] + "/" + str(r["layout"]): r for r in only(records, "rope_apply")}
     clone = rows["clone/None"]["ms_median"]
     best_ref = min(rows["complex/interleaved"]["ms_median"], rows["rotate_half/half"]["ms_median"])

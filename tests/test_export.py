@@ -61,6 +61,8 @@ CASES = {  # name: (pos_emb, config, the transformers class)
     "none": ("none", {}, "GPTNeoXForCausalLM"),
     "learned": ("learned", {}, "GPT2LMHeadModel"),
     "learned-bias": ("learned", {"bias": True}, "GPT2LMHeadModel"),
+    "rope-untied-relu2": ("rope", {"tie_embeddings": False, "mlp_act": "relu2"}, "GPTNeoXForCausalLM"),
+    "learned-untied": ("learned", {"tie_embeddings": False}, "GPT2LMHeadModel"),
 }
 
 
@@ -69,6 +71,8 @@ def test_logits_agree_through_transformers(tmp_path, case):
     pos_emb, kw, cls = CASES[case]
     model, hf, _ = exported(tmp_path, pos_emb, **kw)
     assert type(hf).__name__ == cls
+    tied = hf.get_output_embeddings().weight is hf.get_input_embeddings().weight
+    assert hf.config.tie_word_embeddings == tied == model.config.tie_embeddings
     n = 32 if pos_emb == "learned" else 48  # rotary and NoPE reach past block_size=32, as in transformers
     assert max_difference(model, hf, n) < TOLERANCE
 
@@ -163,6 +167,8 @@ REFUSED = {  # name: (pos_emb, config, the arguments after OUT_DIR, the error's 
     **{s: (s, {}, ["hf"], f"pos_emb='{s}' has no transformers architecture")
        for s in positions.SCHEMES if s not in export.ARCHITECTURES},
     "p-rope": ("rope", {"rope_p": 0.5}, ["hf"], "rope_p=0.5 < 1"),
+    "qk-norm": ("rope", {"qk_norm": True}, ["hf"], "qk_norm=True: GPT-NeoX and GPT-2 have no norm of queries"),
+    "logit-softcap": ("learned", {"logit_softcap": 30.0}, ["hf"], "logit_softcap=30.0: GPT-NeoX and GPT-2 have no"),
     "partial-yarn": ("rope", {"rope_fraction": 0.5}, ["hf", "--rope_scaling=yarn", "--rope_scaling_factor=4"],
                      "temperature on the rotated dims alone"),
     "scaling-without-factor": ("rope", {}, ["hf", "--rope_scaling=linear"], "go together"),

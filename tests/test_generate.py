@@ -1,13 +1,15 @@
 """generate.py: the KV cache against full recomputation for every registered scheme, the window slide,
 compiled decoding, and the pick of the next token against its reference distributions."""
 
+import shutil
+
 import pytest
 import torch
 
 import positions
 from conftest import all_logits
 from conftest import tiny_model as tiny
-from generate import KVCache, generate, pick, race_noise
+from generate import KVCache, StaticKVCache, generate, pick, race_noise
 
 
 @pytest.mark.parametrize("pos_emb", positions.SCHEMES)
@@ -21,6 +23,23 @@ def test_cached_logits_equal_full_recompute(pos_emb):
     torch.testing.assert_close(prefill[:, -1], full[:, 8], atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(torch.cat(steps, 1), full[:, 9:], atol=1e-5, rtol=1e-4)
 
+
+
+@pytest.mark.parametrize("pos_emb", positions.SCHEMES)
+def test_static_cache_logits_equal_full_recompute(pos_emb):
+    # every slot is attended to; those past the query, unwritten or stale, must count for nothing
+    model = tiny(pos_emb, qk_norm=True)
+    idx = torch.randint(0, 11, (2, 14))
+    full = all_logits(model, idx)
+    model.pos.reserve(16)
+    cache = StaticKVCache(model.config, 2, 16, "cpu", torch.float32)
+    for k in (*cache.k, *cache.v):
+        k.normal_()  # stale values from an earlier window
+    prefill, _ = model(idx[:, :9], cache=cache)
+    steps = [model(idx[:, t:t + 1], cache=cache)[0] for t in range(9, 14)]
+    assert cache.length.item() == 14 and cache.k[0].shape[2] == 16
+    torch.testing.assert_close(prefill[:, -1], full[:, 8], atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(torch.cat(steps, 1), full[:, 9:], atol=1e-5, rtol=1e-4)
 
 
 def taught(pos_emb):
@@ -70,6 +89,37 @@ def test_compiled_decoding_matches_recompute_across_window_slides_in_three_whole
     with pytest.raises(ValueError, match="needs use_cache=True"):
         greedy(model, seq[:, :5], compile=True, use_cache=False)
 
+
+
+@pytest.mark.parametrize("pos_emb", ["rope", "alibi"])
+def test_static_cache_gives_the_dynamic_caches_greedy_tokens_across_window_slides(pos_emb):
+    model, seq = taught(pos_emb)
+    static = greedy(model, seq[:, :5], static_cache=True)
+    assert torch.equal(static, greedy(model, seq[:, :5]))
+    assert len(set(static[0].tolist())) > 1
+    with pytest.raises(ValueError, match="static_cache=True is a kind of KV cache; it needs use_cache=True"):
+        greedy(model, seq[:, :5], static_cache=True, use_cache=False)
+
+
+def test_static_cache_refuses_dynamic_scaling_past_the_trained_length():
+    model = tiny("rope", rope_scaling="dynamic", rope_scaling_factor=2.0)
+    with pytest.raises(ValueError, match="static_cache cannot serve rope_scaling='dynamic' past the trained length"):
+        next(generate(model, torch.zeros(1, 1, dtype=torch.long), 5, max_context=32, static_cache=True))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (shutil.which("c++") or shutil.which("g++")), reason="torch.compile on CPU needs a C++ compiler")
+@pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore:Torchinductor does not support")
+@pytest.mark.parametrize("pos_emb", ["rope", "alibi"])
+def test_static_cache_compiles_to_one_whole_graph_for_every_position(pos_emb):
+    model, seq = taught(pos_emb)
+    torch._dynamo.reset()
+    counters = torch._dynamo.utils.counters
+    counters.clear()
+    compiled = greedy(model, seq[:, :5], static_cache=True, compile=True)  # fullgraph=True: a break would raise
+    assert torch.equal(compiled, greedy(model, seq[:, :5], use_cache=False))
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    assert counters["stats"]["unique_graphs"] == 1  # every position, before and after the slides, in one graph
 
 
 @pytest.mark.parametrize("pos_emb", positions.SCHEMES)

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import positions
 from conftest import all_logits
@@ -89,3 +90,74 @@ def test_reconfigure_keeps_trained_position_parameters_and_refuses_what_weights_
     assert torch.equal(model.pos.wpe.weight, before)
     with pytest.raises(ValueError, match="n_head cannot change on a built model"):
         model.reconfigure(n_head=1)
+
+
+# ----------------------------------------------------------------------------- recipe options (each off by default)
+
+@pytest.mark.parametrize("pos_emb", positions.SCHEMES)
+def test_qk_norm_hands_each_scheme_unit_rms_queries_and_keys_and_keeps_causality(pos_emb, monkeypatch):
+    model = tiny(pos_emb, qk_norm=True)
+    seen = []
+    rotate = model.pos.rotate
+    monkeypatch.setattr(model.pos, "rotate", lambda qk, *a: seen.append(qk) or rotate(qk, *a))
+    idx = torch.randint(0, 11, (2, 16))
+    logits = all_logits(model, idx)
+    assert len(seen) == 2  # one stack of q and k per block, normalised before the scheme sees them
+    for qk in seen:  # gains start at 1: RMS 1 over each head's dims
+        torch.testing.assert_close(qk.pow(2).mean(-1).sqrt(), torch.ones(qk.shape[:-1]), atol=1e-4, rtol=0)
+    changed = idx.clone()
+    changed[:, 9:] = (changed[:, 9:] + 1) % 11
+    torch.testing.assert_close(all_logits(model, changed)[:, :9], logits[:, :9])
+    gains = {n for n, p in model.named_parameters() if "ln_q" in n or "ln_k" in n}
+    assert gains == {f"blocks.{i}.attn.ln_{x}.weight" for i in range(2) for x in "qk"}
+
+
+def test_relu2_is_relu_squared():
+    model = tiny("rope", mlp_act="relu2")
+    mlp, x = model.blocks[0].mlp, torch.randn(3, 32)
+    torch.testing.assert_close(mlp(x), mlp.c_proj(torch.relu(mlp.c_fc(x)) ** 2))
+    assert not torch.allclose(mlp(x), tiny("rope").blocks[0].mlp(x))
+
+
+def test_an_untied_head_has_its_own_weight_and_counts_instead_of_the_token_table():
+    tied, untied = tiny("rope"), tiny("rope", tie_embeddings=False)
+    assert untied.lm_head.weight is not untied.wte.weight
+    assert abs(untied.lm_head.weight.std().item() - 0.02) < 4e-3
+    head = 11 * 32  # vocab x n_embd
+    assert untied.num_params(non_embedding=False) == tied.num_params(non_embedding=False) + head
+    # the token table is a lookup, the head a matmul: either way one vocab x n_embd counts, so the FLOPs agree
+    assert untied.num_params() == tied.num_params() and untied.flops_per_token(16) == tied.flops_per_token(16)
+    assert torch.equal(untied.wte.weight, tied.wte.weight)  # the head's init comes after every other weight's
+    untied.lm_head.weight.data.zero_()
+    assert torch.equal(all_logits(untied, torch.randint(0, 11, (1, 5))), torch.zeros(1, 5, 11))
+
+
+def test_logit_softcap_squashes_logits_in_the_loss_and_in_generation():
+    capped, plain = tiny("rope", logit_softcap=2.0), tiny("rope")
+    for p in plain.parameters():  # large logits, so the cap bites
+        torch.nn.init.normal_(p)
+    capped.load_state_dict(plain.state_dict())
+    idx = torch.randint(0, 11, (2, 16))
+    raw, (logits, loss) = all_logits(plain, idx), capped(idx, idx)
+    assert raw.abs().max() > 8.0 and logits.abs().max() <= 2.0  # float32's tanh reaches 1 itself
+    torch.testing.assert_close(logits, 2.0 * torch.tanh(raw / 2.0))
+    torch.testing.assert_close(loss, F.cross_entropy(logits.flatten(0, 1), idx.flatten()))
+    torch.testing.assert_close(capped(idx)[0], logits[:, -1:])  # generation's forward: the last position, capped
+
+
+def test_zero_init_proj_starts_every_block_as_the_identity_and_still_learns():
+    model = tiny("rope", zero_init_proj=True)
+    projections = [b.attn.c_proj.weight for b in model.blocks] + [b.mlp.c_proj.weight for b in model.blocks]
+    assert all(not p.any() for p in projections)
+    idx = torch.randint(0, 11, (2, 16))
+    embedded = model.ln_f(model.wte(idx))  # rope adds nothing to the input: each block passes it through
+    torch.testing.assert_close(all_logits(model, idx), model.lm_head(embedded))
+    model(idx, idx)[1].backward()
+    assert all(p.grad.abs().sum() > 0 for p in projections)
+
+
+def test_recipe_options_reject_bad_values():
+    with pytest.raises(ValueError, match="mlp_act='swish' is unknown; choose one of gelu, relu2"):
+        GPTConfig(mlp_act="swish")
+    with pytest.raises(ValueError, match="logit_softcap=-1.0 must be a finite number >= 0"):
+        GPTConfig(logit_softcap=-1.0)

@@ -72,6 +72,9 @@ def test_greedy_text_is_the_same_with_and_without_the_cache(runs, capsys, scheme
     recomputed, err = cli(capsys, *args, "--kv_cache=false")
     assert recomputed == cached
     assert "kv cache off" in err
+    static, err = cli(capsys, *args, "--static_cache")
+    assert static == cached
+    assert "static kv cache" in err
 
 
 def test_same_seed_same_text_other_seed_other_text(runs, capsys):
@@ -238,6 +241,7 @@ def foreign(tmp_path):
     (["--temperature=nan"], "'nan' is not a temperature >= 0"),
     (["--kv_cache=maybe"], "--kv_cache: 'maybe' is not true or false"),
     (["--compile", "--kv_cache=false"], "--compile=true compiles the cached decoding; it needs --kv_cache=true"),
+    (["--static_cache", "--kv_cache=false"], "--static_cache=true is a kind of KV cache; it needs --kv_cache=true"),
     (["--max_context=0"], "--max_context: '0' is not a positive integer"),
     (["--rope_scaling=ntk", "--max_context=64"], "needs a RoPE model; {runs}/out-sinusoidal uses pos_emb=sinusoidal"),
     (["--out_dir={runs}/out-rope", "--rope_scaling=ntk", "--rope_scaling_factor=0.5"],

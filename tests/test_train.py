@@ -17,9 +17,11 @@ import files
 import positions
 import train
 from checkpoint import RESUME_KEYS, load_checkpoint, model_from_checkpoint
-from conftest import ONE_THREAD, TINY, FullDevice, Payload, flags, last_logged, log, run, same_tensors, trainer, wait_for
+from conftest import (ONE_THREAD, TINY, FullDevice, Payload, flags, last_logged, log, run, same_tensors, tiny_model,
+                      trainer, wait_for)
 from data import prepare
 from data.tokenizer import load_meta
+from runtime import Runtime
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -38,9 +40,12 @@ RESUMABLE = ["--max_iters=8", "--lr_decay_iters=8", "--warmup_iters=2", "--gradi
              "--dropout=0.1", "--log_interval=1", "--eval_interval=3"]
 
 
-def test_stopped_by_a_signal_and_resumed_is_bit_identical_to_straight(data_dir, tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("optimizer", train.OPTIMIZERS)
+def test_stopped_by_a_signal_and_resumed_is_bit_identical_to_straight(data_dir, tmp_path, monkeypatch, capsys,
+                                                                       optimizer):
     straight, split = tmp_path / "straight", tmp_path / "split"
-    train.main(flags(data_dir, straight, *RESUMABLE))
+    resumable = [*RESUMABLE, f"--optimizer={optimizer}"]
+    train.main(flags(data_dir, straight, *resumable))
 
     def lr_at(it, tc):  # SIGTERM arrives during the step to iteration 4
         if it == 3:
@@ -48,7 +53,7 @@ def test_stopped_by_a_signal_and_resumed_is_bit_identical_to_straight(data_dir, 
         return real_lr_at(it, tc)
     real_lr_at = train.lr_at
     monkeypatch.setattr(train, "lr_at", lr_at)
-    argv = flags(data_dir, split, *RESUMABLE)
+    argv = flags(data_dir, split, *resumable)
     train.main(argv)
     monkeypatch.setattr(train, "lr_at", real_lr_at)
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # handlers restored after the run
@@ -92,6 +97,60 @@ def test_checkpoint_holds_everything_a_resume_needs(data_dir, tmp_path):
     assert ckpt["record"]["code_version"] and ckpt["record"]["world_size"] == 1
     end = log(out)[-1]  # tiny Shakespeare is ASCII: one token per byte, so bits per byte = nats / ln 2
     assert end["val_bpb"] == pytest.approx(end["val_loss"] / np.log(2))
+
+
+def test_muon_takes_the_blocks_matrices_and_adamw_the_rest_each_on_the_schedule():
+    model = tiny_model("fire", qk_norm=True, tie_embeddings=False)  # FIRE: 2-D positional parameters, for AdamW
+    tc = train.TrainConfig(optimizer="muon", learning_rate=1e-3, muon_lr=0.03, muon_momentum=0.9)
+    rt = Runtime("cpu", torch.float32, False)
+    optimizer, _ = train.make_optimizer(model, tc, rt)
+    names = {p: n for n, p in model.named_parameters()}
+    muon, adamw = optimizer.optimizers["muon"], optimizer.optimizers["adamw"]
+    (matrices,) = muon.param_groups
+    assert {names[p] for p in matrices["params"]} == {f"blocks.{i}.{m}.weight" for i in range(2) for m in
+                                                      ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")}
+    assert matrices["momentum"] == 0.9 and matrices["weight_decay"] == 0.0
+    decay, no_decay = ({names[p] for p in g["params"]} for g in adamw.param_groups)
+    assert {"wte.weight", "lm_head.weight", "pos.w1.0", "pos.w2.1"} <= decay
+    assert {"ln_f.weight", "blocks.0.attn.ln_q.weight", "pos.c.0"} <= no_decay
+    assert len(decay | no_decay) + len(matrices["params"]) == len(names)
+    x = torch.randint(0, 11, (2, 16))
+    before = {n: p.clone() for n, p in model.named_parameters()}
+    train.train_step(model.train(), optimizer, torch.amp.GradScaler("cpu", enabled=False), [(x, x, None)], 5e-4,
+                     1.0, rt)
+    assert [g["lr"] for g in optimizer.param_groups] == [pytest.approx(0.015), 5e-4, 5e-4]  # muon_lr x 5e-4 / 1e-3
+    assert all(not torch.equal(before[n], p) for n, p in model.named_parameters())
+    assert type(train.make_optimizer(model, train.TrainConfig(), rt)[0]) is torch.optim.AdamW  # the default
+
+
+def test_muon_steps_under_float16_loss_scaling():
+    model = tiny_model("rope").train()
+    rt = Runtime("cpu", torch.float16, False)
+    optimizer, scaler = train.make_optimizer(model, train.TrainConfig(optimizer="muon"), rt)
+    assert scaler.is_enabled()
+    x = torch.randint(0, 11, (2, 16))
+    weight = model.blocks[0].attn.c_attn.weight
+    before = weight.clone()
+    loss, _ = train.train_step(model, optimizer, scaler, [(x, x, None)], 1e-3, 1.0, rt)
+    assert torch.isfinite(loss) and not torch.equal(weight, before)
+    scaler.update(1e38)  # a scale that overflows float16: the scaler must skip both optimizers' step
+    before = {n: p.clone() for n, p in model.named_parameters()}
+    train.train_step(model, optimizer, scaler, [(x, x, None)], 1e-3, 1.0, rt)
+    assert all(torch.equal(before[n], p) for n, p in model.named_parameters())
+    assert scaler.get_scale() < 1e38
+
+
+def test_a_checkpoint_from_before_the_recipe_options_loads_and_resumes(data_dir, tmp_path):
+    out = tmp_path / "run"
+    train.main(flags(data_dir, out, "--max_iters=2"))
+    ckpt = torch.load(out / "ckpt.pt", weights_only=True)
+    new = ("qk_norm", "mlp_act", "tie_embeddings", "logit_softcap", "zero_init_proj")
+    ckpt["model_config"] = {k: v for k, v in ckpt["model_config"].items() if k not in new}
+    ckpt["train_config"] = {k: v for k, v in ckpt["train_config"].items() if not k.startswith(("optimizer", "muon"))}
+    torch.save(ckpt, out / "ckpt.pt")
+    assert model_from_checkpoint(load_checkpoint(out / "ckpt.pt")).config.tie_embeddings  # defaults fill in
+    train.main(flags(data_dir, out, "--max_iters=3", "--resume"))
+    assert load_checkpoint(out / "ckpt.pt")["iter"] == 3
 
 
 def test_lr_warms_up_linearly_then_follows_half_a_cosine_to_the_floor():
@@ -337,6 +396,7 @@ def world(data_dir, tmp_path_factory):
     assert prepare.main(["--input", str(root / "small.txt"), "--data_dir", str(root / "data"), "--dataset", "small"]) == 0
     train.main(flags(root / "data", root / "smallrun", "--dataset=small", "--block_size=16", "--max_iters=1"))
     train.main(flags(data_dir, root / "learned", "--pos_emb=learned", "--max_iters=1"))
+    train.main(flags(data_dir, root / "muon", "--optimizer=muon", "--max_iters=1"))
     return root
 
 
@@ -378,6 +438,13 @@ BATTERY = [
     ("resume, other RoPE scaling", ["--rope_scaling=linear", "--rope_scaling_factor=2"],
      "rope_scaling: checkpoint 'none', now 'linear'; rope_scaling_factor: checkpoint 1.0, now 2.0"),
     ("passkey_share out of range", ["--passkey_share=1.5"], "passkey_share=1.5 must lie in [0, 1]"),
+    ("unknown optimizer", ["--optimizer=sgd"], "optimizer='sgd' is unknown; choose one of adamw, muon"),
+    ("muon_momentum >= 1", ["--optimizer=muon", "--muon_momentum=1"], "muon_momentum=1.0 must lie in [0, 1)"),
+    ("resume, other optimizer", ["--optimizer=muon"],
+     "the checkpoint was trained with optimizer='adamw', this run asks for optimizer='muon'"),
+    ("resume muon as adamw", ["--out_dir={root}/muon"],
+     "the checkpoint was trained with optimizer='muon', this run asks for optimizer='adamw'"),
+    ("resume, other recipe option", ["--qk_norm"], "qk_norm: checkpoint False, now True"),
     ("init_from another shape", ["--resume=false", "--out_dir={root}/ft", "--init_from={root}/run", "--n_embd=64"],
      "init_from='{root}/run/ckpt.pt' is another model (n_embd: checkpoint 32, now 64); only block_size, dropout"),
     ("init_from learned, longer", ["--resume=false", "--out_dir={root}/ft", "--init_from={root}/learned",
