@@ -78,11 +78,11 @@ def split_list(text):
     return [s.strip() for s in text.split(",") if s.strip()]
 
 
-def parse_variants(text):
-    """'name: key=value, key=value; name: ...' -> [(name, {key: value})], values typed as GPTConfig's (or for
-    TRAIN_VARIANT_KEYS TrainConfig's) fields."""
-    types = {f: GPTConfig.__dataclass_fields__[f].type for f in VARIANT_KEYS}
-    types |= {f: train.TrainConfig.__dataclass_fields__[f].type for f in TRAIN_VARIANT_KEYS}
+def parse_variants(text, model_keys=VARIANT_KEYS, train_keys=TRAIN_VARIANT_KEYS):
+    """'name: key=value, key=value; name: ...' -> [(name, {key: value})], the keys among model_keys (typed as
+    GPTConfig's fields) and train_keys (TrainConfig's)."""
+    types = {f: GPTConfig.__dataclass_fields__[f].type for f in model_keys}
+    types |= {f: train.TrainConfig.__dataclass_fields__[f].type for f in train_keys}
     out = []
     for part in filter(str.strip, text.split(";")):
         name, colon, body = (s.strip() for s in part.partition(":"))
@@ -173,8 +173,11 @@ def train_settings(gcfg, tc):
 
 
 def check_same_settings(path, settings, saved):
+    # a setting newer than the run folder was there at its default (how every option starts)
+    defaults = train_settings(GPTConfig(), train.TrainConfig())
+    saved = {group: defaults[group] | saved.get(group, {}) for group in settings}
     diff = [f"{group}.{k}: {saved[group].get(k)!r} there, {v!r} now" for group in settings
-            for k, v in settings[group].items() if saved.get(group, {}).get(k) != v]
+            for k, v in settings[group].items() if saved[group].get(k) != v]
     if diff:
         raise ValueError(f"{path} was made with other settings ({'; '.join(diff[:4])}); use another out_dir, "
                          f"or delete that run folder to redo it")

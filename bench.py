@@ -4,6 +4,7 @@
     python bench.py --json                           one JSON object a line
     python bench.py --config configs/X.toml --only train_step,generate --repeats 30
     python bench.py --quick                          seconds: a tiny model, few repeats, no compile (CI)
+    python bench.py --only to_loss --nanogpt DIR     whole training commands against nanoGPT's (minutes)
 
 Every figure is a median over repeats after warm-up, with its spread. The variants of a bench
 are timed in turn within each repeat, so load from other processes falls on all of them alike
@@ -13,8 +14,12 @@ and their ratios stay fair on a shared machine.
 import argparse
 import itertools
 import json
+import os
+import re
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -23,15 +28,17 @@ from tqdm import tqdm
 
 import config
 import rope
+from files import read_log
 from generate import generate
 from model import GPT, GPTConfig
 from runtime import check_compile, decode_autocast, setup_runtime
 from train import TrainConfig, make_optimizer, train_step
 
-REPEATS = {"matmul_peak": 10, "train_step": 20, "generate": 5, "rope_apply": 20}
+REPEATS = {"matmul_peak": 10, "train_step": 20, "generate": 5, "rope_apply": 20, "to_loss": 3}
 # nanoGPT README's CPU recipe shape (4 layers, 4 heads, 128 wide, context 64, batch 12, no dropout; vocab 65
 # is GPTConfig's default, tiny Shakespeare's characters): the shape nanorope's CPU throughput is compared at
-DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "shakespeare_char_cpu.toml"
+ROOT = Path(__file__).resolve().parent
+DEFAULT_CONFIG = ROOT / "configs" / "shakespeare_char_cpu.toml"
 QUICK = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, dropout=0.0, vocab_size=65), dict(batch_size=4)
 ROPE_SHAPE, ROPE_SHAPE_QUICK = (8, 6, 256, 64), (2, 2, 32, 16)  # (B, H, T, d): six 64-wide heads at context 256
 
@@ -43,13 +50,16 @@ def arg_parser():
     p.add_argument("--config", default=None, metavar="TOML",
                    help="a run config giving the model and batch shape (default: configs/shakespeare_char_cpu.toml, "
                         "nanoGPT's CPU recipe shape; --quick: a tiny model)")
-    p.add_argument("--only", default=",".join(BENCHES), metavar="NAME[,NAME]", help="benches to run: " + ", ".join(BENCHES))
+    p.add_argument("--only", default=",".join(DEFAULT_BENCHES), metavar="NAME[,NAME]",
+                   help=f"benches to run: {', '.join(BENCHES)} (default: all but to_loss)")
     p.add_argument("--quick", action="store_true", help="a tiny model, few repeats and no torch.compile: seconds, for CI")
     p.add_argument("--repeats", type=config.positive_int, default=None, help="timed repeats per variant (default per bench)")
     p.add_argument("--threads", type=config.positive_int, default=None,
                    help="CPU threads for torch (default: torch's choice; 1 with --quick, which on a busy machine "
                         "is faster than threads waiting on each other)")
     p.add_argument("--new_tokens", type=config.positive_int, default=None, help="tokens per generation (default 500; 16 quick)")
+    p.add_argument("--nanogpt", default=None, metavar="DIR",
+                   help="to_loss: a nanoGPT checkout (github.com/karpathy/nanoGPT) with data/shakespeare_char prepared")
     return p
 
 
@@ -267,8 +277,47 @@ def bench_rope_apply(run):
     return rows
 
 
+# nanoGPT README's CPU command for tiny Shakespeare (float32 on a CPU: nanoGPT autocasts on CUDA only)
+NANOGPT_CPU = ["train.py", "config/train_shakespeare_char.py", "--device=cpu", "--compile=False", "--eval_iters=20",
+               "--log_interval=1", "--block_size=64", "--batch_size=12", "--n_layer=4", "--n_head=4", "--n_embd=128",
+               "--max_iters=2000", "--lr_decay_iters=2000", "--dropout=0.0"]
+NANOGPT_VAL = re.compile(r"step \d+: train loss [\d.]+, val loss ([\d.]+)")
+
+
+def bench_to_loss(run):
+    """Whole training commands, timed in turns from start to exit: `python train.py` on the config (the
+    quickstart's by default) in float32 and in the config's own dtype, against nanoGPT's CPU command in the
+    --nanogpt checkout. Each starts in a fresh out_dir; its last val loss is reported beside its time, and
+    vs_nanogpt is nanoGPT's median time over the command's."""
+    if not run.nanogpt or not (Path(run.nanogpt) / "data/shakespeare_char/train.bin").is_file():
+        raise ValueError(f"--only=to_loss needs --nanogpt DIR, a nanoGPT checkout whose data/shakespeare_char is "
+                         f"prepared (python data/shakespeare_char/prepare.py there); got {run.nanogpt!r}")
+    ours = ["train.py", run.config_path, "--progress=false"]
+    commands = {"nanogpt": (run.nanogpt, NANOGPT_CPU), "float32": (ROOT, [*ours, "--dtype=float32"]),
+                run.dtype_name: (ROOT, [*ours, f"--dtype={run.tc.dtype}"])}  # what the config's dtype runs as here
+    val = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        def whole(name, cwd, args):
+            def call():
+                out = Path(tempfile.mkdtemp(dir=tmp))
+                proc = subprocess.run([sys.executable, *args, f"--out_dir={out}"], cwd=cwd, capture_output=True,
+                                      text=True, env=os.environ | {"OMP_NUM_THREADS": str(torch.get_num_threads())})
+                if proc.returncode:
+                    raise ValueError(f"{' '.join(args)} exited {proc.returncode}: {proc.stderr.strip()[-300:]}")
+                val[name] = (float(NANOGPT_VAL.findall(proc.stdout)[-1]) if name == "nanogpt" else
+                             [m for m in read_log(out / "metrics.jsonl") if "val_loss" in m][-1]["val_loss"])
+            return call
+        seconds = time_in_turns({name: whole(name, *c) for name, c in commands.items()}, run.repeats("to_loss"),
+                                warmup=0, desc="to_loss")
+    nanogpt_s = statistics.median(seconds["nanogpt"])
+    return [({"command": name if name == "nanogpt" else f"nanorope {name}"},
+             spread(s) | {"val_loss": val[name], "vs_nanogpt": nanogpt_s / statistics.median(s)})
+            for name, s in seconds.items()]
+
+
 BENCHES = {"matmul_peak": bench_matmul_peak, "train_step": bench_train_step, "generate": bench_generate,
-           "rope_apply": bench_rope_apply}
+           "rope_apply": bench_rope_apply, "to_loss": bench_to_loss}
+DEFAULT_BENCHES = [name for name in BENCHES if name != "to_loss"]  # minutes of whole runs, and needs nanoGPT
 
 
 # ----------------------------------------------------------------------------- the run
@@ -285,6 +334,8 @@ class Run:
             path = args.config or DEFAULT_CONFIG
             self.gcfg, self.tc = config.parse([str(path)], GPTConfig, TrainConfig)
             self.config_name = args.config or str(DEFAULT_CONFIG.relative_to(DEFAULT_CONFIG.parent.parent))
+        self.config_path = str(Path(args.config or DEFAULT_CONFIG).resolve())
+        self.nanogpt = args.nanogpt
         if args.device:
             self.tc.device = args.device
         if args.threads or args.quick:
@@ -332,7 +383,7 @@ def parse_only(text):
 FIGURE_FORMATS = {"tokens_per_s": "{:,.0f} tok/s", "gflops": "{:.1f} GFLOP/s", "mfu": "MFU {:.1%}",
                   "peak_gflops": "peak {:.1f} GFLOP/s",
                   "speedup": "{:.2f}x uncached", "vs_clone": "{:.2f}x clone", "vs_best_reference": "{:.2f}x best ref",
-                  "compile_s": "compile {:.1f} s"}
+                  "compile_s": "compile {:.1f} s", "val_loss": "val {:.4f}", "vs_nanogpt": "{:.2f}x nanoGPT"}
 SHOWN_ONCE = ("config", "n_layer", "n_head", "n_embd", "block_size", "vocab_size", "pos_emb", "dtype", "batch_size",
               "shape", "threads")
 

@@ -26,7 +26,7 @@ def only(records, name):
 
 
 def test_every_bench_reports_finite_positive_figures_with_their_spread(records):
-    assert {r["bench"] for r in records} == set(bench.BENCHES)
+    assert {r["bench"] for r in records} == set(bench.DEFAULT_BENCHES)
     for r in records:
         assert r["device"] == "cpu" and r["repeats"] == 3, r
         assert 0 < r["ms_min"] <= r["ms_median"] <= r["ms_max"], r
@@ -94,3 +94,29 @@ def test_bad_flags_give_a_one_line_error(argv, message, capsys):
         bench.main(argv)
     err = capsys.readouterr().err.strip()
     assert exc.value.code == 1 and err.startswith("error: ") and message in err and "\n" not in err
+
+
+def test_to_loss_times_whole_commands_against_nanogpts_and_reads_their_last_val_loss(data_dir, tmp_path):
+    # a stand-in nanoGPT checkout: its train.py logs as nanoGPT's does (the stand-in is ours: the real one is fetched)
+    fake = tmp_path / "nanoGPT"
+    (fake / "data/shakespeare_char").mkdir(parents=True)
+    (fake / "data/shakespeare_char/train.bin").write_bytes(b"")
+    (fake / "train.py").write_text('print("step 0: train loss 4.1000, val loss 4.2000")\n'
+                                   'print("step 2000: train loss 1.7000, val loss 1.8860")\n')
+    tiny = tmp_path / "tiny.toml"
+    tiny.write_text(f'data_dir = "{data_dir}"\nn_layer = 1\nn_head = 2\nn_embd = 16\nblock_size = 16\nbatch_size = 2\n'
+                    'max_iters = 3\neval_interval = 3\neval_iters = 1\ndtype = "auto"\n')
+    proc = run("bench.py", "--json", "--only=to_loss", "--repeats=1", "--threads=1", f"--config={tiny}",
+               f"--nanogpt={fake}", timeout=300)
+    rows = {r["command"]: r for r in map(json.loads, proc.stdout.splitlines())}
+    assert set(rows) >= {"nanogpt", "nanorope float32"} and len(rows) in (2, 3)  # auto may run as float32 here
+    assert rows["nanogpt"]["val_loss"] == 1.886 and rows["nanogpt"]["vs_nanogpt"] == 1.0
+    for r in rows.values():
+        assert r["repeats"] == 1 and math.isfinite(r["val_loss"])
+        assert r["vs_nanogpt"] == pytest.approx(rows["nanogpt"]["ms_median"] / r["ms_median"])
+
+
+def test_to_loss_without_a_prepared_nanogpt_is_one_line(tmp_path):
+    proc = run("bench.py", "--only=to_loss", f"--nanogpt={tmp_path}", check=False)
+    assert proc.returncode == 1 and "needs --nanogpt DIR" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1

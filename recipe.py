@@ -1,0 +1,133 @@
+"""Which training recipe reaches a validation loss soonest: recipes x seeds, steps and seconds to a target loss.
+
+    python recipe.py configs/recipe_cpu.toml [--key=value ...]
+
+The config's own settings are the recipe "base"; each entry of `recipes` ('name: key=value, ...; name: ...',
+any model or training setting) changes some of them. Every recipe trains for seeds seed, seed+1, ... into
+out_dir/runs/<recipe>-seed<S>/ (one train.py run each, on the same batches seed by seed). A run reaches the
+target at its first evaluation (every eval_interval steps) with val loss <= target_loss; its seconds are the
+run's elapsed_s there, so the evaluations before it count, as they do in a whole command. out_dir receives
+results.json, results.md (steps and seconds to the target, mean ± std over seeds) and, with matplotlib,
+val_loss.png. Rerunning the same command skips finished runs and resumes an interrupted one.
+"""
+
+import json
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+
+from tqdm import tqdm
+
+import ablate
+import train
+from config import opt
+from extend import evaluated
+from files import atomic_write, read_log
+from model import GPTConfig
+from report import NO_PLOTS, md_table, mean_std, pm
+
+MODEL_KEYS = tuple(f.name for f in fields(GPTConfig) if f.name != "vocab_size")  # the dataset sets it
+TRAIN_KEYS = tuple(f.name for f in fields(train.TrainConfig) if f.name not in ablate.NOT_SETTINGS)
+
+
+@dataclass
+class RecipeConfig:
+    recipes: str = opt("", "recipes beside the config's own ('base'): 'name: key=value, ...; name: ...', any "
+                           "model or training setting")
+    seeds: int = opt(3, "seeds per recipe: seed, seed+1, ...")
+    target_loss: float = opt(1.88, "the val loss whose first evaluation at or below it a run is timed to")
+
+    def __post_init__(self):
+        if self.seeds < 1:
+            raise ValueError(f"seeds={self.seeds} must be at least 1")
+
+
+def reached(out, target):
+    """(iteration, elapsed_s, val_loss) of the run's first evaluation at or below target, or None; and the
+    run's evaluations as [(iteration, elapsed_s, val_loss)]."""
+    evals = [(m["iter"], m["elapsed_s"], m["val_loss"]) for m in read_log(out / "metrics.jsonl") if "val_loss" in m]
+    return next((e for e in evals if e[2] <= target), None), evals
+
+
+def run_recipes(rc, gcfg, tc):
+    recipes = {"base": {}} | dict(ablate.parse_variants(rc.recipes, MODEL_KEYS, TRAIN_KEYS))
+    grid = []  # (name, model config, train config, run folder), every folder checked before anything trains
+    for name, changes in recipes.items():
+        g = replace(gcfg, **{k: v for k, v in changes.items() if k in MODEL_KEYS})
+        for seed in range(tc.seed, tc.seed + rc.seeds):
+            t = replace(tc, seed=seed, **{k: v for k, v in changes.items() if k in TRAIN_KEYS})
+            out = ablate.run_dir(t, name, seed)
+            if (out / "config.json").is_file():  # a run folder made with other settings is refused
+                ablate.check_same_settings(out, ablate.train_settings(g, t), json.loads((out / "config.json").read_text()))
+            grid.append((name, g, t, out))
+    runs = {name: [] for name in recipes}  # name -> [per seed: {"seed", "reached", "evals"}]
+    for name, g, t, out in (bar := tqdm(grid, desc="recipe", unit="run")):
+        bar.set_postfix_str(f"{name} seed {t.seed}")
+        evaluated(out / "summary.json", lambda: ablate.train_run(name, g, t, out))
+        hit, evals = reached(out, rc.target_loss)
+        runs[name].append({"seed": t.seed, "reached": hit, "evals": evals})
+    results = {"settings": {"recipe": asdict(rc), **ablate.train_settings(gcfg, tc)}, "recipes": {
+        name: {"changes": recipes[name], "runs": rs, **figures(rs)} for name, rs in runs.items()}}
+    out = Path(tc.out_dir)
+    ablate.write_json(out / "results.json", results)
+    text = markdown(results, write_plot(results, out))
+    atomic_write(out / "results.md", lambda f: f.write(text.encode()))
+    print(text)
+
+
+def figures(runs):
+    """Steps and seconds to the target (mean_std over the seeds that reached it) and the final val loss."""
+    hits = [r["reached"] for r in runs if r["reached"]]
+    return {"reached": len(hits), "steps": mean_std(h[0] for h in hits) if hits else None,
+            "seconds": mean_std(h[1] for h in hits) if hits else None,
+            "final_val_loss": mean_std(r["evals"][-1][2] for r in runs)}
+
+
+def markdown(results, plot):
+    rc, base = results["settings"]["recipe"], results["recipes"]["base"]
+    rows = []
+    for name, x in results["recipes"].items():
+        changes = ", ".join(f"{k}={v}" for k, v in x["changes"].items()) or "the config as it is"
+        ratio = (f"{base['seconds']['mean'] / x['seconds']['mean']:.2f}x"
+                 if x["seconds"] and base["seconds"] and x["reached"] == rc["seeds"] else "N/A")
+        rows.append([name, changes, f"{x['reached']}/{rc['seeds']}", pm(x["steps"], ".0f"), pm(x["seconds"], ".1f"),
+                     ratio, pm(x["final_val_loss"])])
+    table = md_table(["recipe", "changes", "reached", "steps", "seconds", "speed-up (seconds)", "final val loss"],
+                     rows, text_columns=2)
+    return (f"# Steps and seconds to val loss <= {rc['target_loss']}\n\n"
+            f"Mean ± std over {rc['seeds']} seeds of the runs that reached it, at the first evaluation (every "
+            f"{results['settings']['train']['eval_interval']} steps) at or below it; seconds are elapsed training "
+            f"time there, evaluations included. The speed-up is base's mean seconds over the recipe's.\n\n"
+            + table + "\n\n" + (f"![val loss]({plot})" if plot else NO_PLOTS) + "\n")
+
+
+def write_plot(results, out):
+    """val_loss.png (val loss against seconds, each seed a line), or None without matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")  # files only: no display needed
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, ax = plt.subplots(figsize=(8.5, 4.5))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for (name, x), color in zip(results["recipes"].items(), colors * len(results["recipes"])):
+        for i, r in enumerate(x["runs"]):
+            ax.plot([e[1] for e in r["evals"]], [e[2] for e in r["evals"]], color=color, alpha=0.8,
+                    label=name if i == 0 else None)
+    ax.axhline(results["settings"]["recipe"]["target_loss"], color="gray", linestyle=":")
+    ax.set(title="val loss against training seconds (each seed a line)", xlabel="seconds", ylabel="val loss",
+           ylim=(None, 2.6))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1))
+    fig.tight_layout()
+    atomic_write(out / "val_loss.png", lambda f: fig.savefig(f, format="png", dpi=110))
+    plt.close(fig)
+    return "val_loss.png"
+
+
+def main(argv=None):
+    ablate.command(argv, __doc__, RecipeConfig, run_recipes)
+
+
+if __name__ == "__main__":
+    main()
