@@ -2,7 +2,7 @@
 are shown. Statistics over seeds are report.py's; this module knows nothing of training."""
 
 from files import atomic_write
-from report import NO_PLOTS, md_table, mean_std, pm
+from report import NO_PLOTS, md_table, mean_std, pm, pyplot
 
 
 def key(scaling, s):
@@ -124,11 +124,7 @@ def pct(stat):
 
 def write_plots(r, out):
     """[(file, title)] of the PNGs written, or None without matplotlib (an optional extra)."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")  # files only: no display needed
-        import matplotlib.pyplot as plt
-    except ImportError:
+    if (plt := pyplot()) is None:
         return None
     L0, plots = r["block_size"], []
 

@@ -23,7 +23,7 @@ from config import opt
 from extend import evaluated
 from files import atomic_write, read_log
 from model import GPTConfig
-from report import NO_PLOTS, md_table, mean_std, pm
+from report import NO_PLOTS, md_table, mean_std, palette, pm, pyplot
 
 MODEL_KEYS = tuple(f.name for f in fields(GPTConfig) if f.name != "vocab_size")  # the dataset sets it
 TRAIN_KEYS = tuple(f.name for f in fields(train.TrainConfig) if f.name not in ablate.NOT_SETTINGS)
@@ -102,17 +102,13 @@ def markdown(results, plot):
 
 def write_plot(results, out):
     """val_loss.png (val loss against seconds, each seed a line), or None without matplotlib."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")  # files only: no display needed
-        import matplotlib.pyplot as plt
-    except ImportError:
+    if (plt := pyplot()) is None:
         return None
     fig, ax = plt.subplots(figsize=(8.5, 4.5))
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for (name, x), color in zip(results["recipes"].items(), colors * len(results["recipes"])):
+    colors = palette(plt, list(results["recipes"]))
+    for name, x in results["recipes"].items():
         for i, r in enumerate(x["runs"]):
-            ax.plot([e[1] for e in r["evals"]], [e[2] for e in r["evals"]], color=color, alpha=0.8,
+            ax.plot([e[1] for e in r["evals"]], [e[2] for e in r["evals"]], color=colors[name], alpha=0.8,
                     label=name if i == 0 else None)
     ax.axhline(results["settings"]["recipe"]["target_loss"], color="gray", linestyle=":")
     ax.set(title="val loss against training seconds (each seed a line)", xlabel="seconds", ylabel="val loss",

@@ -227,20 +227,32 @@ def md_samples(r):
 NO_PLOTS = "Plots skipped: matplotlib is not installed (`pip install matplotlib` or `pip install -e .[plots]`)."
 
 
-def write_plots(results, out):
-    """PNG plots in out as [(file, title)], or None when matplotlib (an optional extra) is missing."""
+def pyplot():
+    """matplotlib.pyplot drawing to files, or None when matplotlib (an optional extra) is missing."""
     try:
         import matplotlib
         matplotlib.use("Agg")  # files only: no display needed
         import matplotlib.pyplot as plt
     except ImportError:
         return None
+    return plt
+
+
+def palette(plt, names):
+    """{name: colour}: the default cycle's 10 colours while they suffice; past them one colour would stand for
+    two lines, so tab20's 20."""
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    if len(names) > len(colors):
+        colors = [plt.get_cmap("tab20")(i) for i in range(20)]
+    return dict(zip(names, colors * len(names)))
+
+
+def write_plots(results, out):
+    """PNG plots in out as [(file, title)], or None when matplotlib (an optional extra) is missing."""
+    if (plt := pyplot()) is None:
+        return None
     L0, schemes = results["block_size"], results["schemes"]
-    # the default cycle's 10 colours while they suffice; past them one colour would stand for two schemes
-    palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    if len(schemes) > len(palette):
-        palette = [plt.get_cmap("tab20")(i) for i in range(20)]
-    colors = dict(zip(schemes, palette * len(schemes)))
+    colors = palette(plt, schemes)
     dashes = dict(zip(["none", *results["settings"]["ablate"]["rope_scalings"].split(",")],
                       ["-", "--", ":", "-.", (0, (5, 1)), (0, (1, 3))]))
     plots = []

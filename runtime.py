@@ -5,10 +5,12 @@ sample.py, ablate.py and bench.py all take theirs from this module.
 """
 
 import contextlib
+import functools
 import os
 import platform
 import shutil
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,11 +78,34 @@ def pick_dtype(requested, device_type):
     if device_type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     if device_type == "cpu":
-        # with AVX512-BF16 or AMX, bf16 matmuls outrun float32's (bench.py); without, bf16 is emulated
-        # and slower than float32
-        caps = torch.cpu.get_capabilities()
-        return torch.bfloat16 if caps.get("avx512_bf16") or caps.get("amx_bf16") else torch.float32
+        return torch.bfloat16 if cpu_bf16_is_faster() else torch.float32
     return torch.float32
+
+
+BF16_MARGIN = 1.5  # bf16 only where its matmuls clearly win: a CPU near parity must not flip between runs
+
+
+def matmul_seconds(dtype, n=512, repeats=5):
+    """The fastest of a few n x n matmuls in dtype on this process's threads (with the others, about 0.1 s)."""
+    a = torch.randn(n, n).to(dtype)
+    a @ a  # warm-up: the first call picks kernels
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        a @ a
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+@functools.cache
+def cpu_bf16_is_faster():
+    """Whether bf16 matmuls beat float32's on this CPU by BF16_MARGIN. Without AVX512-BF16 or AMX bf16 is
+    emulated and always slower; with AVX512-BF16 alone it depends on the chip: 2.5x float32 on an AMD EPYC
+    (Zen 4) but 0.6x on an Intel Xeon without AMX (README: Benchmarks), so a probe decides."""
+    caps = torch.cpu.get_capabilities()
+    if not (caps.get("avx512_bf16") or caps.get("amx_bf16")):
+        return False
+    return matmul_seconds(torch.float32) > BF16_MARGIN * matmul_seconds(torch.bfloat16)
 
 
 def decode_autocast(device_type, dtype):
@@ -115,6 +140,8 @@ def setup_runtime(device="auto", dtype="auto", compile=None, quiet=False):
     rt = Runtime(device, pick_dtype(dtype, device_type), check_compile(compile, device_type), rank, local_rank, world)
     if "RANK" in os.environ:
         dist.init_process_group(backend="nccl" if rt.device_type == "cuda" else "gloo")
+        if dtype == "auto" and rt.device_type == "cpu":  # each process probed: bf16 only if all chose it
+            rt.dtype = torch.float32 if any_rank(rt.dtype != torch.bfloat16, rt) else torch.bfloat16
     if rt.device_type == "cuda":
         torch.cuda.set_device(rt.device)
         # TF32 matmuls: several times the float32 tensor-core rate, precision ample for training
