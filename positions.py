@@ -159,14 +159,14 @@ class Sinusoidal(Scheme):
             self.register_buffer("sinusoid", table, persistent=False)
 
     def embed(self, tok, offset):
+        table, rows = self.sinusoid, slice(offset, offset + tok.shape[1])
         if torch.is_tensor(offset):  # a static decoding step: reserve() made the table reach its position
-            return tok * math.sqrt(tok.shape[2]) + self.sinusoid[position_ids(offset, tok.shape[1])].to(tok.dtype)
-        end = offset + tok.shape[1]
-        # past the built table the rows are computed from the formula on demand
-        table = self.sinusoid if end <= len(self.sinusoid) else sinusoidal_table(end, tok.shape[2]).to(tok.device)
+            rows = rope.position_ids(offset, tok.shape[1])
+        elif rows.stop > len(table):  # past the built table the rows are computed from the formula on demand
+            table = sinusoidal_table(rows.stop, tok.shape[2]).to(tok.device)
         # as in the paper, token embeddings are scaled by sqrt(d) before the +-1 table is added; unscaled
         # (std 0.02) they would be drowned by it and sinusoidal would lose any short ablation
-        return tok * math.sqrt(tok.shape[2]) + table[offset:end].to(tok.dtype)
+        return tok * math.sqrt(tok.shape[2]) + table[rows].to(tok.dtype)
 
 
 @register("learned")
@@ -184,17 +184,10 @@ class Learned(Scheme):
         if not torch.is_tensor(end) and end > self.config.block_size:  # a static cache stops at block_size itself
             raise ValueError(f"position {end - 1} is past the learned table (block_size={self.config.block_size}); "
                              "learned positions cannot extrapolate")
-        return tok + self.wpe(position_ids(offset, tok.shape[1], tok.device))
+        return tok + self.wpe(rope.position_ids(offset, tok.shape[1], tok.device))
 
     def embedding_numel(self):
         return self.wpe.weight.numel()
-
-
-def position_ids(offset, n, device=None):
-    """(n,) positions offset..offset+n-1, for an int offset or a tensor one (a static decoding step's)."""
-    if torch.is_tensor(offset):
-        return offset + torch.arange(n, device=offset.device)
-    return torch.arange(offset, offset + n, device=device)
 
 
 def distances(q_len, k_len, offset, device):
@@ -202,7 +195,7 @@ def distances(q_len, k_len, offset, device):
     at the last query, or, for a tensor offset, are a static cache's slots 0..k_len-1 (see the module's doc)."""
     if not torch.is_tensor(offset):
         return torch.arange(k_len - q_len, k_len, device=device)[:, None] - torch.arange(k_len, device=device)[None, :]
-    return position_ids(offset, q_len)[:, None] - torch.arange(k_len, device=offset.device)[None, :]
+    return rope.position_ids(offset, q_len)[:, None] - torch.arange(k_len, device=offset.device)[None, :]
 
 
 def causal(bias, dist):
@@ -267,7 +260,7 @@ class XPos(RoPE):
 
     def rotate(self, qk, offset, layer):
         q, k = self.rotary(qk, offset)  # (B, nh, T, hs) each
-        m = position_ids(offset, q.shape[-2], q.device).float()
+        m = rope.position_ids(offset, q.shape[-2], q.device).float()
         scale = (m[:, None] / self.config.xpos_scale_base * self.log_zeta).exp()  # (T, hs): zeta^(m/B) per dim
         return torch.stack((q * scale, k / scale)).to(qk.dtype)
 
@@ -329,7 +322,7 @@ class FIRE(Scheme):
         device = self.c[layer].device
         dist = distances(q_len, k_len, offset, device)  # (T, S)
         c, L = F.softplus(self.c[layer]).float(), self.threshold[layer].float().abs()
-        m = position_ids(offset, q_len, device).float()[:, None]  # (T, 1)
+        m = rope.position_ids(offset, q_len, device).float()[:, None]  # (T, 1)
         x = torch.log1p(c * dist.clamp(min=0)) / torch.log1p(c * torch.maximum(m, L))  # (T, S) in [0, 1]
         hidden = F.relu(F.linear(x[..., None], self.w1[layer].float(), self.b1[layer].float()))  # (T, S, 32)
         bias = F.linear(hidden, self.w2[layer].float(), self.b2[layer].float()).permute(2, 0, 1)  # (nh, T, S)

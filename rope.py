@@ -144,6 +144,13 @@ def keep_highest(inv_freq: torch.Tensor, p: float) -> torch.Tensor:
     return torch.cat((inv_freq[:kept], inv_freq.new_zeros(len(inv_freq) - kept)))
 
 
+def position_ids(offset, n, device=None):
+    """(n,) positions offset..offset+n-1, for an int offset or a 0-dim tensor one (a static decoding step's)."""
+    if torch.is_tensor(offset):
+        return offset + torch.arange(n, device=offset.device)
+    return torch.arange(offset, offset + n, device=device)
+
+
 def rope_cache(inv_freq: torch.Tensor, positions: torch.Tensor, device=None) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin float32 (T, rot_dim//2) on device (default positions') for integer `positions` (T,). The angles
     m * theta are computed in float64 (on the CPU for MPS, which has none), so with float64 frequencies each table
@@ -304,7 +311,7 @@ class Rotary(torch.nn.Module):
             raise ValueError(f"x has hs={x.shape[-1]} but this Rotary was built for head_dim={self.head_dim}")
         if torch.is_tensor(offset):  # a static decoding step's position (0-dim), which the host never reads:
             # rows gathered from tables that reserve() made long enough; dynamic's per-length frequencies cannot
-            rows = offset + torch.arange(x.shape[-2], device=offset.device)
+            rows = position_ids(offset, x.shape[-2])
             return apply_rope(x, self.cos[rows], self.sin[rows], self.layout)
         if offset < 0:
             raise ValueError(f"offset={offset} must be >= 0")

@@ -108,9 +108,12 @@ def cpu_bf16_is_faster():
     return matmul_seconds(torch.float32) > BF16_MARGIN * matmul_seconds(torch.bfloat16)
 
 
-def decode_autocast(device_type, dtype):
-    """Autocast for generation: on CUDA only; batch-1 decoding on CPU gains nothing from bf16."""
-    return torch.autocast(device_type, dtype=dtype, enabled=device_type == "cuda")
+def decode_autocast(device_type, dtype=None):
+    """Autocast for generation: on CUDA only, in dtype (default: auto's choice there); batch-1 decoding on CPU
+    gains nothing from bf16, so no dtype is picked there (nor its probe run)."""
+    if device_type != "cuda":
+        return contextlib.nullcontext()
+    return torch.autocast("cuda", dtype=dtype or pick_dtype("auto", "cuda"))
 
 
 def check_compile(wanted, device_type):

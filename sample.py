@@ -29,7 +29,7 @@ import rope
 from checkpoint import CHECKPOINTS, checkpoint_in, load_run, model_from_checkpoint
 from data.tokenizer import tokenizer_from_meta
 from generate import context_length, generate
-from runtime import check_compile, decode_autocast, pick_device, pick_dtype
+from runtime import check_compile, decode_autocast, pick_device
 
 FORMATS = ("columns", "text", "markdown")
 MIN_COLUMN = 24  # narrower columns wrap the text into confetti: print blocks instead
@@ -316,7 +316,7 @@ def main(argv=None):
         if args.static_cache and not args.kv_cache:
             raise ValueError("--static_cache=true is a kind of KV cache; it needs --kv_cache=true")
         check_compile(args.compile, device_type)
-        with decode_autocast(device_type, pick_dtype("auto", device_type)):
+        with decode_autocast(device_type):
             (compare if args.compare else sample_one)(args, prompt, device, reason)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)

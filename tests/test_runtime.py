@@ -39,3 +39,11 @@ def test_under_torchrun_auto_cpu_dtype_is_bfloat16_only_if_every_process_chose_i
     monkeypatch.setattr(runtime, "any_rank", lambda flag, rt: flag or another_rank_chose_float32)
     assert runtime.setup_runtime("cpu", "auto", quiet=True).dtype == expected
     assert runtime.setup_runtime("cpu", "bfloat16", quiet=True).dtype == torch.bfloat16  # an explicit choice is kept
+
+
+def test_decoding_autocasts_on_cuda_only_and_picks_no_dtype_elsewhere(monkeypatch):
+    monkeypatch.setattr(runtime, "cpu_bf16_is_faster", lambda: pytest.fail("the CPU's probe ran for decoding"))
+    with runtime.decode_autocast("cpu"):
+        assert not torch.is_autocast_enabled("cpu")
+    with runtime.decode_autocast("cpu", torch.bfloat16):  # a training run's dtype: still off for decoding on CPU
+        assert not torch.is_autocast_enabled("cpu")
