@@ -73,6 +73,9 @@ def pick_device(requested, local_rank=0):
 
 
 def pick_dtype(requested, device_type):
+    if requested == "bfloat16" and device_type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise ValueError(f"dtype=bfloat16 is not supported by this GPU ({torch.cuda.get_device_name()}); use "
+                         "dtype=float16 (with its loss scaling), float32 or auto")
     if requested != "auto":
         return getattr(torch, requested)
     if device_type == "cuda":

@@ -32,11 +32,9 @@ from data.loader import DROPOUT, Batches, micro_seed
 from data.tokenizer import bytes_per_token, load_meta, tokenizer_from_meta
 from files import RunLock, WriteError, append_line, atomic_write, open_log, read_log
 from model import GPT, GPTConfig
-from passkey import PasskeyBatches, Passkeys
+from optim import OPTIMIZERS, make_optimizer
+from data.passkey import PasskeyBatches, Passkeys
 from runtime import DTYPES, any_rank, run_record, setup_runtime
-
-
-OPTIMIZERS = ("adamw", "muon")
 
 
 @dataclass
@@ -61,6 +59,8 @@ class TrainConfig:
                                "nanochat's matrices)")
     muon_momentum: float = opt(0.95, "Muon's (Nesterov) momentum")
     muon_weight_decay: float = opt(0.0, "Muon's decoupled weight decay: weights shrink by muon_lr times it a step")
+    muon_ns_steps: int = opt(5, "Newton-Schulz steps of Muon's orthogonalisation")
+    muon_split_qkv: bool = opt(False, "Muon orthogonalises q, k and v apart, not their fused projection as one")
     grad_clip: float = opt(1.0, "clip the global gradient norm to this (0 = off)")
     eval_interval: int = opt(250, "evaluate and checkpoint every this many steps (and at the end)")
     eval_iters: int = opt(20, "validation batches per evaluation (a fixed set)")
@@ -79,7 +79,7 @@ class TrainConfig:
 
     def __post_init__(self):
         config.require_positive(self, "batch_size", "gradient_accumulation_steps", "max_iters", "lr_decay_iters",
-                                "eval_interval", "eval_iters", "log_interval", "drop_rope_at")
+                                "eval_interval", "eval_iters", "log_interval", "drop_rope_at", "muon_ns_steps")
         if self.drop_rope_at is not None and self.drop_rope_at >= self.max_iters:
             raise ValueError(f"drop_rope_at={self.drop_rope_at} must come before max_iters={self.max_iters}, "
                              "leaving steps to recalibrate without RoPE")
@@ -124,58 +124,6 @@ def evaluate(model, batches, rt):
 
 
 # ----------------------------------------------------------------------------- the optimizer step
-
-class Optimizers:
-    """Several torch optimizers that train_step, the GradScaler and the checkpoint treat as one: their param_groups
-    in one list, one step, one zero_grad, one state dict (keyed by name)."""
-
-    def __init__(self, **optimizers):
-        self.optimizers = optimizers
-
-    @property
-    def param_groups(self):
-        return [group for o in self.optimizers.values() for group in o.param_groups]
-
-    def step(self):
-        for o in self.optimizers.values():
-            o.step()
-
-    def zero_grad(self, set_to_none=True):
-        for o in self.optimizers.values():
-            o.zero_grad(set_to_none=set_to_none)
-
-    def state_dict(self):
-        return {name: o.state_dict() for name, o in self.optimizers.items()}
-
-    def load_state_dict(self, state):
-        for name, o in self.optimizers.items():
-            o.load_state_dict(state[name])
-
-
-def make_optimizer(model, tc, rt):
-    """The optimizer (tc.optimizer) and the gradient scaler that float16 needs (a pass-through in other dtypes):
-    every step uses both.
-
-    AdamW: matrices decay, vectors (biases, norm gains) do not; the fused kernel (one pass over each parameter
-    instead of a dozen foreach ops) on CUDA and on CPU alike. Muon: the 2-D weights inside the blocks go to
-    torch.optim.Muon (its default "original" lr adjustment: times sqrt(max(1, rows/cols)), so c_attn's update
-    takes sqrt(3), c_fc's 2), everything else to that AdamW; the two as one Optimizers, Muon's group stepping
-    at muon_lr / learning_rate times the schedule's lr (its lr_scale)."""
-    params = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
-    on_muon = {name: tc.optimizer == "muon" and name.startswith("blocks.") and p.dim() == 2 for name, p in params}
-    matrices = [p for name, p in params if on_muon[name]]
-    rest = [p for name, p in params if not on_muon[name]]
-    groups = [{"params": [p for p in rest if p.dim() >= 2], "weight_decay": tc.weight_decay},
-              {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0}]
-    adamw = torch.optim.AdamW(groups, lr=tc.learning_rate, betas=(tc.beta1, tc.beta2),
-                              fused=rt.device_type in ("cuda", "cpu") or None)
-    scaler = torch.amp.GradScaler(rt.device_type, enabled=rt.dtype == torch.float16)
-    if tc.optimizer == "adamw":
-        return adamw, scaler
-    muon = torch.optim.Muon([{"params": matrices, "lr_scale": tc.muon_lr / tc.learning_rate}], lr=tc.muon_lr,
-                            momentum=tc.muon_momentum, weight_decay=tc.muon_weight_decay)
-    return Optimizers(muon=muon, adamw=adamw), scaler
-
 
 def lr_at(it, tc):
     """Linear warmup to learning_rate, then cosine decay to min_lr at lr_decay_iters."""

@@ -3,7 +3,7 @@
 import torch
 
 from data.tokenizer import CharTokenizer
-from passkey import KEY_LEN, LETTERS, MARKER, Passkeys
+from data.passkey import KEY_LEN, LETTERS, MARKER, Passkeys
 
 TOK = CharTokenizer(sorted(set("abc de\n" + MARKER + LETTERS)))
 TEXT = torch.tensor(TOK.encode("abc de\n"))  # the filler: neither marker nor capitals

@@ -1,9 +1,15 @@
-"""runtime.py: the automatic device and dtype choices."""
+"""runtime.py: the automatic device and dtype choices, and the guard that a float32 run computes in float32."""
 
 import pytest
 import torch
+import torch.utils._pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import runtime
+import train
+from checkpoint import load_checkpoint, model_from_checkpoint
+from conftest import flags
+from generate import generate
 
 
 @pytest.mark.parametrize("caps, seconds, expected", [
@@ -47,3 +53,59 @@ def test_decoding_autocasts_on_cuda_only_and_picks_no_dtype_elsewhere(monkeypatc
         assert not torch.is_autocast_enabled("cpu")
     with runtime.decode_autocast("cpu", torch.bfloat16):  # a training run's dtype: still off for decoding on CPU
         assert not torch.is_autocast_enabled("cpu")
+
+
+# ----------------------------------------------------------------------------- the float32 guard
+
+MATMULS = {"mm", "bmm", "addmm", "baddbmm", "addbmm", "addmv", "mv", "dot", "matmul", "linear", "_addmm_activation"}
+REDUCED = (torch.bfloat16, torch.float16)
+
+
+class ReducedPrecisionMatmuls(TorchDispatchMode):
+    """Records every matmul-class op (matrix products, the SDPA kernels) that sees a bf16 or float16 tensor: on a
+    CPU without native bf16 each such op is emulated, ~70x slower than float32's."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name in MATMULS or "scaled_dot_product" in name or "attention" in name:
+            dtypes = {t.dtype for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+            if dtypes & set(REDUCED):
+                self.seen.append(f"{func} on {sorted(map(str, dtypes))}")
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_guard_sees_a_bf16_newton_schulz():  # torch.optim.Muon's, the cliff the guard exists for
+    p = torch.nn.Parameter(torch.randn(8, 4))
+    p.grad = torch.randn(8, 4)
+    with ReducedPrecisionMatmuls() as guard:
+        torch.optim.Muon([p]).step()
+    assert guard.seen and "aten.mm" in guard.seen[0] and "torch.bfloat16" in guard.seen[0]
+
+
+@pytest.mark.parametrize("settings", [
+    ["--optimizer=adamw"], ["--optimizer=muon"], ["--optimizer=muon", "--qk_norm"], ["--mlp_act=relu2"],
+    ["--logit_softcap=15"], ["--tie_embeddings=false"], ["--optimizer=muon", "--drop_rope_at=1"]],
+    ids=lambda s: ",".join(a.removeprefix("--") for a in s))
+def test_a_float32_run_computes_no_matmul_in_reduced_precision(data_dir, tmp_path, settings):
+    """One training step with each optimizer and recipe option, its evaluation, and cached decoding of its model,
+    all in float32 on the CPU: not one matrix product may see a bf16 or float16 tensor."""
+    out = tmp_path / "run"
+    with ReducedPrecisionMatmuls() as guard:
+        train.main(flags(data_dir, out, "--max_iters=2", "--eval_interval=2", *settings))
+        model = model_from_checkpoint(load_checkpoint(out / "ckpt.pt"))
+        assert model.config.pos_emb == ("none" if "--drop_rope_at=1" in settings else "rope")
+        for _ in generate(model, torch.zeros((1, 3), dtype=torch.long), 2, temperature=0):  # the prompt, one cached step
+            pass
+    assert not guard.seen, "reduced-precision matmuls in a float32 run:\n" + "\n".join(guard.seen[:5])
+
+
+def test_bfloat16_on_a_gpu_without_it_is_refused_in_one_line(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: False)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Tesla V100")
+    with pytest.raises(ValueError, match=r"dtype=bfloat16 is not supported by this GPU \(Tesla V100\); use dtype=float16"):
+        runtime.pick_dtype("bfloat16", "cuda")
+    assert runtime.pick_dtype("float16", "cuda") == torch.float16

@@ -99,47 +99,6 @@ def test_checkpoint_holds_everything_a_resume_needs(data_dir, tmp_path):
     assert end["val_bpb"] == pytest.approx(end["val_loss"] / np.log(2))
 
 
-def test_muon_takes_the_blocks_matrices_and_adamw_the_rest_each_on_the_schedule():
-    model = tiny_model("fire", qk_norm=True, tie_embeddings=False)  # FIRE: 2-D positional parameters, for AdamW
-    tc = train.TrainConfig(optimizer="muon", learning_rate=1e-3, muon_lr=0.03, muon_momentum=0.9)
-    rt = Runtime("cpu", torch.float32, False)
-    optimizer, _ = train.make_optimizer(model, tc, rt)
-    names = {p: n for n, p in model.named_parameters()}
-    muon, adamw = optimizer.optimizers["muon"], optimizer.optimizers["adamw"]
-    (matrices,) = muon.param_groups
-    assert {names[p] for p in matrices["params"]} == {f"blocks.{i}.{m}.weight" for i in range(2) for m in
-                                                      ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")}
-    assert matrices["momentum"] == 0.9 and matrices["weight_decay"] == 0.0
-    decay, no_decay = ({names[p] for p in g["params"]} for g in adamw.param_groups)
-    assert {"wte.weight", "lm_head.weight", "pos.w1.0", "pos.w2.1"} <= decay
-    assert {"ln_f.weight", "blocks.0.attn.ln_q.weight", "pos.c.0"} <= no_decay
-    assert len(decay | no_decay) + len(matrices["params"]) == len(names)
-    x = torch.randint(0, 11, (2, 16))
-    before = {n: p.clone() for n, p in model.named_parameters()}
-    train.train_step(model.train(), optimizer, torch.amp.GradScaler("cpu", enabled=False), [(x, x, None)], 5e-4,
-                     1.0, rt)
-    assert [g["lr"] for g in optimizer.param_groups] == [pytest.approx(0.015), 5e-4, 5e-4]  # muon_lr x 5e-4 / 1e-3
-    assert all(not torch.equal(before[n], p) for n, p in model.named_parameters())
-    assert type(train.make_optimizer(model, train.TrainConfig(), rt)[0]) is torch.optim.AdamW  # the default
-
-
-def test_muon_steps_under_float16_loss_scaling():
-    model = tiny_model("rope").train()
-    rt = Runtime("cpu", torch.float16, False)
-    optimizer, scaler = train.make_optimizer(model, train.TrainConfig(optimizer="muon"), rt)
-    assert scaler.is_enabled()
-    x = torch.randint(0, 11, (2, 16))
-    weight = model.blocks[0].attn.c_attn.weight
-    before = weight.clone()
-    loss, _ = train.train_step(model, optimizer, scaler, [(x, x, None)], 1e-3, 1.0, rt)
-    assert torch.isfinite(loss) and not torch.equal(weight, before)
-    scaler.update(1e38)  # a scale that overflows float16: the scaler must skip both optimizers' step
-    before = {n: p.clone() for n, p in model.named_parameters()}
-    train.train_step(model, optimizer, scaler, [(x, x, None)], 1e-3, 1.0, rt)
-    assert all(torch.equal(before[n], p) for n, p in model.named_parameters())
-    assert scaler.get_scale() < 1e38
-
-
 def test_a_checkpoint_from_before_the_recipe_options_loads_and_resumes(data_dir, tmp_path):
     out = tmp_path / "run"
     train.main(flags(data_dir, out, "--max_iters=2"))
