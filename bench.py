@@ -29,10 +29,11 @@ from tqdm import tqdm
 import config
 import rope
 from files import read_log
-from generate import generate
+from generate import Sampling, generate
 from model import GPT, GPTConfig
 from runtime import check_compile, decode_autocast, setup_runtime
-from train import TrainConfig, make_optimizer, train_step
+from optim import make_optimizer
+from train import TrainConfig, train_step
 
 REPEATS = {"matmul_peak": 10, "train_step": 20, "generate": 5, "rope_apply": 20, "to_loss": 3}
 # nanoGPT README's CPU recipe shape (4 layers, 4 heads, 128 wide, context 64, batch 12, no dropout; vocab 65
@@ -179,10 +180,11 @@ def bench_generate(run):
     prompt = torch.zeros((1, 1), dtype=torch.long, device=run.rt.device)
 
     def generation(use_cache, compile=False, static_cache=False):
+        cache = "static" if static_cache else "dynamic" if use_cache else "none"
+
         def call():
             with decode_autocast(run.rt.device_type, run.rt.dtype):  # as sample.py decodes
-                for _ in generate(model, prompt, run.new_tokens, temperature=0, use_cache=use_cache, compile=compile,
-                                  static_cache=static_cache):
+                for _ in generate(model, prompt, run.new_tokens, Sampling(temperature=0), cache, compile):
                     pass
         return call
 

@@ -94,10 +94,10 @@ def model_from_checkpoint(ckpt, device="cpu", path="the checkpoint"):
     return model.to(device)
 
 
-def config_diff(ckpt, config, meta, may_differ):
-    """['key: checkpoint X, now Y', ...] for each model setting outside may_differ in which the checkpoint differs
-    from config, and for a vocabulary that differs from the dataset's (meta)."""
-    saved = GPTConfig().asdict() | ckpt["model_config"]  # a setting newer than the checkpoint: its default
+def config_diff(ckpt, config, meta, may_differ, saved=None):
+    """['key: checkpoint X, now Y', ...] for each model setting outside may_differ in which the checkpoint's (or the
+    saved config given) differs from config, and for a vocabulary that differs from the dataset's (meta)."""
+    saved = GPTConfig().asdict() | (saved or ckpt["model_config"])  # a setting newer than the checkpoint: its default
     diff = [f"{k}: checkpoint {saved[k]!r}, now {v!r}" for k, v in config.asdict().items()
             if saved[k] != v and k not in may_differ]
     if any(ckpt["tokenizer"].get(k) != meta.get(k) for k in ("tokenizer", "chars", "eot", "bpe_ranks")):
@@ -121,9 +121,10 @@ def init_from_checkpoint(model, path, meta):
                          f"({str(e).splitlines()[-1].strip()[:200]})") from None
 
 
-def resumable_checkpoint(path, config_at, meta, max_iters, optimizer="adamw"):
-    """ckpt.pt, loaded to the CPU (RNG states must stay there), or a refusal naming every field that differs
-    from config_at(its iteration), the model config the run has at that step, or its other optimizer."""
+def resumable_checkpoint(path, config, meta, max_iters, optimizer="adamw"):
+    """ckpt.pt, loaded to the CPU (RNG states must stay there), or a refusal naming every field in which config
+    differs from the run's model config as it started (its record: a DroPE run's model has lost RoPE by its later
+    checkpoints), or its other optimizer."""
     ckpt = load_checkpoint(path)
     missing = [k for k in RESUME_KEYS if k not in ckpt]
     if missing:
@@ -134,7 +135,8 @@ def resumable_checkpoint(path, config_at, meta, max_iters, optimizer="adamw"):
         raise ValueError(f"cannot resume: the checkpoint was trained with optimizer={saved!r}, this run asks for "
                          f"optimizer={optimizer!r}, whose state it does not hold; pass --optimizer={saved} or use a "
                          "new out_dir")
-    diff = config_diff(ckpt, config_at(ckpt["iter"]), meta, may_differ=("dropout",))
+    started = ckpt.get("record", {}).get("model")  # checkpoints from before the record: the model's own config
+    diff = config_diff(ckpt, config, meta, may_differ=("dropout",), saved=started)
     if diff:
         raise ValueError("cannot resume: this run's model differs from the checkpoint's (" + "; ".join(diff) +
                          f"); pass the settings in {str(path.parent / 'config.json')!r} or use a new out_dir")

@@ -108,13 +108,8 @@ def rope_parameters(cfg):
     if cfg.rope_scaling in ("llama3", "yarn"):
         bands = inspect.signature(rope.SCALINGS[cfg.rope_scaling]).parameters  # its band edges, as rope.py's defaults
         names = ("low_freq_factor", "high_freq_factor") if cfg.rope_scaling == "llama3" else ("beta_fast", "beta_slow")
-        out |= {"original_max_position_embeddings": original_len(cfg), **{n: bands[n].default for n in names}}
+        out |= {"original_max_position_embeddings": cfg.original_len, **{n: bands[n].default for n in names}}
     return out
-
-
-def original_len(cfg):
-    """L0, the context a RoPE scaling extends: a fine-tuned model's rope_original_len, else block_size."""
-    return cfg.rope_original_len or cfg.block_size
 
 
 def token_ids(meta):
@@ -155,8 +150,8 @@ def neox(model, meta):
         use_parallel_residual=False,  # x + attn(ln_1(x)), then + mlp(ln_2(.)), as model.Block
         attention_bias=c.bias, tie_word_embeddings=c.tie_embeddings, rope_parameters=rope_parameters(c),
         # the context a scaling stretches L0 to; dynamic reads it as L0, its threshold
-        max_position_embeddings=(original_len(c) if c.rope_scaling == "dynamic" and scaled(c) else
-                                 max(c.block_size, round(original_len(c) * c.rope_scaling_factor)) if scaled(c)
+        max_position_embeddings=(c.original_len if c.rope_scaling == "dynamic" and scaled(c) else
+                                 max(c.block_size, round(c.original_len * c.rope_scaling_factor)) if scaled(c)
                                  else c.block_size),
         **token_ids(meta))
     sd, rot_dim = weights(model), rotary.rot_dim if rotary else 0

@@ -65,6 +65,11 @@ class GPTConfig:
     def head_dim(self):
         return self.n_embd // self.n_head
 
+    @property
+    def original_len(self):
+        """L0, the context a RoPE scaling extends: rope_original_len once fine-tuned past it, else block_size."""
+        return self.rope_original_len or self.block_size
+
     def asdict(self):
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
@@ -93,30 +98,21 @@ class CausalSelfAttention(nn.Module):
             self.ln_q, self.ln_k = nn.RMSNorm(config.head_dim), nn.RMSNorm(config.head_dim)
         self.qk_norm = config.qk_norm
 
-    def forward(self, x, pos, cache, offset):
+    def forward(self, x, pos, span, cache):
         B, T, C = x.shape
         qkv = self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)  # (3, B, nh, T, hs)
         qk = qkv[:2]
         if self.qk_norm:  # before the scheme's rotation or scaling; in float32 as the gains, under autocast too
             qk = torch.stack((self.ln_q(qk[0].float()), self.ln_k(qk[1].float()))).to(qk.dtype)  # (2, B, nh, T, hs)
-        q, k = pos.rotate(qk, offset, self.layer)  # (B, nh, T, hs) each; values never carry position
+        q, k = pos.rotate(qk, span, self.layer)  # (B, nh, T, hs) each; values never carry position
         v = qkv[2]
         if cache is not None:
-            k, v = cache.update(self.layer, k, v)  # (B, nh, past+T, hs)
-        past = k.shape[2] - T  # keys before this forward's first query
+            k, v = cache.update(self.layer, k, v)  # (B, nh, S, hs): the span's keys
         scale = pos.attn_factor / math.sqrt(q.shape[-1])
         dropout = self.dropout if self.training else 0.0
-        # a lone new token (T == 1) may see every key. Branches rather than is_causal=(T > 1): with dynamic shapes
-        # under torch.compile that is a symbolic bool, which scaled_dot_product_attention refuses (a graph break)
-        mask = pos.bias(T, k.shape[2], offset, self.layer)  # (nh, T, past+T) with the causal mask built in, or None
-        causal = False
-        if mask is None and torch.is_tensor(offset):  # a static cache: its slots past the queries are unwritten
-            mask = positions.distances(T, k.shape[2], offset, x.device) >= 0  # (T, S)
-        elif mask is None and T > 1:
-            if past == 0:
-                causal = True
-            else:  # new tokens after cached ones: is_causal would align the triangle top-left
-                mask = torch.ones(T, k.shape[2], dtype=torch.bool, device=x.device).tril(diagonal=past)
+        mask, causal = pos.bias(span, self.layer), False  # (nh, T, S) with the causal mask built in, or None
+        if mask is None:
+            mask, causal = span.attention_mask()
         y = attention(q, k, v, mask, dropout_p=dropout, is_causal=causal, scale=scale)  # (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
         return F.dropout(self.c_proj(y), self.dropout, self.training)
@@ -142,8 +138,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x, pos, cache, offset):
-        x = x + self.attn(self.ln_1(x), pos, cache, offset)
+    def forward(self, x, pos, span, cache):
+        x = x + self.attn(self.ln_1(x), pos, span, cache)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -199,12 +195,12 @@ class GPT(nn.Module):
         (all that generation needs).
         """
         T = idx.shape[1]
-        offset = cache.length if cache is not None else start_pos
-        x = self.drop(self.pos.embed(self.wte(idx), offset))  # (B, T, C)
+        span = cache.span(T) if cache is not None else positions.Span(start_pos, T, T, idx.device)
+        x = self.drop(self.pos.embed(self.wte(idx), span))  # (B, T, C)
         for block in self.blocks:
-            x = block(x, self.pos, cache, offset)
+            x = block(x, self.pos, span, cache)
         if cache is not None:
-            cache.length += T
+            cache.advance(T)
         x = self.ln_f(x)
         if targets is None:
             return self.head(x[:, -1:, :]), None  # (B, 1, vocab)

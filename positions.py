@@ -2,15 +2,13 @@
 
 A scheme may add position to three places of the decoder, and each class says which:
 
-* `embed(tok, offset)`: the input embedding of token embeddings at positions offset.. (sinusoidal, learned);
-* `rotate(qk, offset, layer)`: a transform of queries and keys stacked (2, B, nh, T, hs) (rope, xpos);
-* `bias(T, S, offset, layer)`: an additive attention-score bias (nh, T, S) with the causal mask built in,
-  for T queries at positions offset.. and the S keys up to the last of them (alibi, kerple, fire); None
-  leaves attention plainly causal.
-The last two get the block's index, so a scheme may differ from layer to layer (rnope) or learn per layer.
-`offset` is an int, or in a static-shape decoding step (generate.StaticKVCache, for CUDA graphs) a 0-dim
-tensor that no host code may read; there the S keys are the cache's fixed slots 0..S-1, those past the last
-query not yet written, and `distances` gives -inf to them as to the future.
+* `embed(tok, span)`: the input embedding of token embeddings at the span's positions (sinusoidal, learned);
+* `rotate(qk, span, layer)`: a transform of queries and keys stacked (2, B, nh, T, hs) (rope, xpos);
+* `bias(span, layer)`: an additive attention-score bias (nh, T, S) with the causal mask built in, for the span's
+  T queries and S keys (alibi, kerple, fire); None leaves attention plainly causal.
+The last two get the block's index, so a scheme may differ from layer to layer (rnope) or learn per layer. A
+`Span` says where a forward's queries sit and which keys they see, whether in training, after a KV cache's
+tokens, or in a static-shape decoding step; schemes read positions from it and never ask which.
 
 Class attributes say the rest: `relative` (scores depend on m - n alone), `extrapolates` (whether it runs
 past block_size at all), `scalings` (the `rope_scaling` values it takes at evaluation or sampling time,
@@ -30,6 +28,45 @@ import torch.nn.functional as F
 import rope
 
 SCHEMES = {}  # pos_emb name -> scheme class, in the order of the tables
+
+
+class Span:
+    """Where one forward's T queries sit and which S keys they attend to: what the schemes and the attention mask
+    read of positions.
+
+    Without a cache or with a dynamic one, `start` is an int and the keys end at the last query (S = T without a
+    cache; the cached keys and the T new ones with it). In a static-shape decoding step (generate.StaticKVCache,
+    for CUDA graphs) `start` is a 0-dim tensor that no host code may read, and the keys are the cache's S fixed
+    slots 0..S-1, those past the last query not written yet, which `distances` marks as the future like any
+    later key. This class alone tells the two apart."""
+
+    def __init__(self, start, length, keys, device):
+        self.start, self.length, self.keys, self.device = start, length, keys, device
+        self.static = torch.is_tensor(start)
+        if self.static:
+            self.ids = start + torch.arange(length, device=device)  # (T,)
+            self.end, first_key = keys, 0  # every slot: a table must reach the last
+        else:
+            if start < 0:
+                raise ValueError(f"start position {start} must be >= 0")
+            self.ids = torch.arange(start, start + length, device=device)  # (T,)
+            self.end = start + length  # the positions lie below it, known on the host
+            first_key = self.end - keys
+        self.key_ids = torch.arange(first_key, first_key + keys, device=device)  # (S,)
+
+    def distances(self):
+        """(T, S) query position minus key position: >= 0 where the key is visible."""
+        return self.ids[:, None] - self.key_ids[None, :]
+
+    def attention_mask(self):
+        """(mask, is_causal) for scaled_dot_product_attention where no scheme bias carries the causal mask. Branches
+        rather than is_causal=(T > 1): under torch.compile with dynamic shapes that is a symbolic bool, which
+        scaled_dot_product_attention refuses (a graph break)."""
+        if not self.static and self.length == 1:
+            return None, False  # a lone new token may see every key
+        if not self.static and self.keys == self.length:
+            return None, True  # queries and keys the same positions: the triangle from the top left
+        return self.distances() >= 0, False  # (T, S): new tokens after cached ones, or a static cache's slots
 
 
 def register(name):
@@ -65,22 +102,21 @@ class Scheme(nn.Module):
     def check(cls, config):
         """Raise ValueError for a config this scheme cannot build."""
 
-    def embed(self, tok, offset):
-        """Token embeddings tok (B, T, C) at positions offset..offset+T-1 -> the input (B, T, C)."""
+    def embed(self, tok, span):
+        """Token embeddings tok (B, T, C) at the span's positions -> the input (B, T, C)."""
         return tok
 
-    def rotate(self, qk, offset, layer):
-        """Queries and keys stacked (2, B, nh, T, hs) at positions offset.. in block `layer` -> the same shape."""
+    def rotate(self, qk, span, layer):
+        """Queries and keys stacked (2, B, nh, T, hs) at the span's positions in block `layer` -> the same shape."""
         return qk
 
-    def bias(self, q_len, k_len, offset, layer):
-        """(nh, q_len, k_len) float scores added in block `layer`'s attention, -inf where a key is in a query's
-        future, for queries at positions offset..offset+q_len-1 and the k_len keys up to the last of them;
-        None for plain causal attention."""
+    def bias(self, span, layer):
+        """(nh, T, S) float scores added in block `layer`'s attention to the span's queries and keys, -inf where a
+        key is in a query's future; None for plain causal attention."""
         return None
 
     def reserve(self, n):
-        """Make any table cover positions [0, n) before compiled code (or a tensor offset) reaches them."""
+        """Make any table cover positions [0, n) before compiled code (a static decoding step) reaches them."""
 
     def embedding_numel(self):
         """Parameters of a position table: the non-embedding parameter count leaves them out, as nanoGPT's wpe."""
@@ -103,7 +139,7 @@ class RoPE(Scheme):
         super().__init__(config)
         self.rotary = rope.Rotary(config.head_dim, config.rope_base, config.rope_fraction, config.rope_layout,
                                   config.rope_scaling, config.rope_scaling_factor,
-                                  original_len=config.rope_original_len or config.block_size, max_len=config.block_size, keep=config.rope_p)
+                                  original_len=config.original_len, max_len=config.block_size, keep=config.rope_p)
 
     @classmethod
     def check(cls, config):
@@ -120,8 +156,8 @@ class RoPE(Scheme):
         """YaRN's attention temperature, else 1."""
         return self.rotary.attn_factor
 
-    def rotate(self, qk, offset, layer):
-        return self.rotary(qk, offset)  # one call turns queries and keys together
+    def rotate(self, qk, span, layer):
+        return self.rotary(qk, span.ids, span.end)  # one call turns queries and keys together
 
     def reserve(self, n):
         self.rotary.reserve(n)
@@ -158,15 +194,13 @@ class Sinusoidal(Scheme):
                 table = sinusoidal_table(n, self.config.n_embd).to(self.sinusoid.device)
             self.register_buffer("sinusoid", table, persistent=False)
 
-    def embed(self, tok, offset):
-        table, rows = self.sinusoid, slice(offset, offset + tok.shape[1])
-        if torch.is_tensor(offset):  # a static decoding step: reserve() made the table reach its position
-            rows = rope.position_ids(offset, tok.shape[1])
-        elif rows.stop > len(table):  # past the built table the rows are computed from the formula on demand
-            table = sinusoidal_table(rows.stop, tok.shape[2]).to(tok.device)
+    def embed(self, tok, span):
+        table = self.sinusoid
+        if span.end > len(table):  # past the built table the rows are computed from the formula on demand
+            table = sinusoidal_table(span.end, tok.shape[2]).to(tok.device)
         # as in the paper, token embeddings are scaled by sqrt(d) before the +-1 table is added; unscaled
         # (std 0.02) they would be drowned by it and sinusoidal would lose any short ablation
-        return tok * math.sqrt(tok.shape[2]) + table[rows].to(tok.dtype)
+        return tok * math.sqrt(tok.shape[2]) + table[span.ids].to(tok.dtype)
 
 
 @register("learned")
@@ -179,23 +213,14 @@ class Learned(Scheme):
         super().__init__(config)
         self.wpe = nn.Embedding(config.block_size, config.n_embd)
 
-    def embed(self, tok, offset):
-        end = offset + tok.shape[1]
-        if not torch.is_tensor(end) and end > self.config.block_size:  # a static cache stops at block_size itself
-            raise ValueError(f"position {end - 1} is past the learned table (block_size={self.config.block_size}); "
+    def embed(self, tok, span):
+        if span.end > self.config.block_size:
+            raise ValueError(f"position {span.end - 1} is past the learned table (block_size={self.config.block_size}); "
                              "learned positions cannot extrapolate")
-        return tok + self.wpe(rope.position_ids(offset, tok.shape[1], tok.device))
+        return tok + self.wpe(span.ids)
 
     def embedding_numel(self):
         return self.wpe.weight.numel()
-
-
-def distances(q_len, k_len, offset, device):
-    """(q_len, k_len) query position minus key position for queries at offset..: >= 0 where visible. The keys end
-    at the last query, or, for a tensor offset, are a static cache's slots 0..k_len-1 (see the module's doc)."""
-    if not torch.is_tensor(offset):
-        return torch.arange(k_len - q_len, k_len, device=device)[:, None] - torch.arange(k_len, device=device)[None, :]
-    return rope.position_ids(offset, q_len)[:, None] - torch.arange(k_len, device=offset.device)[None, :]
 
 
 def causal(bias, dist):
@@ -226,8 +251,8 @@ class ALiBi(Scheme):
         super().__init__(config)
         self.register_buffer("slopes", alibi_slopes(config.n_head), persistent=False)
 
-    def bias(self, q_len, k_len, offset, layer):
-        dist = distances(q_len, k_len, offset, self.slopes.device)
+    def bias(self, span, layer):
+        dist = span.distances()
         return causal(-self.slopes[:, None, None] * dist, dist)  # (nh, T, S): -slope * (m - n)
 
 
@@ -258,9 +283,9 @@ class XPos(RoPE):
         log_zeta = pairwise(zeta.log(), config.rope_layout, config.head_dim, fill=0.0)  # (hs,)
         self.register_buffer("log_zeta", log_zeta.float(), persistent=False)
 
-    def rotate(self, qk, offset, layer):
-        q, k = self.rotary(qk, offset)  # (B, nh, T, hs) each
-        m = rope.position_ids(offset, q.shape[-2], q.device).float()
+    def rotate(self, qk, span, layer):
+        q, k = self.rotary(qk, span.ids, span.end)  # (B, nh, T, hs) each
+        m = span.ids.float()
         scale = (m[:, None] / self.config.xpos_scale_base * self.log_zeta).exp()  # (T, hs): zeta^(m/B) per dim
         return torch.stack((q * scale, k / scale)).to(qk.dtype)
 
@@ -283,8 +308,8 @@ class Kerple(Scheme):
     def init_parameter(self, name, p):
         nn.init.constant_(p, math.log(math.e - 1))  # softplus^-1(1)
 
-    def bias(self, q_len, k_len, offset, layer):
-        dist = distances(q_len, k_len, offset, self.r1[layer].device)
+    def bias(self, span, layer):
+        dist = span.distances()
         r1, r2 = (F.softplus(r[layer]).float()[:, None, None] for r in (self.r1, self.r2))  # (nh, 1, 1) each
         return causal(-r1 * torch.log1p(r2 * dist.clamp(min=0)), dist)  # (nh, T, S)
 
@@ -318,11 +343,10 @@ class FIRE(Scheme):
             bound = 1.0 if kind in ("w1", "b1") else 1 / math.sqrt(self.HIDDEN)
             nn.init.uniform_(p, -bound, bound)
 
-    def bias(self, q_len, k_len, offset, layer):
-        device = self.c[layer].device
-        dist = distances(q_len, k_len, offset, device)  # (T, S)
+    def bias(self, span, layer):
+        dist = span.distances()  # (T, S)
         c, L = F.softplus(self.c[layer]).float(), self.threshold[layer].float().abs()
-        m = rope.position_ids(offset, q_len, device).float()[:, None]  # (T, 1)
+        m = span.ids.float()[:, None]  # (T, 1)
         x = torch.log1p(c * dist.clamp(min=0)) / torch.log1p(c * torch.maximum(m, L))  # (T, S) in [0, 1]
         hidden = F.relu(F.linear(x[..., None], self.w1[layer].float(), self.b1[layer].float()))  # (T, S, 32)
         bias = F.linear(hidden, self.w2[layer].float(), self.b2[layer].float()).permute(2, 0, 1)  # (nh, T, S)
@@ -340,5 +364,5 @@ class RNoPE(RoPE):
         if config.nope_every < 1:
             raise ValueError(f"nope_every={config.nope_every} must be a positive integer (1: every layer NoPE)")
 
-    def rotate(self, qk, offset, layer):
-        return qk if (layer + 1) % self.config.nope_every == 0 else super().rotate(qk, offset, layer)
+    def rotate(self, qk, span, layer):
+        return qk if (layer + 1) % self.config.nope_every == 0 else super().rotate(qk, span, layer)

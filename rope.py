@@ -144,13 +144,6 @@ def keep_highest(inv_freq: torch.Tensor, p: float) -> torch.Tensor:
     return torch.cat((inv_freq[:kept], inv_freq.new_zeros(len(inv_freq) - kept)))
 
 
-def position_ids(offset, n, device=None):
-    """(n,) positions offset..offset+n-1, for an int offset or a 0-dim tensor one (a static decoding step's)."""
-    if torch.is_tensor(offset):
-        return offset + torch.arange(n, device=offset.device)
-    return torch.arange(offset, offset + n, device=device)
-
-
 def rope_cache(inv_freq: torch.Tensor, positions: torch.Tensor, device=None) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin float32 (T, rot_dim//2) on device (default positions') for integer `positions` (T,). The angles
     m * theta are computed in float64 (on the CPU for MPS, which has none), so with float64 frequencies each table
@@ -304,26 +297,21 @@ class Rotary(torch.nn.Module):
         self._build(self.cos.shape[0], self.cos.device)
         return self
 
-    def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
-        """Rotate x (..., T, hs), e.g. q and k stacked (2, B, H, T, hs), as positions offset..offset+T-1
-        (offset: a KV cache's length, an int, or a 0-dim tensor in a static-shape decoding step)."""
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None, end: int | None = None) -> torch.Tensor:
+        """Rotate x (..., T, hs), e.g. q and k stacked (2, B, H, T, hs), as the integer positions (T,) (default
+        0..T-1), which all lie below end: an int known on the host (a static decoding step's positions are not)
+        that the tables must reach, and dynamic scaling's current length."""
         if x.shape[-1] != self.head_dim:
             raise ValueError(f"x has hs={x.shape[-1]} but this Rotary was built for head_dim={self.head_dim}")
-        if torch.is_tensor(offset):  # a static decoding step's position (0-dim), which the host never reads:
-            # rows gathered from tables that reserve() made long enough; dynamic's per-length frequencies cannot
-            rows = position_ids(offset, x.shape[-2])
-            return apply_rope(x, self.cos[rows], self.sin[rows], self.layout)
-        if offset < 0:
-            raise ValueError(f"offset={offset} must be >= 0")
-        end = offset + x.shape[-2]
+        if positions is None:
+            positions, end = torch.arange(x.shape[-2], device=x.device), x.shape[-2]
         if self.scaling == "dynamic" and end > self.original_len:
             # The frequencies depend on the total length, so no fixed table serves: compute the T
             # rows needed. Keys already in a KV cache keep the frequencies they were rotated with.
-            inv_freq = self.frequencies(seq_len=end)[0]
-            cos, sin = rope_cache(inv_freq, torch.arange(offset, end, device=x.device))  # (T, rot/2)
+            cos, sin = rope_cache(self.frequencies(seq_len=end)[0], positions)  # (T, rot/2)
         else:
             self.reserve(end)
-            cos, sin = self.cos[offset:end], self.sin[offset:end]  # (T, rot/2)
+            cos, sin = self.cos[positions], self.sin[positions]  # (T, rot/2)
         return apply_rope(x, cos, sin, self.layout)
 
     def reserve(self, n):

@@ -28,7 +28,7 @@ import config
 import rope
 from checkpoint import CHECKPOINTS, checkpoint_in, load_run, model_from_checkpoint
 from data.tokenizer import tokenizer_from_meta
-from generate import context_length, generate
+from generate import Sampling, context_length, generate
 from runtime import check_compile, decode_autocast, pick_device
 
 FORMATS = ("columns", "text", "markdown")
@@ -151,9 +151,10 @@ class Sampler:
         """Draw one sample, passing text to write as it becomes whole; returns (text, tokens per second)."""
         out, pending = [], []  # pending: drawn but not yet written, only the tail is ever decoded
         t0 = time.perf_counter()
-        for nxt in generate(self.model, self.ids, args.max_new_tokens, args.temperature, args.top_k, args.top_p,
-                            args.max_context, use_cache=args.kv_cache, compile=args.compile, generator=generator,
-                            static_cache=args.static_cache):
+        sampling = Sampling(args.temperature, args.top_k, args.top_p)
+        cache = "static" if args.static_cache else "dynamic" if args.kv_cache else "none"
+        for nxt in generate(self.model, self.ids, args.max_new_tokens, sampling, cache, args.compile, args.max_context,
+                            generator):
             out.append(nxt.item())
             if on_token:
                 on_token()

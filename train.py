@@ -309,15 +309,16 @@ def config_at(gcfg, tc, it):
 
 @contextlib.contextmanager
 def started_run(gcfg, tc):
-    """Everything before the first step: the runtime, the data, the out_dir lock, the state (restored on resume)
-    and the run's first files; bad settings fail before anything slow or written. The lock is held until exit."""
+    """Everything before the first step: the runtime, the data, the model config with the dataset's vocabulary (a
+    new one: gcfg is not changed), the out_dir lock, the state (restored on resume) and the run's first files; bad
+    settings fail before anything slow or written. The lock is held until exit."""
     rt = setup_runtime(tc.device, tc.dtype, tc.compile)
     if tc.gradient_accumulation_steps % rt.world_size:
         raise ValueError(f"gradient_accumulation_steps={tc.gradient_accumulation_steps} must be divisible by the "
                          f"number of processes ({rt.world_size}), which share its micro-batches")
     dataset_dir = Path(tc.data_dir) / tc.dataset
     meta = load_meta(dataset_dir)
-    gcfg.vocab_size = meta["vocab_size"]
+    gcfg = replace(gcfg, vocab_size=meta["vocab_size"])
     data = (dataset_dir, meta, gcfg.block_size, tc.batch_size, tc.seed, rt.device, tc.eval_iters)
     if tc.passkey_share:
         batches = PasskeyBatches(Passkeys(tokenizer_from_meta(meta)), tc.passkey_share, *data)
@@ -327,8 +328,7 @@ def started_run(gcfg, tc):
     if tc.drop_rope_at is not None and not issubclass(positions.scheme(gcfg.pos_emb), positions.RoPE):
         raise ValueError(f"drop_rope_at={tc.drop_rope_at} drops RoPE, but pos_emb={gcfg.pos_emb!r} has none; "
                          "use pos_emb=rope (or a RoPE variant) with it")
-    ckpt = resumable_checkpoint(out / "ckpt.pt", lambda it: config_at(gcfg, tc, it), meta, tc.max_iters,
-                                tc.optimizer) if tc.resume else None
+    ckpt = resumable_checkpoint(out / "ckpt.pt", gcfg, meta, tc.max_iters, tc.optimizer) if tc.resume else None
     torch.manual_seed(tc.seed)  # the same initial weights on every rank
     state = TrainState(GPT(gcfg).to(rt.device), tc, rt)
     if tc.init_from and not ckpt:  # fine-tuning's start; a resume continues from its own checkpoint instead
@@ -348,12 +348,12 @@ def started_run(gcfg, tc):
             print(f"model: {state.model.num_params() / 1e6:.2f}M parameters, pos_emb={gcfg.pos_emb}; "
                   f"tokens per step: {tc.batch_size * gcfg.block_size * tc.gradient_accumulation_steps:,}")
         run_info = {"train_config": asdict(tc), "tokenizer": meta, "record": record}
-        yield rt, batches, out, state, run_info
+        yield gcfg, rt, batches, out, state, run_info
 
 
 def train(gcfg, tc, argv=None):
     """Train; argv (the command's arguments) only shapes the resume hint printed on a stop."""
-    with started_run(gcfg, tc) as (rt, batches, out, state, run_info):
+    with started_run(gcfg, tc) as (gcfg, rt, batches, out, state, run_info):
         try:
             stopped = loop(gcfg, tc, rt, batches, out, state, run_info)
         except WriteError as e:  # a full or read-only device: a stop whose checkpoint could not be written

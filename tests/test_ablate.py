@@ -1,4 +1,4 @@
-"""ablate.py: the grid end to end (every output, skip on rerun, resume after Ctrl-C, N/A past L0)."""
+"""lab/ablate.py: the grid end to end (every output, skip on rerun, resume after Ctrl-C, N/A past L0)."""
 
 import csv
 import json
@@ -8,13 +8,11 @@ import signal
 import pytest
 import torch
 
-import ablate
 import files
 import train
-from data.tokenizer import load_meta
 from conftest import TINY, run
-from model import GPT, GPTConfig
-from runtime import Runtime
+from lab import ablate
+from model import GPTConfig
 
 # 2 schemes x 2 seeds of a tiny model, a few steps; L0 = 32, scored at 16, 32 and 64 tokens
 GRID = [*TINY, "--schemes=rope,learned", "--seeds=2", "--max_iters=4", "--eval_interval=2", "--log_interval=2",
@@ -42,7 +40,7 @@ def ablate_main(capsys, *args):
 
 def test_grid_writes_every_output_and_a_rerun_skips_finished_runs(data_dir, tmp_path, capsys):
     out = tmp_path / "abl"
-    args = ["ablate.py", *GRID, f"--data_dir={data_dir}", f"--out_dir={out}"]
+    args = ["lab/ablate.py", *GRID, f"--data_dir={data_dir}", f"--out_dir={out}"]
     first = run(*args)
     runs = sorted(p.name for p in (out / "runs").iterdir())
     assert runs == ["learned-seed1337", "learned-seed1338", "rope-seed1337", "rope-seed1338"]
@@ -149,34 +147,8 @@ def test_an_ablation_out_dir_in_use_is_refused_and_so_is_a_run_folder_in_trainin
     assert code == 1 and err.count("\n") == 1 and "rope-seed1337 is in use by another training run" in err
 
 
-def test_variants_parse_into_typed_overrides():
-    assert ablate.parse_variants(" b500: rope_base=500 ; half:rope_fraction=0.5, rope_layout=half") == [
-        ("b500", {"rope_base": 500.0}), ("half", {"rope_fraction": 0.5, "rope_layout": "half"})]
-    with pytest.raises(ValueError, match="rope_base"):
-        ablate.parse_variants("b: rope_base=ten")
-    with pytest.raises(ValueError, match="name"):
-        ablate.parse_variants("rope_base=500")
-    # a training change (DroPE's drop) goes to the variant's runs, not to its model
+def test_a_variants_training_change_goes_to_its_runs_not_its_model():  # DroPE's drop
     ac = ablate.AblateConfig(schemes="rope", variants="p: rope_p=0.75; drope: drop_rope_at=800")
     grid, train_changes = ablate.make_grid(ac, GPTConfig())
     assert grid["p"].rope_p == 0.75 and grid["drope"] == GPTConfig(pos_emb="rope")
     assert train_changes == {"rope": {}, "p": {}, "drope": {"drop_rope_at": 800}}
-
-
-def test_position_losses_match_the_model_loss_on_each_prefix(data_dir):
-    # the loss at position p is the model's mean loss on prefixes of length p+1, times p+1, minus that of length p:
-    # an independent route (causality + the model's own loss) to check the per-position bookkeeping
-    meta = load_meta(data_dir / "shakespeare_char")
-    (batches,) = ablate.eval_sets(data_dir / "shakespeare_char", meta, [12], 48, 24, "cpu").values()
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=12, vocab_size=meta["vocab_size"])).eval()
-    rt = Runtime("cpu", torch.float32, False)
-    curve = ablate.position_losses(model, batches, rt)
-    x, y = map(torch.cat, zip(*batches.eval_batches("val")))  # (4, 12) each: 48 tokens, 2 windows per forward
-    assert len(x) == 4
-    with torch.no_grad():
-        prefix = [0.0] + [model(x[:, :p], y[:, :p])[1].item() * p for p in range(1, 13)]
-    torch.testing.assert_close(curve, torch.tensor(prefix).diff().double(), atol=1e-5, rtol=1e-5)
-    # the same windows for every model and every call: drawn from the evaluation seed alone
-    (again,) = ablate.eval_sets(data_dir / "shakespeare_char", meta, [12], 48, 24, "cpu").values()
-    assert torch.equal(again.eval_starts["val"], batches.eval_starts["val"])

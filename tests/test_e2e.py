@@ -1,6 +1,9 @@
 """The README quickstart as commands: prepare, train, sample; the shipped GPT-2 config, shrunk."""
 
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import torch
@@ -53,3 +56,13 @@ def test_the_gpt2_124m_config_trains_shrunk_on_a_prepared_dataset(data_dir, tmp_
     lines = log(out)
     assert [m["iter"] for m in lines if "train_loss" in m] == [1, 2, 3] and lines[-1]["iter"] == 3
     assert all(np.isfinite(m.get("train_loss", m.get("val_loss"))) for m in lines)
+
+
+def test_the_installed_project_puts_none_of_its_modules_on_other_projects_import_path(tmp_path):
+    """`pip install -e .` installs the dependencies only: from another folder, none of our generic module names
+    (config, model, train, ...) is importable, so none shadows another project's."""
+    ours = sorted({p.stem for p in ROOT.glob("*.py")} | {"data", "lab"})
+    found = subprocess.run([sys.executable, "-c", "import importlib.util as u, sys; "
+                            f"print([m for m in {ours!r} if u.find_spec(m)])"], cwd=tmp_path, capture_output=True,
+                           text=True, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, check=True)
+    assert found.stdout.strip() == "[]"

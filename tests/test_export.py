@@ -13,7 +13,7 @@ import export  # noqa: E402
 import positions  # noqa: E402
 from conftest import all_logits, run, tiny_model  # noqa: E402
 from data.tokenizer import GPT2_PATTERN, bpe_encoding, ranks_to_text, tokenizer_from_meta, train_bpe  # noqa: E402
-from generate import generate  # noqa: E402
+from generate import GREEDY, generate  # noqa: E402
 
 CHARS = sorted("\n !',.:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
 CHAR_META = {"tokenizer": "char", "chars": CHARS, "start_id": 0}
@@ -88,7 +88,7 @@ def test_greedy_generation_is_ours_token_for_token(tmp_path, pos_emb, kw):
     # the text and three random prompts of its length, continued within block_size (our window never slides)
     ids = torch.cat((ids, torch.randint(0, len(CHARS), (3, ids.shape[1]), generator=torch.Generator().manual_seed(0))))
     new = 64 - ids.shape[1]
-    ours = torch.cat(list(generate(model, ids, new, temperature=0)), dim=1)  # (4, new)
+    ours = torch.cat(list(generate(model, ids, new, GREEDY)), dim=1)  # (4, new)
     theirs = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False)
     assert torch.equal(theirs[:, ids.shape[1]:], ours)
     assert len(ours.unique()) > 6, "degenerate greedy text would prove little"

@@ -1,11 +1,10 @@
-"""extend.py: base models, fine-tuning in stages with each scaling, the passkey probe, the report; resume by rerun."""
+"""lab/extend.py: base models, fine-tuning in stages with each scaling, the passkey probe, the report; resume by rerun."""
 
 import json
 
-import extend
-import extend_report
 from checkpoint import load_checkpoint
 from conftest import TINY, run, same_tensors
+from lab import extend, extend_report
 
 # L0 = 32: rope and learned trained 4 steps, rope fine-tuned at 64 tokens for 4 steps in two stages
 LAB = [*TINY, "--schemes=rope,learned", "--seeds=2", "--scalings=none,linear,yarn", "--factors=2",
@@ -16,7 +15,7 @@ LAB = [*TINY, "--schemes=rope,learned", "--seeds=2", "--scalings=none,linear,yar
 def test_the_lab_fine_tunes_each_scaling_and_reports_and_a_rerun_trains_nothing(data_dir, tmp_path, capsys):
     out = tmp_path / "ext"
     args = [*LAB, f"--data_dir={data_dir}", f"--out_dir={out}"]
-    run("extend.py", *args)
+    run("lab/extend.py", *args)
     finetuned = sorted(p.name for p in (out / "finetune").iterdir())
     assert finetuned == [f"{sc}-x2-seed{s}" for sc in ("linear", "none", "yarn") for s in (1337, 1338)]
     for name in finetuned:  # the scaling is the run's own, saved where sampling, evaluation and resume read it
@@ -41,7 +40,7 @@ def test_the_lab_fine_tunes_each_scaling_and_reports_and_a_rerun_trains_nothing(
     assert "(d) fine-tuned at 64, YaRN holds at 128 tokens better than PI" in md and "| learned | none | — |" in md
 
     stamps = {p: p.stat().st_mtime_ns for p in out.rglob("*.pt")}
-    again = run("extend.py", *args)
+    again = run("lab/extend.py", *args)
     assert {p: p.stat().st_mtime_ns for p in out.rglob("*.pt")} == stamps, again.stdout
     assert json.loads((out / "results.json").read_text())["finetune"] == res["finetune"]
 

@@ -9,7 +9,7 @@ import torch
 import positions
 from conftest import all_logits
 from conftest import tiny_model as tiny
-from generate import KVCache, StaticKVCache, generate, pick, race_noise
+from generate import GREEDY, KVCache, Sampling, StaticKVCache, generate
 
 
 @pytest.mark.parametrize("pos_emb", positions.SCHEMES)
@@ -59,15 +59,15 @@ def taught(pos_emb):
 
 def greedy(model, prompt, **kw):
     n = 40  # 5 + 40 tokens through a 16-token window: several slides
-    return torch.cat(list(generate(model, prompt, n, temperature=0, **kw)), 1)
+    return torch.cat(list(generate(model, prompt, n, GREEDY, **kw)), 1)
 
 
 
 @pytest.mark.parametrize("pos_emb", positions.SCHEMES)
 def test_greedy_with_cache_matches_recompute_across_window_slides(pos_emb):
     model, seq = taught(pos_emb)
-    cached = greedy(model, seq[:, :5], use_cache=True)
-    assert torch.equal(cached, greedy(model, seq[:, :5], use_cache=False))
+    cached = greedy(model, seq[:, :5], cache="dynamic")
+    assert torch.equal(cached, greedy(model, seq[:, :5], cache="none"))
     assert len(set(cached[0].tolist())) > 1
 
 
@@ -80,31 +80,31 @@ def test_compiled_decoding_matches_recompute_across_window_slides_in_three_whole
     counters = torch._dynamo.utils.counters
     counters.clear()
     compiled = greedy(model, seq[:, :5], compile=True)
-    assert torch.equal(compiled, greedy(model, seq[:, :5], use_cache=False))
+    assert torch.equal(compiled, greedy(model, seq[:, :5], cache="none"))
     assert len(set(compiled[0].tolist())) > 1
     # the first step, the later steps, the re-read after a slide; no graph breaks (a break would
     # compile each block on its own, several times slower)
     assert not counters["graph_break"], dict(counters["graph_break"])
     assert counters["stats"]["unique_graphs"] == 3
-    with pytest.raises(ValueError, match="needs use_cache=True"):
-        greedy(model, seq[:, :5], compile=True, use_cache=False)
+    with pytest.raises(ValueError, match="compile=True compiles the cached decoding; it needs a cache"):
+        greedy(model, seq[:, :5], compile=True, cache="none")
 
 
 
 @pytest.mark.parametrize("pos_emb", ["rope", "alibi"])
 def test_static_cache_gives_the_dynamic_caches_greedy_tokens_across_window_slides(pos_emb):
     model, seq = taught(pos_emb)
-    static = greedy(model, seq[:, :5], static_cache=True)
+    static = greedy(model, seq[:, :5], cache="static")
     assert torch.equal(static, greedy(model, seq[:, :5]))
     assert len(set(static[0].tolist())) > 1
-    with pytest.raises(ValueError, match="static_cache=True is a kind of KV cache; it needs use_cache=True"):
-        greedy(model, seq[:, :5], static_cache=True, use_cache=False)
+    with pytest.raises(ValueError, match="cache='paged' is unknown; choose one of dynamic, static, none"):
+        greedy(model, seq[:, :5], cache="paged")
 
 
 def test_static_cache_refuses_dynamic_scaling_past_the_trained_length():
     model = tiny("rope", rope_scaling="dynamic", rope_scaling_factor=2.0)
     with pytest.raises(ValueError, match="static_cache cannot serve rope_scaling='dynamic' past the trained length"):
-        next(generate(model, torch.zeros(1, 1, dtype=torch.long), 5, max_context=32, static_cache=True))
+        next(generate(model, torch.zeros(1, 1, dtype=torch.long), 5, cache="static", max_context=32))
 
 
 @pytest.mark.slow
@@ -116,8 +116,8 @@ def test_static_cache_compiles_to_one_whole_graph_for_every_position(pos_emb):
     torch._dynamo.reset()
     counters = torch._dynamo.utils.counters
     counters.clear()
-    compiled = greedy(model, seq[:, :5], static_cache=True, compile=True)  # fullgraph=True: a break would raise
-    assert torch.equal(compiled, greedy(model, seq[:, :5], use_cache=False))
+    compiled = greedy(model, seq[:, :5], cache="static", compile=True)  # fullgraph=True: a break would raise
+    assert torch.equal(compiled, greedy(model, seq[:, :5], cache="none"))
     assert not counters["graph_break"], dict(counters["graph_break"])
     assert counters["stats"]["unique_graphs"] == 1  # every position, before and after the slides, in one graph
 
@@ -126,9 +126,8 @@ def test_static_cache_compiles_to_one_whole_graph_for_every_position(pos_emb):
 def test_schemes_that_extrapolate_generate_past_block_size_and_the_others_refuse(pos_emb):
     model, prompt = tiny(pos_emb), torch.zeros(1, 1, dtype=torch.long)
     if positions.SCHEMES[pos_emb].extrapolates:  # 40 tokens in a 48-token context: positions up to 3 x block_size
-        cached = torch.cat(list(generate(model, prompt, 40, temperature=0, max_context=48)), 1)
-        assert torch.equal(cached, torch.cat(list(generate(model, prompt, 40, temperature=0, max_context=48,
-                                                           use_cache=False)), 1))
+        cached = torch.cat(list(generate(model, prompt, 40, GREEDY, max_context=48)), 1)
+        assert torch.equal(cached, torch.cat(list(generate(model, prompt, 40, GREEDY, "none", max_context=48)), 1))
     else:
         with pytest.raises(ValueError, match=f"{pos_emb} positions stop at block_size=16"):
             list(generate(model, prompt, 5, max_context=48))
@@ -137,14 +136,15 @@ def test_schemes_that_extrapolate_generate_past_block_size_and_the_others_refuse
 
 def draw(logits, temperature, top_k=None, top_p=None, seed=None, generator=None):
     generator = torch.Generator().manual_seed(seed) if seed is not None else generator
-    return pick(logits, race_noise(*logits.shape, logits.device, generator), temperature, top_k, top_p)
+    sampling = Sampling(temperature, top_k, top_p)
+    return sampling.pick(logits, sampling.noise(*logits.shape, logits.device, generator))
 
 
 
 def test_pick_controls():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
     g = torch.Generator().manual_seed(0)
-    assert pick(logits, None, temperature=0).item() == 0
+    assert GREEDY.pick(logits, GREEDY.noise(1, 4, 'cpu')).item() == 0
     draws = {draw(logits, 1.0, top_k=2, generator=g).item() for _ in range(200)}
     assert draws == {0, 1}
     # nucleus at 0.7: tokens 0 (0.5) and 1 (0.3) reach the mass, token 2 never appears

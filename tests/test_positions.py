@@ -11,8 +11,27 @@ import positions
 import rope
 from conftest import all_logits
 from conftest import tiny_model as tiny
-from generate import generate
+from generate import GREEDY, generate
 from model import GPTConfig
+from positions import Span
+
+
+def at(start, T, keys=None):
+    """The Span of T queries from position start and the keys up to the last of them (all start + T by default)."""
+    return Span(start, T, start + T if keys is None else keys, "cpu")
+
+
+def test_a_span_says_which_keys_each_query_sees_in_training_after_a_cache_and_in_static_slots():
+    assert torch.equal(at(0, 3).distances(), torch.tensor([[0, -1, -2], [1, 0, -1], [2, 1, 0]]))
+    assert at(0, 3).attention_mask() == (None, True)  # the causal triangle: is_causal
+    assert at(4, 1).attention_mask() == (None, False)  # one new token sees every key
+    mask, causal = at(4, 2, 6).attention_mask()  # two new tokens at 4, 5 after 4 cached
+    assert not causal and torch.equal(mask, torch.tensor([[1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1]]).bool())
+    static = Span(torch.tensor(2), 1, 5, "cpu")  # a static step: one query at 2 over 5 slots, 3 and 4 unwritten
+    assert static.end == 5 and torch.equal(static.ids, torch.tensor([2]))
+    assert torch.equal(static.attention_mask()[0], torch.tensor([[True, True, True, False, False]]))
+    with pytest.raises(ValueError, match="start position -1 must be >= 0"):
+        at(-1, 2)
 
 
 def test_sinusoidal_table_matches_its_formula():
@@ -42,14 +61,14 @@ def test_alibi_slopes_follow_the_papers_rule():
 
 def test_alibi_bias_values_mask_and_offset():
     scheme = tiny("alibi", n_head=4).pos  # slopes 1/4, 1/16, 1/64, 1/256
-    b = scheme.bias(3, 5, 2, 0)  # queries at positions 2, 3, 4; keys 0..4
+    b = scheme.bias(at(2, 3, 5), 0)  # queries at positions 2, 3, 4; keys 0..4
     assert b.shape == (4, 3, 5) and b.dtype == torch.float32
     assert b[0, 0, 0].item() == -0.5 and b[0, 0, 2].item() == 0.0 and b[1, 2, 1].item() == -3 / 16
     assert b[0, 0, 3].item() == -math.inf and b[3, 1, 4].item() == -math.inf and b[2, 2, 4].item() == 0.0
-    square = scheme.bias(6, 6, 0, 0)
+    square = scheme.bias(at(0, 6, 6), 0)
     assert torch.equal(torch.isinf(square[1]), torch.ones(6, 6).triu(1).bool())
     # one new token with a KV cache of 5 sees the last row of the full square
-    torch.testing.assert_close(scheme.bias(1, 6, 5, 0), square[:, 5:])
+    torch.testing.assert_close(scheme.bias(at(5, 1, 6), 0), square[:, 5:])
 
 
 def test_sinusoidal_input_is_scaled_tokens_plus_the_table():
@@ -58,8 +77,8 @@ def test_sinusoidal_input_is_scaled_tokens_plus_the_table():
     model = tiny("sinusoidal")
     tok = torch.randn(2, 5, 32)
     expected = tok * math.sqrt(32) + positions.sinusoidal_table(8, 32)[3:8]
-    torch.testing.assert_close(model.pos.embed(tok, 3), expected)
-    far = model.pos.embed(tok, 40)  # past the built table: computed from the formula on demand
+    torch.testing.assert_close(model.pos.embed(tok, at(3, 5)), expected)
+    far = model.pos.embed(tok, at(40, 5))  # past the built table: computed from the formula on demand
     torch.testing.assert_close(far, tok * math.sqrt(32) + positions.sinusoidal_table(45, 32)[40:45])
 
 
@@ -70,8 +89,8 @@ def test_each_scheme_keeps_shapes_and_its_bias_carries_the_causal_mask(name):
     scheme = tiny(name).pos
     assert scheme.name == name and positions.scheme(name) is type(scheme)
     tok, qk = torch.randn(2, 5, 32), torch.randn(2, 2, 2, 5, 16)  # (B, T, C); q and k (2, B, nh, T, hs)
-    assert scheme.embed(tok, 3).shape == tok.shape and scheme.rotate(qk, 3, 0).shape == qk.shape
-    bias = scheme.bias(5, 8, 3, 0)  # 5 queries at positions 3..7 after 3 cached keys, in the first block
+    assert scheme.embed(tok, at(3, 5)).shape == tok.shape and scheme.rotate(qk, at(3, qk.shape[-2]), 0).shape == qk.shape
+    bias = scheme.bias(at(3, 5, 8), 0)  # 5 queries at positions 3..7 after 3 cached keys, in the first block
     if bias is not None:
         assert bias.shape == (2, 5, 8)
         future = torch.ones(5, 8, dtype=torch.bool).triu(4)  # query i at position 3 + i never sees key j > 3 + i
@@ -91,15 +110,14 @@ def test_a_scheme_is_one_registered_class(monkeypatch):
     class Toy(positions.Scheme):
         """Every score lowered by a constant beyond the causal mask: a softmax does not see it."""
 
-        def bias(self, q_len, k_len, offset, layer):
-            visible = torch.ones(q_len, k_len, dtype=torch.bool).tril(k_len - q_len)
-            return torch.full((self.config.n_head, q_len, k_len), -3.0).masked_fill(~visible, float("-inf"))
+        def bias(self, span, layer):
+            return positions.causal(torch.full((self.config.n_head, span.length, span.keys), -3.0), span.distances())
 
     model, plain = tiny("toy"), tiny("none")
     idx = torch.randint(0, 11, (1, 12))
     torch.testing.assert_close(all_logits(model, idx), all_logits(plain, idx))
-    cached = torch.cat(list(generate(model, idx[:, :3], 20, temperature=0)), 1)
-    assert torch.equal(cached, torch.cat(list(generate(model, idx[:, :3], 20, temperature=0, use_cache=False)), 1))
+    cached = torch.cat(list(generate(model, idx[:, :3], 20, GREEDY)), 1)
+    assert torch.equal(cached, torch.cat(list(generate(model, idx[:, :3], 20, GREEDY, cache="none")), 1))
 
 
 # ----------------------------------------------------------------------------- the newer schemes' defining claims
@@ -107,7 +125,7 @@ def test_a_scheme_is_one_registered_class(monkeypatch):
 def scores(scheme, q, k, T, layer=0):
     """(T, T) q_m . k_n after the scheme's rotate, q and k (hs,) the same at every position."""
     qk = torch.stack((q.expand(T, -1), k.expand(T, -1)))[:, None, None]  # (2, 1, 1, T, hs)
-    rq, rk = scheme.rotate(qk, 0, layer)[:, 0, 0].double()
+    rq, rk = scheme.rotate(qk, at(0, qk.shape[-2]), layer)[:, 0, 0].double()
     return rq @ rk.T
 
 
@@ -142,7 +160,7 @@ def test_kerple_bias_is_its_formula_in_the_distance_and_causal():
     scheme = tiny("kerple").pos
     for p in scheme.parameters():  # away from the start, where every head is the same
         torch.nn.init.normal_(p)
-    bias = scheme.bias(6, 9, 3, 1)  # queries at 3..8, keys 0..8, second layer
+    bias = scheme.bias(at(3, 6, 9), 1)  # queries at 3..8, keys 0..8, second layer
     r1, r2 = (torch.nn.functional.softplus(r[1].double()) for r in (scheme.r1, scheme.r2))
     for i in range(6):
         for j in range(9):
@@ -153,14 +171,14 @@ def test_kerple_bias_is_its_formula_in_the_distance_and_causal():
 
 def test_fire_bias_is_a_function_of_the_distance_below_its_threshold_and_causal():
     scheme = tiny("fire").pos  # threshold L starts at block_size = 16
-    bias = scheme.bias(12, 12, 0, 0)  # queries and keys at 0..11, all below L
+    bias = scheme.bias(at(0, 12, 12), 0)  # queries and keys at 0..11, all below L
     dist = torch.arange(12)[:, None] - torch.arange(12)[None, :]
     assert torch.isneginf(bias[:, dist < 0]).all() and torch.isfinite(bias[:, dist >= 0]).all()
     for d in range(12):  # every (m, m - d) pair has the same bias
         diagonal = bias[:, dist == d]  # (nh, 12 - d)
         torch.testing.assert_close(diagonal, diagonal[:, :1].expand_as(diagonal))
     # past L the distance is normalised by the query's position: psi(d) / psi(m) with psi(x) = log(x + 1)
-    far = scheme.bias(1, 41, 40, 0)[:, 0]  # one query at 40, keys 0..40
+    far = scheme.bias(at(40, 1, 41), 0)[:, 0]  # one query at 40, keys 0..40
     x = torch.log1p(torch.arange(40, -1, -1.0)) / math.log1p(40)
     hidden = torch.relu(x[:, None] * scheme.w1[0][:, 0] + scheme.b1[0])  # (41, 32)
     torch.testing.assert_close(far, (hidden @ scheme.w2[0].T + scheme.b2[0]).T.detach())
@@ -170,7 +188,7 @@ def test_rnope_layers_without_rope_ignore_position_and_the_others_rotate():
     scheme = tiny("rnope", n_layer=4, nope_every=2).pos  # layers 1 and 3 without positions
     qk = torch.randn(2, 1, 2, 5, 16)
     for layer in (1, 3):
-        assert scheme.rotate(qk, 7, layer) is qk
+        assert scheme.rotate(qk, at(7, qk.shape[-2]), layer) is qk
     for layer in (0, 2):
-        assert torch.equal(scheme.rotate(qk, 7, layer), tiny("rope").pos.rotate(qk, 7, layer))
-        assert not torch.allclose(scheme.rotate(qk, 7, layer), qk)
+        assert torch.equal(scheme.rotate(qk, at(7, qk.shape[-2]), layer), tiny("rope").pos.rotate(qk, at(7, qk.shape[-2]), layer))
+        assert not torch.allclose(scheme.rotate(qk, at(7, qk.shape[-2]), layer), qk)

@@ -1,13 +1,13 @@
-"""recipe.py: recipes x seeds trained on the base config with their changes, timed to a target val loss."""
+"""lab/recipe.py: recipes x seeds trained on the base config with their changes, timed to a target val loss."""
 
 import json
 
-import recipe
 from conftest import TINY, run
 from files import read_log
+from lab import recipe
 
 # base and one recipe changing a model and a training setting, 2 seeds of a tiny model, evaluated every 2 steps
-GRID = ["recipe.py", *TINY, "--seeds=2", "--max_iters=6", "--eval_interval=2", "--log_interval=2"]
+GRID = ["lab/recipe.py", *TINY, "--seeds=2", "--max_iters=6", "--eval_interval=2", "--log_interval=2"]
 HOT = "--recipes=hot: mlp_act=relu2, learning_rate=0.01"
 
 
@@ -78,5 +78,5 @@ def test_the_shipped_config_parses_with_its_recipes():
     from model import GPTConfig
     rc, gcfg, tc = config.parse([str(ROOT / "configs/recipe_cpu.toml")], recipe.RecipeConfig, GPTConfig,
                                 train.TrainConfig)
-    recipes = dict(recipe.ablate.parse_variants(rc.recipes, recipe.MODEL_KEYS, recipe.TRAIN_KEYS))
+    recipes = dict(recipe.parse_changes(rc.recipes, recipe.MODEL_KEYS, recipe.TRAIN_KEYS))
     assert recipes["muon"] == {"optimizer": "muon"} and tc.dtype == "float32" and rc.seeds == 3

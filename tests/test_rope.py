@@ -259,10 +259,10 @@ def test_partial_rotary_passes_the_rest_through_and_uses_its_own_width(layout):
     assert not torch.equal(r.inv_freq, rope.rope_frequencies(64)[:8])
     for dtype in (torch.float32, torch.bfloat16):
         x = torch.randn(2, 3, 10, 64).to(dtype)
-        y = r(x, offset=5)
+        y = shifted(r, x, 5)
         assert y.dtype == dtype and torch.equal(y[..., 16:], x[..., 16:])
     x = torch.randn(1, 1, 10, 64)
-    y = r(x, offset=5)
+    y = shifted(r, x, 5)
     v = x if layout == "interleaved" else x[..., torch.cat((rope.half_to_interleaved(16), torch.arange(16, 64)))]
     ref = reference(v, range(5, 15), rope.rope_frequencies(16))  # identity beyond dim 16
     if layout == "half":
@@ -277,6 +277,11 @@ def test_bad_rotary_width_is_a_value_error(fraction):
 
 
 # ---- Rotary: precision, offsets, growth ---------------------------------------------------------
+
+def shifted(r, x, start):
+    """Rotary r applied to x (..., T, hs) at positions start..start+T-1."""
+    T = x.shape[-2]
+    return r(x, torch.arange(start, start + T), start + T)
 
 def float64_rope(x, positions, d):
     theta = torch.tensor([10000.0 ** (-2 * i / d) for i in range(d // 2)], dtype=torch.float64)
@@ -293,7 +298,7 @@ def test_bf16_module_keeps_float32_tables_and_distinct_positions():
             assert torch.equal(getattr(r, name), getattr(fresh, name)), name
     r = rope.Rotary(64, max_len=L0).to(torch.bfloat16)
     x = torch.randn(1, 1, 1, 64).to(torch.bfloat16)
-    assert not torch.equal(r(x, offset=256), r(x, offset=257))  # a bf16 angle cannot tell them apart
+    assert not torch.equal(shifted(r, x, 256), shifted(r, x, 257))  # a bf16 angle cannot tell them apart
     x = torch.randn(1, 2, 8 * L0, 64).to(torch.bfloat16)
     y = r(x)
     assert y.dtype == torch.bfloat16 and r.cos.dtype == torch.float32
@@ -327,7 +332,7 @@ def test_offset_equals_slicing_a_longer_sequence(layout, scaling):
     if scaling == "dynamic":  # its frequencies follow the total length, so only pieces ending at 100 agree
         pieces = [(o, t) for o, t in pieces if o + t == 100]
     for o, t in pieces:
-        torch.testing.assert_close(r(x[:, :, o:o + t], offset=o), full[:, :, o:o + t], atol=1e-6, rtol=0)
+        torch.testing.assert_close(shifted(r, x[:, :, o:o + t], o), full[:, :, o:o + t], atol=1e-6, rtol=0)
 
 
 def test_dynamic_rotary_uses_the_current_length():
@@ -336,25 +341,25 @@ def test_dynamic_rotary_uses_the_current_length():
     for end in (100, L0, 3 * L0):
         inv_freq, _ = rope.scaled_frequencies(64, 10000.0, "dynamic", 2.0, L0, seq_len=end)
         expected = rope.apply_rope(x, *rope.rope_cache(inv_freq, torch.tensor([end - 1])))
-        assert torch.equal(r(x, offset=end - 1), expected)
+        assert torch.equal(shifted(r, x, end - 1), expected)
 
 
 def test_table_grows_in_eager_mode_to_a_freshly_built_table():
     r = rope.Rotary(64, max_len=16)
     x = torch.randn(1, 2, 8, 64)
-    y = r(x, offset=40)
+    y = shifted(r, x, 40)
     n = r.cos.shape[0]
     assert n >= 48
     big = rope.Rotary(64, max_len=n)
     assert torch.equal(r.cos, big.cos) and torch.equal(r.sin, big.sin)
-    assert torch.equal(y, big(x, offset=40))
+    assert torch.equal(y, shifted(big, x, 40))
 
 
 def test_table_cannot_grow_inside_a_compiled_region(monkeypatch):
     r = rope.Rotary(64, max_len=16)
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     with pytest.raises(RuntimeError, match="max_len >= 20"):
-        r(torch.randn(1, 1, 4, 64), offset=16)
+        shifted(r, torch.randn(1, 1, 4, 64), 16)
 
 
 def test_a_scaled_rotary_uses_its_scalings_frequencies_and_temperature():
@@ -386,7 +391,7 @@ def test_compiled_rotary_matches_eager_forward_and_backward():
     inter, half = rope.Rotary(16, max_len=32), rope.Rotary(16, fraction=0.5, layout="half", max_len=32)
 
     def f(q):
-        return inter(q) * 2 + half(q, offset=3)
+        return inter(q) * 2 + shifted(half, q, 3)
 
     torch.manual_seed(7)
     q = torch.randn(2, 2, 8, 16, requires_grad=True)

@@ -9,7 +9,7 @@ import runtime
 import train
 from checkpoint import load_checkpoint, model_from_checkpoint
 from conftest import flags
-from generate import generate
+from generate import GREEDY, generate
 
 
 @pytest.mark.parametrize("caps, seconds, expected", [
@@ -98,7 +98,7 @@ def test_a_float32_run_computes_no_matmul_in_reduced_precision(data_dir, tmp_pat
         train.main(flags(data_dir, out, "--max_iters=2", "--eval_interval=2", *settings))
         model = model_from_checkpoint(load_checkpoint(out / "ckpt.pt"))
         assert model.config.pos_emb == ("none" if "--drop_rope_at=1" in settings else "rope")
-        for _ in generate(model, torch.zeros((1, 3), dtype=torch.long), 2, temperature=0):  # the prompt, one cached step
+        for _ in generate(model, torch.zeros((1, 3), dtype=torch.long), 2, GREEDY):  # the prompt, one cached step
             pass
     assert not guard.seen, "reduced-precision matmuls in a float32 run:\n" + "\n".join(guard.seen[:5])
 

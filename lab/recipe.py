@@ -1,6 +1,6 @@
 """Which training recipe reaches a validation loss soonest: recipes x seeds, steps and seconds to a target loss.
 
-    python recipe.py configs/recipe_cpu.toml [--key=value ...]
+    python lab/recipe.py configs/recipe_cpu.toml [--key=value ...]
 
 The config's own settings are the recipe "base"; each entry of `recipes` ('name: key=value, ...; name: ...',
 any model or training setting) changes some of them. Every recipe trains for seeds seed, seed+1, ... into
@@ -12,21 +12,24 @@ val_loss.png. Rerunning the same command skips finished runs and resumes an inte
 """
 
 import json
+import sys
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 from tqdm import tqdm
 
-import ablate
-import train
-from config import opt
-from extend import evaluated
-from files import atomic_write, read_log
-from model import GPTConfig
-from report import NO_PLOTS, md_table, mean_std, palette, pm, pyplot
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script, sys.path[0] is lab/
+import train  # noqa: E402
+from config import opt  # noqa: E402
+from files import atomic_write, read_log  # noqa: E402
+from lab.grid import (NOT_SETTINGS, check_same_settings, command, evaluated, parse_changes, run_dir,  # noqa: E402
+                      train_run, train_settings, write_json)
+from lab.report import Plots, dress, md_table, palette, pm  # noqa: E402
+from lab.stats import mean_std  # noqa: E402
+from model import GPTConfig  # noqa: E402
 
 MODEL_KEYS = tuple(f.name for f in fields(GPTConfig) if f.name != "vocab_size")  # the dataset sets it
-TRAIN_KEYS = tuple(f.name for f in fields(train.TrainConfig) if f.name not in ablate.NOT_SETTINGS)
+TRAIN_KEYS = tuple(f.name for f in fields(train.TrainConfig) if f.name not in NOT_SETTINGS)
 
 
 @dataclass
@@ -49,26 +52,26 @@ def reached(out, target):
 
 
 def run_recipes(rc, gcfg, tc):
-    recipes = {"base": {}} | dict(ablate.parse_variants(rc.recipes, MODEL_KEYS, TRAIN_KEYS))
+    recipes = {"base": {}} | dict(parse_changes(rc.recipes, MODEL_KEYS, TRAIN_KEYS, "recipe"))
     grid = []  # (name, model config, train config, run folder), every folder checked before anything trains
     for name, changes in recipes.items():
         g = replace(gcfg, **{k: v for k, v in changes.items() if k in MODEL_KEYS})
         for seed in range(tc.seed, tc.seed + rc.seeds):
             t = replace(tc, seed=seed, **{k: v for k, v in changes.items() if k in TRAIN_KEYS})
-            out = ablate.run_dir(t, name, seed)
+            out = run_dir(t, name, seed)
             if (out / "config.json").is_file():  # a run folder made with other settings is refused
-                ablate.check_same_settings(out, ablate.train_settings(g, t), json.loads((out / "config.json").read_text()))
+                check_same_settings(out, train_settings(g, t), json.loads((out / "config.json").read_text()))
             grid.append((name, g, t, out))
     runs = {name: [] for name in recipes}  # name -> [per seed: {"seed", "reached", "evals"}]
     for name, g, t, out in (bar := tqdm(grid, desc="recipe", unit="run")):
         bar.set_postfix_str(f"{name} seed {t.seed}")
-        evaluated(out / "summary.json", lambda: ablate.train_run(name, g, t, out))
+        evaluated(out / "summary.json", lambda: train_run(name, g, t, out))
         hit, evals = reached(out, rc.target_loss)
         runs[name].append({"seed": t.seed, "reached": hit, "evals": evals})
-    results = {"settings": {"recipe": asdict(rc), **ablate.train_settings(gcfg, tc)}, "recipes": {
+    results = {"settings": {"recipe": asdict(rc), **train_settings(gcfg, tc)}, "recipes": {
         name: {"changes": recipes[name], "runs": rs, **figures(rs)} for name, rs in runs.items()}}
     out = Path(tc.out_dir)
-    ablate.write_json(out / "results.json", results)
+    write_json(out / "results.json", results)
     text = markdown(results, write_plot(results, out))
     atomic_write(out / "results.md", lambda f: f.write(text.encode()))
     print(text)
@@ -82,7 +85,7 @@ def figures(runs):
             "final_val_loss": mean_std(r["evals"][-1][2] for r in runs)}
 
 
-def markdown(results, plot):
+def markdown(results, plots):
     rc, base = results["settings"]["recipe"], results["recipes"]["base"]
     rows = []
     for name, x in results["recipes"].items():
@@ -97,13 +100,14 @@ def markdown(results, plot):
             f"Mean ± std over {rc['seeds']} seeds of the runs that reached it, at the first evaluation (every "
             f"{results['settings']['train']['eval_interval']} steps) at or below it; seconds are elapsed training "
             f"time there, evaluations included. The speed-up is base's mean seconds over the recipe's.\n\n"
-            + table + "\n\n" + (f"![val loss]({plot})" if plot else NO_PLOTS) + "\n")
+            + table + "\n\n" + plots.section() + "\n")
 
 
 def write_plot(results, out):
-    """val_loss.png (val loss against seconds, each seed a line), or None without matplotlib."""
-    if (plt := pyplot()) is None:
-        return None
+    """val_loss.png: val loss against seconds, each seed a line (report.Plots: none without matplotlib)."""
+    plots = Plots(out)
+    if (plt := plots.plt) is None:
+        return plots
     fig, ax = plt.subplots(figsize=(8.5, 4.5))
     colors = palette(plt, list(results["recipes"]))
     for name, x in results["recipes"].items():
@@ -111,18 +115,15 @@ def write_plot(results, out):
             ax.plot([e[1] for e in r["evals"]], [e[2] for e in r["evals"]], color=colors[name], alpha=0.8,
                     label=name if i == 0 else None)
     ax.axhline(results["settings"]["recipe"]["target_loss"], color="gray", linestyle=":")
-    ax.set(title="val loss against training seconds (each seed a line)", xlabel="seconds", ylabel="val loss",
-           ylim=(None, 2.6))
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1))
-    fig.tight_layout()
-    atomic_write(out / "val_loss.png", lambda f: fig.savefig(f, format="png", dpi=110))
-    plt.close(fig)
-    return "val_loss.png"
+    ax.set(ylim=(None, 2.6))
+    title = "val loss against training seconds (each seed a line)"
+    dress(ax, title, "seconds", "val loss")
+    plots.save(fig, "val_loss.png", title)
+    return plots
 
 
 def main(argv=None):
-    ablate.command(argv, __doc__, RecipeConfig, run_recipes)
+    command(argv, __doc__, RecipeConfig, run_recipes)
 
 
 if __name__ == "__main__":

@@ -1,15 +1,16 @@
-"""Statistics, tables, claims and plots of the context-extension lab (extend.py): what its runs mean and how they
-are shown. Statistics over seeds are report.py's; this module knows nothing of training."""
+"""Figures over seeds, tables, claims and plots of the context-extension lab (lab/extend.py): what its runs mean and
+how they are shown. Statistics are lab/stats.py's, output formats lab/report.py's; this module knows nothing of
+training."""
 
-from files import atomic_write
-from report import NO_PLOTS, md_table, mean_std, pm, pyplot
+from lab.report import Plots, dress, md_table, pm
+from lab.stats import mean_std
 
 
 def key(scaling, s):
     return f"{scaling}-x{s:g}"
 
 
-def over_seeds(lab, done):
+def lab_figures(lab, done):
     """{"base": {scheme: figures}, "finetune": {scaling-xs: figures}}: each figure a report.mean_std over the seeds
     (None where the scheme cannot reach that length); done maps (kind, name, s, seed) to that run's figures."""
     def across(runs, get):
@@ -108,7 +109,7 @@ def markdown(r, plots):
                  f"retrieved (chance: 0% / 4%)\n\n"
                  + md_table(["scheme", "scaling", "fine-tuned", *(f"{W} ({int(W) / L0:g}x)" for W in widths)], rows,
                             text_columns=3))
-    parts.append("## Plots\n\n" + ("\n".join(f"![{title}]({file})" for file, title in plots) if plots else NO_PLOTS))
+    parts.append(plots.section())
     return "\n\n".join(parts) + "\n"
 
 
@@ -123,17 +124,15 @@ def pct(stat):
 # ----------------------------------------------------------------------------- plots
 
 def write_plots(r, out):
-    """[(file, title)] of the PNGs written, or None without matplotlib (an optional extra)."""
-    if (plt := pyplot()) is None:
-        return None
-    L0, plots = r["block_size"], []
+    """The PNG plots in out (report.Plots: none without matplotlib)."""
+    plots = Plots(out)
+    if (plt := plots.plt) is None:
+        return plots
+    L0 = r["block_size"]
 
     def save(fig, file, title):
         fig.suptitle(title)
-        fig.tight_layout()
-        atomic_write(out / file, lambda f: fig.savefig(f, format="png", dpi=110))
-        plt.close(fig)
-        plots.append((file, title))
+        plots.save(fig, file, title)
 
     for s in r["factors"]:
         lengths = [str(L0), str(round(s * L0)), str(round(2 * s * L0))]

@@ -1,9 +1,9 @@
 """Context extension: fine-tune RoPE past its trained length (PI, NTK, YaRN) and probe retrieval at distance.
 
-    python extend.py configs/extend_cpu.toml [--key=value ...]
+    python lab/extend.py configs/extend_cpu.toml [--key=value ...]
 
 1. Base models: each scheme trained at L0 = block_size for each seed, passkey_share of the sequences carrying a
-   passkey (passkey.py), exactly as ablate.py trains (the same batches for every scheme of a seed).
+   passkey (data/passkey.py), exactly as lab/ablate.py trains (the same batches for every scheme of a seed).
 2. Fine-tuning: each seed's RoPE model trained on at s*L0 for every s in `factors` and every scaling in `scalings`
    (`none`: direct fine-tuning at the new length; `linear`: position interpolation, PI; `ntk`; `yarn`), with
    factor s and the scaling saved in the run's config, so sample.py, evaluation and resume use it. Fine-tuning keeps
@@ -15,31 +15,34 @@
 
 out_dir receives base/<scheme>-seed<S>/ and finetune/<scaling>-x<s>-seed<S>/ (one train.py run each, with its
 eval.json), results.json, results.md and, with matplotlib, the plots. Rerunning the same command resumes.
-Settings: ExtendConfig (here), GPTConfig and TrainConfig; `python extend.py --help` lists them all.
+Settings: ExtendConfig (here), GPTConfig and TrainConfig; `python lab/extend.py --help` lists them all.
 """
 
 import json
 import math
+import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from tqdm import tqdm
 
-import ablate
-import config
-import extend_report
-import positions
-import rope
-import train
-from checkpoint import load_checkpoint, model_from_checkpoint
-from config import opt
-from data.loader import Batches
-from data.tokenizer import load_meta, tokenizer_from_meta
-from files import RunLock, atomic_write
-from model import GPTConfig
-from passkey import Passkeys
-from runtime import Runtime, pick_device, pick_dtype, run_record
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script, sys.path[0] is lab/
+import config  # noqa: E402
+import positions  # noqa: E402
+import rope  # noqa: E402
+import train  # noqa: E402
+from checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
+from config import opt  # noqa: E402
+from data.loader import Batches  # noqa: E402
+from data.passkey import Passkeys  # noqa: E402
+from data.tokenizer import load_meta, tokenizer_from_meta  # noqa: E402
+from files import RunLock, atomic_write  # noqa: E402
+from lab import extend_report  # noqa: E402
+from lab.grid import (check_same_settings, command, eval_runtime, eval_sets, evaluated, numbers,  # noqa: E402
+                      position_losses, split_list, train_run, train_settings, write_json)
+from model import GPTConfig  # noqa: E402
+from runtime import Runtime, run_record  # noqa: E402
 
 
 @dataclass
@@ -60,14 +63,6 @@ class ExtendConfig:
         if not 0 < self.finetune_lr < math.inf or self.finetune_warmup < 0:
             raise ValueError(f"finetune_lr={self.finetune_lr} must be > 0 and finetune_warmup="
                              f"{self.finetune_warmup} >= 0")
-
-
-def numbers(key, text, kind, low):
-    """A comma-separated list of numbers of kind, each >= low, sorted and distinct."""
-    values = sorted({config.coerce(key, v, kind) for v in ablate.split_list(text)})
-    if not values or values[0] < low:
-        raise ValueError(f"{key}={text!r} must list numbers >= {low}, e.g. {ExtendConfig.__dataclass_fields__[key].default}")
-    return values
 
 
 @dataclass
@@ -111,27 +106,27 @@ def make_lab(ec, gcfg, tc):
     dataset_dir = Path(tc.data_dir) / tc.dataset
     meta = load_meta(dataset_dir)
     gcfg, L0 = replace(gcfg, vocab_size=meta["vocab_size"]), gcfg.block_size
-    schemes = ablate.split_list(ec.schemes)
+    schemes = split_list(ec.schemes)
     for s in schemes:
         if s not in positions.SCHEMES:
             raise ValueError(f"schemes: {s!r} is not a positional scheme; choose from {', '.join(positions.SCHEMES)}")
     if "rope" not in schemes:
         raise ValueError(f"schemes={ec.schemes!r} lacks rope, the scheme fine-tuning extends")
-    scalings = ablate.split_list(ec.scalings)
+    scalings = split_list(ec.scalings)
     for s in scalings:
         if s not in rope.SCALINGS:
             raise ValueError(f"scalings: {s!r} is unknown; choose from {', '.join(rope.SCALINGS)}")
-    factors = numbers("factors", ec.factors, float, 1.0)
-    steps = numbers("finetune_steps", ec.finetune_steps, int, 0)
+    factors = numbers("factors", ec.factors, float, 1.0, "2,4")
+    steps = numbers("finetune_steps", ec.finetune_steps, int, 0, "0,25,50,100,200,400")
     if steps[0] != 0 or len(steps) < 2:
         raise ValueError(f"finetune_steps={ec.finetune_steps!r} must start at 0 (the base model) and go on")
-    device, _ = pick_device(tc.device)
-    rt = Runtime(device, pick_dtype(tc.dtype, device.split(":")[0]), compile=False)
+    rt = eval_runtime(tc)
+    device = rt.device
     per_forward = tc.batch_size * L0
     lengths = sorted({L0} | {round(m * L0) for s in factors for m in (s, 2 * s)})
-    windows = ablate.eval_sets(dataset_dir, meta, lengths, ec.eval_tokens, per_forward, device)
+    windows = eval_sets(dataset_dir, meta, lengths, ec.eval_tokens, per_forward, device)
     probe = {}
-    for m in numbers("passkey_lengths", ec.passkey_lengths, float, 0):
+    for m in numbers("passkey_lengths", ec.passkey_lengths, float, 0, "0.5,1,2,4,8"):
         W, rows = round(m * L0), max(1, per_forward // round(m * L0))
         probe[W] = Batches(dataset_dir, meta, W, rows, 0, device, eval_iters=math.ceil(ec.passkey_trials / rows))
     lab = Lab(ec, gcfg, tc, schemes, scalings, factors, steps, [tc.seed + i for i in range(ec.seeds)], rt,
@@ -150,7 +145,7 @@ def load_model(out, rt, **changes):
 
 def losses(model, lab, lengths):
     """{L: mean val loss over the fixed windows of L tokens}."""
-    return {str(L): ablate.position_losses(model, lab.windows[L], lab.rt).mean().item() for L in lengths}
+    return {str(L): position_losses(model, lab.windows[L], lab.rt).mean().item() for L in lengths}
 
 
 def passkey(lab, out, scaling="none"):
@@ -169,15 +164,6 @@ def passkey(lab, out, scaling="none"):
     return acc
 
 
-def evaluated(path, compute):
-    """The JSON at path, computed and written (atomically: it marks a finished step) the first time."""
-    if not path.is_file():
-        obj = compute()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        ablate.write_json(path, obj)
-    return json.loads(path.read_text())
-
-
 # ----------------------------------------------------------------------------- runs
 
 def check_settings(out, gcfg, tc):
@@ -185,13 +171,13 @@ def check_settings(out, gcfg, tc):
     if (out / "config.json").is_file():
         saved = json.loads((out / "config.json").read_text())
         saved["train"]["max_iters"] = tc.max_iters
-        ablate.check_same_settings(out, ablate.train_settings(gcfg, tc), saved)
+        check_same_settings(out, train_settings(gcfg, tc), saved)
 
 
 def base_run(lab, scheme, seed):
     out, gcfg, tc = lab.base(scheme, seed)
     check_settings(out, gcfg, tc)
-    summary = evaluated(out / "summary.json", lambda: ablate.train_run(scheme, gcfg, tc, out))
+    summary = evaluated(out / "summary.json", lambda: train_run(scheme, gcfg, tc, out))
     scalings = ["none"] + [sc for sc in lab.scalings if sc != "none" and sc in positions.scheme(scheme).scalings]
     probe = evaluated(out / "eval.json", lambda: {"passkey": {sc: passkey(lab, out, sc) for sc in scalings}})
     return {"final_val_loss": summary["final_val_loss"], **probe}
@@ -212,7 +198,7 @@ def finetune_run(lab, scaling, s, seed):
             curve["0"] = evaluated(out / "step0.json", lambda: losses(load_model(base_out, lab.rt, **changes), lab,
                                                                        lengths))
             continue
-        ablate.train_run(f"{scaling}-x{s:g}", gcfg, replace(tc, max_iters=step), out)
+        train_run(f"{scaling}-x{s:g}", gcfg, replace(tc, max_iters=step), out)
         curve[str(step)] = evaluated(out / f"step{step}.json", lambda: losses(load_model(out, lab.rt), lab, lengths))
     return {"loss": curve, **evaluated(out / "eval.json", lambda: {"passkey": passkey(lab, out)})}
 
@@ -231,18 +217,18 @@ def run_lab(lab):
         results = {"block_size": lab.gcfg.block_size, "seeds": lab.seeds, "steps": lab.steps,
                    "factors": lab.factors, "scalings": lab.scalings, "schemes": lab.schemes,
                    "probe_windows": {W: len(b.eval_starts["val"]) for W, b in lab.probe.items()},
-                   "settings": {"extend": asdict(lab.ec), **ablate.train_settings(lab.gcfg, lab.tc)},
+                   "settings": {"extend": asdict(lab.ec), **train_settings(lab.gcfg, lab.tc)},
                    "device": lab.rt.device, "environment": run_record(),
-                   **extend_report.over_seeds(lab, done)}
+                   **extend_report.lab_figures(lab, done)}
         plots = extend_report.write_plots(results, lab.out)
         results["wall_s"] = time.perf_counter() - t0
-        ablate.write_json(lab.out / "results.json", results)
+        write_json(lab.out / "results.json", results)
         atomic_write(lab.out / "results.md", lambda f: f.write(extend_report.markdown(results, plots).encode()))
-    print(f"results: {lab.out / 'results.md'}, results.json" + "".join(f", {f}" for f, _ in plots or []))
+    print(f"results: {lab.out / 'results.md'}, results.json" + "".join(f", {f}" for f, _ in plots.written))
 
 
 def main(argv=None):
-    ablate.command(argv, __doc__, ExtendConfig, lambda *settings: run_lab(make_lab(*settings)))
+    command(argv, __doc__, ExtendConfig, lambda *settings: run_lab(make_lab(*settings)))
 
 if __name__ == "__main__":
     main()

@@ -1,73 +1,22 @@
-"""Statistics, tables and plots of a positional-scheme ablation: what ablate.py's runs mean and how they are shown.
+"""The ablation's figures over seeds, its tables and plots: what lab/ablate.py's runs mean and how they are shown.
 
-Owns Student's t distribution (written here: scipy is not a dependency), the statistics over seeds, the paired
-test against the reference scheme, and the output formats: results.csv, results.md and the PNG plots. It knows
-nothing of training or of how the grid ran; ablate.py hands it the runs' summaries and evaluations.
+It knows nothing of training or of how the grid ran; ablate.py hands it the runs' summaries and evaluations.
+Statistics are lab/stats.py's, the output formats lab/report.py's.
 """
 
 import csv
-import functools
 import io
-import math
 import statistics
 
 import numpy as np
 
 from files import atomic_write
+from lab.report import Plots, dress, md_table, palette, pm
+from lab.stats import mean_std, paired_test
 
-# ----------------------------------------------------------------------------- statistics
+# ----------------------------------------------------------------------------- figures over seeds
 
-def t_cdf(t, df, steps=1000):
-    """P(T <= t) for Student's t with df degrees of freedom.
-
-    x = sqrt(df) tan(u) turns the density Gamma((df+1)/2) / (sqrt(df pi) Gamma(df/2)) (1 + x^2/df)^(-(df+1)/2) dx
-    into Gamma((df+1)/2) / (sqrt(pi) Gamma(df/2)) cos(u)^(df-1) du, bounded and smooth on [0, pi/2], so
-    Simpson's rule over [0, atan(|t|/sqrt(df))] integrates it with no special functions; at the default
-    steps it agrees with the closed forms of df = 1 and 2 to 1e-10 (tests/test_report.py checks it)."""
-    c = math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(math.pi)
-    h = math.atan(abs(t) / math.sqrt(df)) / steps  # steps is even, as Simpson's rule needs
-    weights = (1 if i in (0, steps) else 4 if i % 2 else 2 for i in range(steps + 1))
-    area = c * h / 3 * sum(w * math.cos(i * h) ** (df - 1) for i, w in enumerate(weights))
-    return 0.5 + math.copysign(area, t)
-
-
-@functools.lru_cache  # every comparison of a grid asks for the same one
-def t_quantile(p, df):
-    """The t with t_cdf(t, df) = p, by bisection (the CDF increases)."""
-    assert 0 < p < 1, f"p={p} must lie in (0, 1)"
-    lo, hi = -1.0, 1.0
-    while t_cdf(lo, df) > p:
-        lo *= 2
-    while t_cdf(hi, df) < p:
-        hi *= 2
-    for _ in range(60):  # 2^-60 of the bracket: far below float noise in the CDF
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if t_cdf(mid, df) < p else (lo, mid)
-    return (lo + hi) / 2
-
-
-def mean_std(values):
-    """Mean and sample standard deviation (n - 1; None for a single value) of values."""
-    values = list(values)
-    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else None,
-            "values": values}
-
-
-def paired_test(diffs, level=0.95):
-    """Paired t-test of per-seed differences: their mean, a `level` confidence interval, t and the
-    two-sided p-value (None where one seed gives no spread to measure)."""
-    n, mean = len(diffs), statistics.fmean(diffs)
-    out = {"n": n, "mean": mean, "ci": None, "t": None, "p": None}
-    if n < 2:
-        return out
-    se = statistics.stdev(diffs) / math.sqrt(n)
-    if se == 0:  # every seed moved by exactly the same amount
-        return out | {"ci": [mean, mean], "p": 1.0 if mean == 0 else 0.0}
-    t, q = mean / se, t_quantile(0.5 + level / 2, n - 1)
-    return out | {"ci": [mean - q * se, mean + q * se], "t": t, "p": 2 * t_cdf(-abs(t), n - 1)}
-
-
-def over_seeds(runs, evals):
+def scheme_figures(runs, evals):
     """One scheme's figures over its seeds: runs and evals are its runs' summaries and evaluations, seed by seed."""
     curves = np.array([[loss for _, loss in r["val_curve"]] for r in runs])  # (seeds, evaluations)
     return {
@@ -117,13 +66,6 @@ def write_csv(path, plan, done):
     atomic_write(path, lambda f: f.write(text.getvalue().encode()))
 
 
-def pm(stat, spec=".4f"):
-    """'mean ± std' of a mean_std dict; N/A for None."""
-    if stat is None:
-        return "N/A"
-    return format(stat["mean"], spec) + ("" if stat["std"] is None else f" ± {stat['std']:{spec}}")
-
-
 def segments(curve, L0):
     """Mean of the curve over each L0-long stretch of positions: [(first, last, mean)]."""
     return [(a, min(a + L0, len(curve)) - 1, statistics.fmean(curve[a:a + L0])) for a in range(0, len(curve), L0)]
@@ -132,16 +74,8 @@ def segments(curve, L0):
 def markdown(results, plots):
     """results.md: how the grid was run, then one section per table, the plots and the samples."""
     parts = [md_setup(results), md_final(results), md_paired(results), md_lengths(results), md_positions(results),
-             "## Plots\n\n" + ("\n".join(f"![{title}]({file})" for file, title in plots) if plots else NO_PLOTS),
-             md_samples(results)]
+             plots.section(), md_samples(results)]
     return "\n\n".join(p for p in parts if p) + "\n"
-
-
-def md_table(header, rows, text_columns=1):
-    """A markdown table: the first text_columns columns left-aligned, the numbers right-aligned."""
-    align = ["---"] * text_columns + ["---:"] * (len(header) - text_columns)
-    return "\n".join(["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|",
-                      *("| " + " | ".join(map(str, r)) + " |" for r in rows)])
 
 
 def md_setup(r):
@@ -224,47 +158,19 @@ def md_samples(r):
             + "\n\n".join(f"**{name}**\n\n```text\n{text}\n```" for name, text in samples))
 
 
-NO_PLOTS = "Plots skipped: matplotlib is not installed (`pip install matplotlib` or `pip install -e .[plots]`)."
-
-
-def pyplot():
-    """matplotlib.pyplot drawing to files, or None when matplotlib (an optional extra) is missing."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")  # files only: no display needed
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    return plt
-
-
-def palette(plt, names):
-    """{name: colour}: the default cycle's 10 colours while they suffice; past them one colour would stand for
-    two lines, so tab20's 20."""
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    if len(names) > len(colors):
-        colors = [plt.get_cmap("tab20")(i) for i in range(20)]
-    return dict(zip(names, colors * len(names)))
-
-
 def write_plots(results, out):
-    """PNG plots in out as [(file, title)], or None when matplotlib (an optional extra) is missing."""
-    if (plt := pyplot()) is None:
-        return None
+    """The PNG plots in out (report.Plots: none without matplotlib)."""
+    plots = Plots(out)
+    if (plt := plots.plt) is None:
+        return plots
     L0, schemes = results["block_size"], results["schemes"]
     colors = palette(plt, schemes)
     dashes = dict(zip(["none", *results["settings"]["ablate"]["rope_scalings"].split(",")],
                       ["-", "--", ":", "-.", (0, (5, 1)), (0, (1, 3))]))
-    plots = []
 
     def save(fig, ax, file, title, xlabel, ylabel):
-        ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1))  # beside the axes, never over a line
-        fig.tight_layout()
-        atomic_write(out / file, lambda f: fig.savefig(f, format="png", dpi=110))
-        plt.close(fig)
-        plots.append((file, title))
+        dress(ax, title, xlabel, ylabel)
+        plots.save(fig, file, title)
 
     fig, ax = plt.subplots(figsize=(8.5, 4.5))
     for name, x in schemes.items():

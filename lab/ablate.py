@@ -1,22 +1,21 @@
 """Compare positional schemes fairly: a grid of schemes x seeds, length extrapolation, tables and plots.
 
-    python ablate.py configs/ablate_cpu.toml [--key=value ...]
-    python ablate.py configs/ablate_cpu.toml --dry_run=true      print the grid and its estimated time
+    python lab/ablate.py configs/ablate_cpu.toml [--key=value ...]
+    python lab/ablate.py configs/ablate_cpu.toml --dry_run=true      print the grid and its estimated time
 
 Every run of a seed sees the same batches in the same order (data.loader.Batches draws them from
 (seed, step), not from global RNG state) and the same token budget, so differences between
 schemes are paired by seed. After training at context L0 = block_size each model is scored on
 fixed validation windows at multiples of L0; RoPE models also with inference-time scaling
 (factor L/L0) beyond L0. out_dir receives runs/<scheme>-seed<S>/ (one train.py run each),
-results.json, and from report.py (statistics, tables, plots) results.md, results.csv and PNG plots
+results.json, and from ablate_report.py (statistics, tables, plots) results.md, results.csv and PNG plots
 (when matplotlib is installed).
 Rerunning the same command skips finished runs and resumes an interrupted one.
 
 Settings: AblateConfig (here), GPTConfig (model.py) and TrainConfig (train.py) together;
-the TOML file may set any of them. `python ablate.py --help` lists them all.
+the TOML file may set any of them. `python lab/ablate.py --help` lists them all.
 """
 
-import contextlib
 import json
 import statistics
 import sys
@@ -27,24 +26,27 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-import config
-import positions
-import report
-import rope
-import train
-from checkpoint import load_checkpoint, model_from_checkpoint
-from config import opt
-from data.loader import Batches
-from data.tokenizer import load_meta, tokenizer_from_meta
-from files import RunLock, atomic_write, open_log, read_log
-from generate import generate
-from model import GPT, GPTConfig
-from runtime import Runtime, decode_autocast, pick_device, pick_dtype, run_record
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script, sys.path[0] is lab/
+import config  # noqa: E402
+import positions  # noqa: E402
+import rope  # noqa: E402
+import train  # noqa: E402
+from checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
+from config import opt  # noqa: E402
+from data.tokenizer import load_meta, tokenizer_from_meta  # noqa: E402
+from files import RunLock, atomic_write  # noqa: E402
+from generate import Sampling, generate  # noqa: E402
+from lab import ablate_report  # noqa: E402
+from lab.report import NO_PLOTS  # noqa: E402
+from lab.grid import (check_same_settings, command, eval_runtime, eval_sets, parse_changes, position_losses,  # noqa: E402
+                      run_dir, split_list, train_run, train_settings, write_json)
+from model import GPT, GPTConfig  # noqa: E402
+from optim import make_optimizer  # noqa: E402
+from runtime import Runtime, decode_autocast, run_record  # noqa: E402
 
 REFERENCE = "rope"  # the scheme every other one is compared against, seed by seed
 VARIANT_KEYS = ("rope_base", "rope_fraction", "rope_layout", "rope_p")  # what a RoPE variant may change
 TRAIN_VARIANT_KEYS = ("drop_rope_at",)  # and of its training: DroPE is RoPE with a schedule
-NOT_SETTINGS = ("out_dir", "resume", "progress")  # train fields that do not change a run's result
 
 
 @dataclass
@@ -68,39 +70,7 @@ class AblateConfig:
             raise ValueError(f"sample_temperature={self.sample_temperature} must be >= 0 (0 is greedy)")
 
 
-class Interrupted(Exception):
-    """A run stopped before max_iters (Ctrl-C, SIGTERM); rerunning the command resumes it."""
-
-
 # ----------------------------------------------------------------------------- the grid
-
-def split_list(text):
-    return [s.strip() for s in text.split(",") if s.strip()]
-
-
-def parse_variants(text, model_keys=VARIANT_KEYS, train_keys=TRAIN_VARIANT_KEYS):
-    """'name: key=value, key=value; name: ...' -> [(name, {key: value})], the keys among model_keys (typed as
-    GPTConfig's fields) and train_keys (TrainConfig's)."""
-    types = {f: GPTConfig.__dataclass_fields__[f].type for f in model_keys}
-    types |= {f: train.TrainConfig.__dataclass_fields__[f].type for f in train_keys}
-    out = []
-    for part in filter(str.strip, text.split(";")):
-        name, colon, body = (s.strip() for s in part.partition(":"))
-        if not colon or not name.replace("-", "").replace("_", "").replace(".", "").isalnum():
-            raise ValueError(f"variant {part.strip()!r} should look like 'name: key=value, ...', the name made of "
-                             f"letters, digits, '-', '_' and '.'")
-        overrides = {}
-        for item in split_list(body):
-            key, eq, value = (s.strip() for s in item.partition("="))
-            if key not in types or not eq:
-                raise ValueError(f"variant {name!r}: {item!r} should be key=value, the key one of "
-                                 f"{', '.join(types)}")
-            overrides[key] = config.coerce(key, value, types[key])
-        if not overrides:
-            raise ValueError(f"variant {name!r} changes nothing; give at least one key=value")
-        out.append((name, overrides))
-    return out
-
 
 def make_grid(ac, gcfg):
     """({scheme name: its GPTConfig}, in the order of the tables; {variant name: its TrainConfig changes})."""
@@ -108,7 +78,7 @@ def make_grid(ac, gcfg):
         if s not in positions.SCHEMES:
             raise ValueError(f"schemes: {s!r} is not a positional scheme; choose from {', '.join(positions.SCHEMES)}")
     entries = [(s, {"pos_emb": s}) for s in split_list(ac.schemes)]
-    entries += [(name, {"pos_emb": "rope", **o}) for name, o in parse_variants(ac.variants)]
+    entries += [(name, {"pos_emb": "rope", **o}) for name, o in parse_changes(ac.variants, VARIANT_KEYS, TRAIN_VARIANT_KEYS)]
     names = [name for name, _ in entries]
     if not names:
         raise ValueError("schemes and variants are both empty; name at least one scheme, e.g. schemes=rope")
@@ -163,75 +133,7 @@ def changes(plan, name):
     return {k: v for k, v in cfg.asdict().items() if getattr(plain, k) != v} | plan.train_changes[name]
 
 
-def run_dir(tc, name, seed):
-    return Path(tc.out_dir) / "runs" / f"{name}-seed{seed}"
-
-
-def train_settings(gcfg, tc):
-    """What determines a run's result: the resolved model and training settings."""
-    return {"model": gcfg.asdict(), "train": {k: v for k, v in asdict(tc).items() if k not in NOT_SETTINGS}}
-
-
-def check_same_settings(path, settings, saved):
-    # a setting newer than the run folder was there at its default (how every option starts)
-    defaults = train_settings(GPTConfig(), train.TrainConfig())
-    saved = {group: defaults[group] | saved.get(group, {}) for group in settings}
-    diff = [f"{group}.{k}: {saved[group].get(k)!r} there, {v!r} now" for group in settings
-            for k, v in settings[group].items() if saved[group].get(k) != v]
-    if diff:
-        raise ValueError(f"{path} was made with other settings ({'; '.join(diff[:4])}); use another out_dir, "
-                         f"or delete that run folder to redo it")
-
-
 # ----------------------------------------------------------------------------- one run
-
-def train_run(name, gcfg, tc, out):
-    """Train (or resume) one run into out; its summary. Raises Interrupted when training stopped early."""
-    ckpt_path = out / "ckpt.pt"
-    at = load_checkpoint(ckpt_path)["iter"] if ckpt_path.is_file() else 0
-    if at < tc.max_iters:  # else training ended and only the summary is missing
-        out.mkdir(parents=True, exist_ok=True)
-        with open_log(out / "train.log") as log, contextlib.redirect_stdout(log):
-            # a copy of gcfg: train sets vocab_size on the one it gets
-            train.train(replace(gcfg), replace(tc, out_dir=str(out), resume=at > 0, progress=False))
-        at = load_checkpoint(ckpt_path)["iter"]
-    if at < tc.max_iters:
-        raise Interrupted(f"run {out.name} stopped at iteration {at} of {tc.max_iters}")
-    # a resumed run's log was trimmed back to its checkpoint and its elapsed_s continues: one line per iteration
-    metrics = {m["iter"]: m for m in read_log(out / "metrics.jsonl")}
-    final = metrics[tc.max_iters]
-    return {"scheme": name, "seed": tc.seed, "settings": train_settings(gcfg, tc), "final_val_loss": final["val_loss"],
-            "val_bpb": final["val_bpb"], "train_s": final["elapsed_s"],
-            "tokens_per_s": statistics.median(m["tokens_per_s"] for m in metrics.values()),
-            # the scheduled evaluations only: a stop and its resume add one at the stop
-            "val_curve": [[it, m["val_loss"]] for it, m in sorted(metrics.items())
-                          if it % tc.eval_interval == 0 or it == tc.max_iters]}
-
-
-def eval_sets(dataset_dir, meta, lengths, n_tokens, tokens_per_forward, device):
-    """{L: Batches whose fixed validation set holds about n_tokens in windows of L tokens}. Batches draws
-    that set from EVAL_SEED alone, so every model of the grid is scored on the same windows."""
-    sets = {}
-    for L in lengths:
-        rows = max(1, tokens_per_forward // L)  # windows per forward: long ones cost O(L^2) attention memory
-        try:  # (seed 0: these Batches' training batches are never drawn)
-            sets[L] = Batches(dataset_dir, meta, L, rows, 0, device, eval_iters=max(1, n_tokens // (rows * L)))
-        except ValueError as e:  # the window does not fit a split
-            raise ValueError(f"eval length {L} does not fit the data: {e}; use smaller eval_lengths") from None
-    return sets
-
-
-@torch.no_grad()
-def position_losses(model, batches, rt):
-    """(L,) float64 mean loss at each position 0..L-1 over the fixed validation windows of batches."""
-    total, n = torch.zeros(batches.block_size, dtype=torch.float64), 0
-    for x, y in batches.eval_batches("val"):  # (B, L) each
-        with rt.autocast():
-            loss = model(x, y, reduction="none")[1]  # (B, L)
-        total += loss.sum(0).double().cpu()
-        n += len(y)
-    return total / n
-
 
 def extrapolate(model, windows, scalings, rt):
     """{scaling: {L: mean loss or None}} and {scaling: loss by position in the longest window}.
@@ -261,13 +163,8 @@ def sample_text(model, meta, ac, seed, rt):
     idx = torch.tensor([tok.encode(ac.sample_prompt)], device=rt.device)
     g = torch.Generator(device=rt.device).manual_seed(seed)
     with decode_autocast(rt.device_type, rt.dtype):  # as sample.py decodes, so the two agree
-        new = [t.item() for t in generate(model, idx, ac.sample_tokens, ac.sample_temperature, generator=g)]
+        new = [t.item() for t in generate(model, idx, ac.sample_tokens, Sampling(ac.sample_temperature), generator=g)]
     return ac.sample_prompt + tok.decode(new)
-
-
-def write_json(path, obj):
-    """Write atomically: these files mark a finished step, so a half-written one must never exist."""
-    atomic_write(path, lambda f: f.write((json.dumps(obj, indent=1) + "\n").encode()))
 
 
 def finish_run(name, gcfg, tc, plan):
@@ -298,14 +195,14 @@ def finish_run(name, gcfg, tc, plan):
 # ----------------------------------------------------------------------------- results
 
 def summarize(plan, done):
-    """results.json's content: the grid's settings and, per scheme, its figures over seeds (report.over_seeds);
+    """results.json's content: the grid's settings and, per scheme, its figures over seeds (ablate_report.scheme_figures);
     done maps (scheme, seed) to that run's (summary, eval)."""
     schemes = {}
     for name, cfg in plan.grid.items():
         runs, evals = zip(*(done[name, s] for s in plan.seeds))
         schemes[name] = {"pos_emb": cfg.pos_emb, "changes": changes(plan, name), "params": plan.params[name],
-                         **report.over_seeds(runs, evals), "sample": evals[0]["sample"]}
-    reference = report.against_reference(schemes, REFERENCE)
+                         **ablate_report.scheme_figures(runs, evals), "sample": evals[0]["sample"]}
+    reference = ablate_report.against_reference(schemes, REFERENCE)
     return {"reference": reference, "block_size": plan.gcfg.block_size,
             "lengths": plan.lengths, "windows": {str(L): n_windows(b) for L, b in plan.windows.items()},
             "seeds": plan.seeds, "tokens_per_run": tokens_per_run(plan.gcfg, plan.tc),
@@ -352,10 +249,9 @@ def make_plan(ac, gcfg, tc):
         if not ac.sample_prompt:
             raise ValueError("sample_prompt is empty; give a prompt, or sample_tokens=0 for no samples")
         tokenizer_from_meta(meta).encode(ac.sample_prompt)  # an unknown character fails now, not after training
-    device, _ = pick_device(tc.device)
-    rt = Runtime(device, pick_dtype(tc.dtype, device.split(":")[0]), compile=False)
+    rt = eval_runtime(tc)
     lengths = eval_lengths(ac, gcfg.block_size)
-    windows = eval_sets(dataset_dir, meta, lengths, ac.eval_tokens, tc.batch_size * gcfg.block_size, device)
+    windows = eval_sets(dataset_dir, meta, lengths, ac.eval_tokens, tc.batch_size * gcfg.block_size, rt.device)
     grid, train_changes = make_grid(ac, gcfg)
     plan = Plan(ac, gcfg, tc, grid, train_changes, [tc.seed + i for i in range(ac.seeds)], lengths, rope_scalings(ac),
                 meta, rt, windows, param_counts(grid))
@@ -372,7 +268,7 @@ def calibrate(plan):
     cfg, tc, rt = next(iter(plan.grid.values())), plan.tc, plan.rt
     torch.manual_seed(0)
     model = GPT(cfg).to(rt.device)
-    optimizer, scaler = train.make_optimizer(model, tc, rt)
+    optimizer, scaler = make_optimizer(model, tc, rt)
     x = torch.randint(cfg.vocab_size, (tc.batch_size, cfg.block_size), device=rt.device)
     times = []
     for _ in range(10):
@@ -451,37 +347,18 @@ def ablate(plan):
                 bar.set_postfix_str(f"{name} seed {seed} ({statuses[name, seed]})")
                 done[name, seed] = finish_run(name, plan.grid[name], plan.run_tc(name, seed), plan)
         results = summarize(plan, done)
-        plots = report.write_plots(results, out)
+        plots = ablate_report.write_plots(results, out)
         results["wall_s"] = time.perf_counter() - t0
         write_json(out / "results.json", results)
-        report.write_csv(out / "results.csv", plan, done)
-        atomic_write(out / "results.md", lambda f: f.write(report.markdown(results, plots).encode()))
-    if plots is None:
-        print(report.NO_PLOTS)
-    print(f"results: {out / 'results.md'}, results.json, results.csv" + "".join(f", {f}" for f, _ in plots or []))
+        ablate_report.write_csv(out / "results.csv", plan, done)
+        atomic_write(out / "results.md", lambda f: f.write(ablate_report.markdown(results, plots).encode()))
+    if plots.plt is None:
+        print(NO_PLOTS)
+    print(f"results: {out / 'results.md'}, results.json, results.csv" + "".join(f", {f}" for f, _ in plots.written))
 
 
 def run_statuses(plan):
     return {(name, seed): status(plan, name, seed) for seed in plan.seeds for name in plan.grid}
-
-
-def command(argv, doc, settings, run):
-    """The main of a tool that trains many runs (ablate.py, extend.py): --help from doc and the settings classes
-    (its own, GPTConfig, TrainConfig), else run(*their parsed values); a bad setting or a diverging run is one
-    line and exit 1, an interruption exit 130 with the hint that rerunning resumes."""
-    argv = sys.argv[1:] if argv is None else argv
-    classes = (settings, GPTConfig, train.TrainConfig)
-    if "-h" in argv or "--help" in argv:
-        print(doc + config.help_text(*classes))
-        return
-    try:
-        run(*config.parse(argv, *classes))
-    except ValueError as e:  # bad settings, and a diverging run (train.Divergence)
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
-    except (Interrupted, KeyboardInterrupt) as e:
-        print(f"\ninterrupted{': ' + str(e) if str(e) else ''}; rerun the same command to resume", file=sys.stderr)
-        sys.exit(130)
 
 
 def main(argv=None):
