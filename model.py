@@ -18,6 +18,7 @@ from config import opt, require_positive
 
 ACTIVATIONS = {  # mlp_act -> the MLP's nonlinearity
     "gelu": F.gelu,  # the exact (erf) GELU of GPT-2's paper
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),  # the approximation GPT-2's checkpoints were trained with
     "relu2": lambda x: F.relu(x).square(),  # ReLU squared (So et al. 2021, "Primer")
 }
 
@@ -35,22 +36,28 @@ class GPTConfig:
     rope_base: float = opt(10000.0, "RoPE base b in theta_i = b^(-2(i-1)/d)")
     rope_fraction: float = opt(1.0, "fraction of each head's dims that RoPE rotates")
     rope_layout: str = opt("interleaved", "RoPE pairing: " + ", ".join(rope.LAYOUTS))
-    rope_scaling: str = opt("none", "RoPE context scaling: " + ", ".join(rope.SCALINGS))
+    rope_scaling: str = opt(rope.NO_SCALING, "RoPE context scaling: " + ", ".join(rope.SCALINGS))
     rope_scaling_factor: float = opt(1.0, "RoPE scaling factor s (1 = plain RoPE)")
     rope_original_len: int | None = opt(None, "context L0 the RoPE scaling extends (default block_size); a model "
                                               "fine-tuned at a longer block_size keeps the length it first learned")
     rope_p: float = opt(1.0, "p-RoPE: fraction of RoPE's frequencies that rotate, the highest (1 = all)")
-    xpos_scale_base: float = opt(512.0, "xpos: B in the decay zeta^((m - n)/B) of its scores")
+    xpos_scale_base: float | None = opt(None, "xpos: B in the decay zeta^((m - n)/B) of its scores (default "
+                                                "block_size / 2, the paper's ratio)")
     nope_every: int = opt(4, "rnope: every this many layers, the last has no positional information")
-    qk_norm: bool = opt(False, "RMS-normalise each head's queries and keys (learned gain) before positions and scores")
+    rnope_window: int | None = opt(None, "rnope: keys a RoPE layer's query sees, sliding-window attention (default "
+                                         "block_size / 2, the paper's ratio)")
+    qk_norm: bool = opt(False, "layer-normalise each head's queries and keys (learned gain) before positions and scores")
     mlp_act: str = opt("gelu", "MLP activation: " + ", ".join(ACTIVATIONS))
     tie_embeddings: bool = opt(True, "the head reuses the token embedding (false: a head of its own)")
     logit_softcap: float = opt(0.0, "c > 0 squashes logits to c * tanh(logits / c), in training and sampling (0: off)")
     zero_init_proj: bool = opt(False, "the attention and MLP output projections start at zero")
+    parallel_residual: bool = opt(False, "attention and MLP read the same input, x + attn(ln_1(x)) + mlp(ln_2(x)), "
+                                         "as GPT-NeoX and Pythia (false: one after the other, as GPT-2)")
 
     def __post_init__(self):
         scheme = positions.scheme(self.pos_emb)  # an unknown name fails first
-        require_positive(self, "block_size", "vocab_size", "n_layer", "n_head", "n_embd", "rope_original_len")
+        require_positive(self, "block_size", "vocab_size", "n_layer", "n_head", "n_embd", "rope_original_len",
+                         "rnope_window")
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
         if not 0.0 <= self.dropout < 1.0:
@@ -64,6 +71,21 @@ class GPTConfig:
     @property
     def head_dim(self):
         return self.n_embd // self.n_head
+
+    @property
+    def xpos_scale(self):
+        """xPos's B: xpos_scale_base, else block_size / 2 (the paper's 512 at a training length of 1,024)."""
+        return self.xpos_scale_base or self.block_size / 2
+
+    @property
+    def swa_window(self):
+        """rnope's sliding window: rnope_window, else block_size / 2 (the paper's 4,096 at 8,192)."""
+        return self.rnope_window or max(1, self.block_size // 2)
+
+    @property
+    def scaled(self):
+        """Whether a RoPE scaling changes anything: every scaling is plain RoPE at factor 1."""
+        return self.rope_scaling != rope.NO_SCALING and self.rope_scaling_factor != 1
 
     @property
     def original_len(self):
@@ -91,11 +113,12 @@ class CausalSelfAttention(nn.Module):
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.dropout = config.dropout
-        # QK-norm puts queries and keys at RMS 1 times a learned gain per dim (shared by the heads), so under the
-        # 1/sqrt(hs) scale kept below a score is at most sqrt(hs) times the gains. Gain-less, that cap (5.7 at
-        # hs = 32) would keep attention flat; the gains, starting at 1, let each layer learn its sharpness
+        # QK-norm puts each head's queries and keys at mean 0 and RMS 1, times a learned gain per dim (shared by the
+        # heads), so under the 1/sqrt(hs) scale kept below a score is at most sqrt(hs) times the gains. Gain-less,
+        # that cap (5.7 at hs = 32) would keep attention flat; the gains, starting at 1, let each layer learn its
+        # sharpness. A LayerNorm rather than an RMSNorm: Persimmon's qk_layernorm, so transformers runs it as it is
         if config.qk_norm:
-            self.ln_q, self.ln_k = nn.RMSNorm(config.head_dim), nn.RMSNorm(config.head_dim)
+            self.ln_q, self.ln_k = (nn.LayerNorm(config.head_dim, bias=config.bias) for _ in "qk")
         self.qk_norm = config.qk_norm
 
     def forward(self, x, pos, span, cache):
@@ -112,7 +135,7 @@ class CausalSelfAttention(nn.Module):
         dropout = self.dropout if self.training else 0.0
         mask, causal = pos.bias(span, self.layer), False  # (nh, T, S) with the causal mask built in, or None
         if mask is None:
-            mask, causal = span.attention_mask()
+            mask, causal = span.attention_mask(pos.window(self.layer))
         y = attention(q, k, v, mask, dropout_p=dropout, is_causal=causal, scale=scale)  # (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
         return F.dropout(self.c_proj(y), self.dropout, self.training)
@@ -137,8 +160,11 @@ class Block(nn.Module):
         self.attn = CausalSelfAttention(config, layer)
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
+        self.parallel_residual = config.parallel_residual
 
     def forward(self, x, pos, span, cache):
+        if self.parallel_residual:
+            return x + self.attn(self.ln_1(x), pos, span, cache) + self.mlp(self.ln_2(x))
         x = x + self.attn(self.ln_1(x), pos, span, cache)
         return x + self.mlp(self.ln_2(x))
 
@@ -227,7 +253,7 @@ class GPT(nn.Module):
                              "rope_scaling_factor and pos_emb can")
         config = replace(self.config, **changes)
         scheme = positions.scheme(config.pos_emb)
-        if config.rope_scaling not in ("none", *scheme.scalings):
+        if config.rope_scaling not in (rope.NO_SCALING, *scheme.scalings):
             raise ValueError(f"rope_scaling={config.rope_scaling!r} does not apply to pos_emb={config.pos_emb!r}, "
                              f"which takes {', '.join(scheme.scalings) or 'no scaling'}")
         pos = scheme(config).to(self.wte.weight.device)

@@ -58,10 +58,14 @@ class Span:
         """(T, S) query position minus key position: >= 0 where the key is visible."""
         return self.ids[:, None] - self.key_ids[None, :]
 
-    def attention_mask(self):
-        """(mask, is_causal) for scaled_dot_product_attention where no scheme bias carries the causal mask. Branches
+    def attention_mask(self, window=None):
+        """(mask, is_causal) for scaled_dot_product_attention where no scheme bias carries the causal mask; with a
+        window, each query sees only the last `window` keys up to itself (sliding-window attention). Branches
         rather than is_causal=(T > 1): under torch.compile with dynamic shapes that is a symbolic bool, which
         scaled_dot_product_attention refuses (a graph break)."""
+        if window is not None and window < self.keys:
+            dist = self.distances()
+            return (dist >= 0) & (dist < window), False  # (T, S)
         if not self.static and self.length == 1:
             return None, False  # a lone new token may see every key
         if not self.static and self.keys == self.length:
@@ -113,6 +117,10 @@ class Scheme(nn.Module):
     def bias(self, span, layer):
         """(nh, T, S) float scores added in block `layer`'s attention to the span's queries and keys, -inf where a
         key is in a query's future; None for plain causal attention."""
+        return None
+
+    def window(self, layer):
+        """How many keys up to itself a query of block `layer` attends to (sliding-window attention); None: all."""
         return None
 
     def reserve(self, n):
@@ -273,8 +281,12 @@ class XPos(RoPE):
     """xPos (Sun et al. 2022, "A Length-Extrapolatable Transformer"): RoPE with queries at position m scaled
     per pair by zeta_i^(m/B) and keys at n by zeta_i^(-n/B), zeta_i = (2i/d + 0.4)/1.4 for pair i = 0..d/2-1, so
     a score carries zeta_i^((m - n)/B) and decays with distance, fastest in the fast pairs. Positions start at
-    0 (the reference code centres them, which a KV cache would break); at 8 x 64 positions and B = 512 the
-    largest key factor is 1/zeta_0 = 3.5."""
+    0 (the reference code centres them, which a KV cache would break).
+
+    The rule relative to L0: B = L0 / 2, the paper's 512 at its training length of 1,024, so the fastest pair's
+    decay across the trained context is zeta_0^2 = 0.08 and the mechanism acts in training (B = 512 at L0 = 64
+    left it at 0.86: xPos was RoPE in context). Past L0 it attends blockwise, as its paper evaluates it: each
+    query sees the last block_size keys (torchscale's window at decoding), never a distance it was not trained at."""
 
     def __init__(self, config):
         super().__init__(config)
@@ -286,8 +298,11 @@ class XPos(RoPE):
     def rotate(self, qk, span, layer):
         q, k = self.rotary(qk, span.ids, span.end)  # (B, nh, T, hs) each
         m = span.ids.float()
-        scale = (m[:, None] / self.config.xpos_scale_base * self.log_zeta).exp()  # (T, hs): zeta^(m/B) per dim
+        scale = (m[:, None] / self.config.xpos_scale * self.log_zeta).exp()  # (T, hs): zeta^(m/B) per dim
         return torch.stack((q * scale, k / scale)).to(qk.dtype)
+
+    def window(self, layer):
+        return self.config.block_size
 
 
 def per_layer(n_layer, *shape):
@@ -299,14 +314,19 @@ def per_layer(n_layer, *shape):
 class Kerple(Scheme):
     """KERPLE with its logarithmic kernel (Chi et al. 2022, "KERPLE: Kernelized Relative Positional Embedding
     for Length Extrapolation"): each head of each layer adds -r1 * log(1 + r2 * (m - n)) to its scores,
-    r1, r2 > 0 learned (here r = softplus of a free parameter, starting at r1 = r2 = 1)."""
+    r1, r2 > 0 learned. They start as the authors' code draws them, per head: r1 ~ U(0, 2), r2 ~ U(0, 1) (at least
+    0.01, the authors' clamp), so heads start at different ranges; here r = softplus of a free parameter keeps
+    them positive with a gradient everywhere (the authors clamp). Nothing depends on L0."""
 
     def __init__(self, config):
         super().__init__(config)
         self.r1, self.r2 = per_layer(config.n_layer, config.n_head), per_layer(config.n_layer, config.n_head)
 
     def init_parameter(self, name, p):
-        nn.init.constant_(p, math.log(math.e - 1))  # softplus^-1(1)
+        high = 2.0 if name.startswith("r1") else 1.0
+        r = torch.empty_like(p).uniform_(0.01, high)
+        with torch.no_grad():
+            p.copy_(r + torch.log(-torch.expm1(-r)))  # softplus^-1(r)
 
     def bias(self, span, layer):
         dist = span.distances()
@@ -318,10 +338,13 @@ class Kerple(Scheme):
 class FIRE(Scheme):
     """FIRE (Li et al. 2023, "Functional Interpolation for Relative Positions Improves Long Context
     Transformers"): each layer adds f(psi(m - n) / psi(max(m, L))) to its scores, psi(x) = log(c x + 1), f a
-    small MLP (1 -> 32 -> n_head, ReLU), c > 0 and the threshold L learned per layer (L starts at block_size).
-    Below L the bias is a function of the distance alone; past it the distance is normalised by the query's
-    position (progressive interpolation), so every input stays in [0, 1] at any length, and scores are not
-    relative."""
+    small MLP (1 -> 32 -> n_head, ReLU), c > 0 and the threshold L learned per layer. Below L the bias is a function
+    of the distance alone; past it the distance is normalised by the query's position (progressive
+    interpolation), so every input stays in [0, 1] at any length, and scores are not relative.
+
+    As the reference code: L = |a * L_init| with a learned multiplier a starting at 1, c starting at 0.1. The rule
+    relative to L0: L_init = L0 / 4 (the reference's 512 at a training length of 2,048), so L lies well below the
+    longest training position and the interpolation acts in training, not only past L0."""
 
     HIDDEN = 32
     relative = False
@@ -331,21 +354,25 @@ class FIRE(Scheme):
         nl, h = config.n_layer, self.HIDDEN
         self.w1, self.b1 = per_layer(nl, h, 1), per_layer(nl, h)  # the MLP's layers, as nn.Linear holds them
         self.w2, self.b2 = per_layer(nl, config.n_head, h), per_layer(nl, config.n_head)
-        self.c, self.threshold = per_layer(nl), per_layer(nl)
+        self.c, self.multiplier = per_layer(nl), per_layer(nl)
+        self.register_buffer("init_threshold", torch.tensor(config.original_len / 4), persistent=False)
 
     def init_parameter(self, name, p):
         kind = name.partition(".")[0]
         if kind == "c":
-            nn.init.constant_(p, math.log(math.e - 1))  # softplus^-1(1): psi(x) = log(x + 1)
-        elif kind == "threshold":
-            nn.init.constant_(p, float(self.config.block_size))
+            nn.init.constant_(p, math.log(math.expm1(0.1)))  # softplus^-1(0.1)
+        elif kind == "multiplier":
+            nn.init.ones_(p)
         else:  # as nn.Linear starts, U(-1/sqrt(fan_in), 1/sqrt(fan_in)): the input is one number, the hidden 32
             bound = 1.0 if kind in ("w1", "b1") else 1 / math.sqrt(self.HIDDEN)
             nn.init.uniform_(p, -bound, bound)
 
+    def threshold(self, layer):
+        return (self.multiplier[layer].float() * self.init_threshold).abs()
+
     def bias(self, span, layer):
         dist = span.distances()  # (T, S)
-        c, L = F.softplus(self.c[layer]).float(), self.threshold[layer].float().abs()
+        c, L = F.softplus(self.c[layer]).float(), self.threshold(layer)
         m = span.ids.float()[:, None]  # (T, 1)
         x = torch.log1p(c * dist.clamp(min=0)) / torch.log1p(c * torch.maximum(m, L))  # (T, S) in [0, 1]
         hidden = F.relu(F.linear(x[..., None], self.w1[layer].float(), self.b1[layer].float()))  # (T, S, 32)
@@ -356,7 +383,9 @@ class FIRE(Scheme):
 @register("rnope")
 class RNoPE(RoPE):
     """RoPE and NoPE interleaved (Yang et al. 2025, "Rope to Nope and Back Again: A New Hybrid Attention
-    Strategy"): the last layer of every nope_every has no positional information, the others RoPE."""
+    Strategy"): the last layer of every nope_every has no positional information and full attention, the others
+    RoPE with sliding-window attention (RNoPE-SWA, the paper's proposal). The rule relative to L0: the window is
+    rnope_window keys, by default L0 / 2 (the paper's 4,096 at its 8,192-token training length)."""
 
     @classmethod
     def check(cls, config):
@@ -364,5 +393,11 @@ class RNoPE(RoPE):
         if config.nope_every < 1:
             raise ValueError(f"nope_every={config.nope_every} must be a positive integer (1: every layer NoPE)")
 
+    def nope(self, layer):
+        return (layer + 1) % self.config.nope_every == 0
+
     def rotate(self, qk, span, layer):
-        return qk if (layer + 1) % self.config.nope_every == 0 else super().rotate(qk, span, layer)
+        return qk if self.nope(layer) else super().rotate(qk, span, layer)
+
+    def window(self, layer):
+        return None if self.nope(layer) else self.config.swa_window

@@ -115,11 +115,12 @@ def _llama3(rot_dim, base, factor, original_len, seq_len, low_freq_factor=1.0, h
     return _turns_ramp(_inv_freq64(rot_dim, base), factor, original_len, low_freq_factor, high_freq_factor), 1.0
 
 
-SCALINGS = {"none": _none, "linear": _linear, "ntk": _ntk, "dynamic": _dynamic, "yarn": _yarn, "llama3": _llama3}
+NO_SCALING = "none"  # the name of plain RoPE among the scalings
+SCALINGS = {NO_SCALING: _none, "linear": _linear, "ntk": _ntk, "dynamic": _dynamic, "yarn": _yarn, "llama3": _llama3}
 _NEEDS_ORIGINAL_LEN = ("dynamic", "yarn", "llama3")
 
 
-def scaled_frequencies(rot_dim, base, scaling="none", factor=1.0, original_len=None, seq_len=None):
+def scaled_frequencies(rot_dim, base, scaling=NO_SCALING, factor=1.0, original_len=None, seq_len=None):
     """(inv_freq float64 (rot_dim//2,), attn_factor) for a context-extension `scaling` by `factor` s
     from a model trained on `original_len` L0 positions, at total length `seq_len` (dynamic only).
     attn_factor multiplies the attention softmax scale (1.0 except for yarn). Formulas: SCALINGS[name]."""
@@ -256,7 +257,7 @@ class Rotary(torch.nn.Module):
     config, they follow the module across devices but stay out of checkpoints."""
 
     def __init__(self, head_dim: int, base: float = 10000.0, fraction: float = 1.0, layout: str = "interleaved",
-                 scaling: str = "none", factor: float = 1.0, original_len: int = 256, max_len: int = 256,
+                 scaling: str = NO_SCALING, factor: float = 1.0, original_len: int = 256, max_len: int = 256,
                  keep: float = 1.0):
         super().__init__()
         rot_dim = int(head_dim * fraction)

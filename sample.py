@@ -25,6 +25,7 @@ import torch
 from tqdm import tqdm
 
 import config
+import hf
 import rope
 from checkpoint import CHECKPOINTS, checkpoint_in, load_run, model_from_checkpoint
 from data.tokenizer import tokenizer_from_meta
@@ -47,8 +48,10 @@ def arg_parser():
     p = config.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     where = p.add_mutually_exclusive_group()
     where.add_argument("--out_dir", help="run folder holding best.pt / ckpt.pt (default: out, else the newest "
-                                         "out*/ folder here with a checkpoint)")
-    where.add_argument("--compare", nargs="+", metavar="DIR", help="run folders to sample side by side")
+                                         "out*/ folder here with a checkpoint), or hf:NAME_OR_PATH, a transformers "
+                                         "GPT-2 or GPT-NeoX checkpoint")
+    where.add_argument("--compare", nargs="+", metavar="DIR", help="run folders (or hf:NAME_OR_PATH) to sample side "
+                                                                   "by side")
     p.add_argument("--checkpoint", choices=tuple(CHECKPOINTS), default="best", help="best.pt or ckpt.pt (latest)")
     p.add_argument("--start", default="\n", help="prompt text, or FILE:path; empty starts from the start token")
     p.add_argument("--num_samples", type=config.positive_int, default=1, help="samples per model")
@@ -109,8 +112,13 @@ class Sampler:
 
     def __init__(self, out_dir, prompt, args, device):
         self.name = str(out_dir)
-        self.path, self.ckpt = load_run(out_dir, args.checkpoint, device)
-        self.model = model_from_checkpoint(self.ckpt, device, self.path).eval()
+        if self.name.startswith(hf.PREFIX):  # a transformers checkpoint, with its own tokenizer
+            self.path = self.name
+            self.model, meta = hf.pretrained(self.name.removeprefix(hf.PREFIX), device)
+            self.ckpt = {"tokenizer": meta}
+        else:
+            self.path, self.ckpt = load_run(out_dir, args.checkpoint, device)
+            self.model = model_from_checkpoint(self.ckpt, device, self.path).eval()
         self.tok = tokenizer_from_meta(self.ckpt["tokenizer"])
         cfg = self.model.config
         try:

@@ -25,15 +25,17 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 import config
+import hf
 import positions
+import trackers
 from checkpoint import init_from_checkpoint, resumable_checkpoint, rng_state, save_checkpoint, set_rng_state
 from config import opt
 from data.loader import DROPOUT, Batches, micro_seed
-from data.tokenizer import bytes_per_token, load_meta, tokenizer_from_meta
+from data.tokenizer import bytes_per_token, hf_tokenizer_fields, load_meta, tokenizer_from_meta
 from files import RunLock, WriteError, append_line, atomic_write, open_log, read_log
 from model import GPT, GPTConfig
 from optim import OPTIMIZERS, make_optimizer
-from data.passkey import PasskeyBatches, Passkeys
+from data.recall import Recall, RecallBatches
 from runtime import DTYPES, any_rank, run_record, setup_runtime
 
 
@@ -71,15 +73,25 @@ class TrainConfig:
     compile: bool | None = opt(None, "torch.compile the model (default: on for CUDA only)")
     seed: int = opt(1337, "seed for initialisation, batches and dropout")
     progress: bool = opt(True, "show a progress bar")
-    init_from: str = opt("", "start from this checkpoint's weights (a ckpt.pt, or a run's out_dir) with a fresh "
-                             "optimizer: fine-tuning, e.g. at a longer block_size with a rope_scaling")
-    passkey_share: float = opt(0.0, "share of training sequences that carry a passkey to retrieve (passkey.py)")
+    log: str = opt("none", "also log what metrics.jsonl gets to wandb or tensorboard (each an optional package)")
+    init_from: str = opt("", "start from this checkpoint's weights with a fresh optimizer: a ckpt.pt or a run's out_dir "
+                             "(fine-tuning, e.g. at a longer block_size with a rope_scaling), or hf:NAME_OR_PATH, a "
+                             "transformers GPT-2 or GPT-NeoX checkpoint (its architecture; your block_size, dropout "
+                             "and rope scaling)")
+    recall_share: float = opt(0.0, "share of training sequences that carry the associative-recall task (data/recall.py)")
+    recall_pairs: int = opt(4, "needles, and queries at the row's end, in a sequence that carries the recall task")
+    recalibration_lr: float | None = opt(None, "DroPE: the recalibration's own peak learning rate, reached again by "
+                                               "a warmup after the drop (default: the schedule goes on)")
+    recalibration_warmup: int = opt(20, "DroPE: warmup steps of the recalibration's schedule")
     drop_rope_at: int | None = opt(None, "DroPE: at this step RoPE is dropped (pos_emb becomes none) and training "
                                          "goes on without positions, a recalibration (Gelberg et al. 2025)")
 
     def __post_init__(self):
         config.require_positive(self, "batch_size", "gradient_accumulation_steps", "max_iters", "lr_decay_iters",
-                                "eval_interval", "eval_iters", "log_interval", "drop_rope_at", "muon_ns_steps")
+                                "eval_interval", "eval_iters", "log_interval", "drop_rope_at", "muon_ns_steps", "recall_pairs")
+        if self.recalibration_lr is not None and (self.drop_rope_at is None or not 0 < self.recalibration_lr < math.inf):
+            raise ValueError(f"recalibration_lr={self.recalibration_lr} is DroPE's: it needs drop_rope_at and a "
+                             "finite rate > 0")
         if self.drop_rope_at is not None and self.drop_rope_at >= self.max_iters:
             raise ValueError(f"drop_rope_at={self.drop_rope_at} must come before max_iters={self.max_iters}, "
                              "leaving steps to recalibrate without RoPE")
@@ -96,10 +108,11 @@ class TrainConfig:
         for name in ("beta1", "beta2", "muon_momentum"):
             if not 0 <= getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must lie in [0, 1)")
-        if not 0 <= self.passkey_share <= 1:
-            raise ValueError(f"passkey_share={self.passkey_share} must lie in [0, 1]")
+        if not 0 <= self.recall_share <= 1:
+            raise ValueError(f"recall_share={self.recall_share} must lie in [0, 1]")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype={self.dtype!r} is unknown; choose {', '.join(DTYPES)}")
+        trackers.check(self.log)
 
 
 class Divergence(ValueError):
@@ -126,15 +139,20 @@ def evaluate(model, batches, rt):
 # ----------------------------------------------------------------------------- the optimizer step
 
 def lr_at(it, tc):
-    """Linear warmup to learning_rate, then cosine decay to min_lr at lr_decay_iters."""
-    min_lr = tc.learning_rate / 10 if tc.min_lr is None else tc.min_lr
-    decay_end = tc.lr_decay_iters or tc.max_iters
-    if it < tc.warmup_iters:
-        return tc.learning_rate * (it + 1) / (tc.warmup_iters + 1)
-    if it >= decay_end:
-        return min_lr
-    progress = (it - tc.warmup_iters) / max(1, decay_end - tc.warmup_iters)
-    return min_lr + 0.5 * (1 + math.cos(math.pi * progress)) * (tc.learning_rate - min_lr)
+    """Linear warmup to learning_rate, then cosine decay to min_lr at lr_decay_iters. DroPE's recalibration with a
+    recalibration_lr has a schedule of its own from the drop: warmup to that peak, cosine to a tenth at max_iters."""
+    start, peak, warmup, end = 0, tc.learning_rate, tc.warmup_iters, tc.lr_decay_iters or tc.max_iters
+    floor = tc.learning_rate / 10 if tc.min_lr is None else tc.min_lr
+    if tc.recalibration_lr and it >= tc.drop_rope_at:
+        start, peak, warmup, end = tc.drop_rope_at, tc.recalibration_lr, tc.recalibration_warmup, tc.max_iters
+        floor = tc.recalibration_lr / 10
+    it -= start
+    if it < warmup:
+        return peak * (it + 1) / (warmup + 1)
+    if it >= end - start:
+        return floor
+    progress = (it - warmup) / max(1, end - start - warmup)
+    return floor + 0.5 * (1 + math.cos(math.pi * progress)) * (peak - floor)
 
 
 class TrainState:
@@ -258,13 +276,14 @@ def resume_command(argv, rt):
 
 
 class Progress:
-    """The progress bar and out_dir/metrics.jsonl (written by the master process only), and tokens/s,
-    measured afresh over each logging window."""
+    """The progress bar, out_dir/metrics.jsonl and any tracker (--log; the master process alone writes), and
+    tokens/s, measured afresh over each logging window."""
 
-    def __init__(self, out, tc, rt, start_iter, tokens_per_step):
+    def __init__(self, out, tc, rt, start_iter, tokens_per_step, record):
         self.bar = tqdm(total=tc.max_iters, initial=start_iter, disable=not (rt.master and tc.progress),
                         dynamic_ncols=True)
         self.metrics = open_log(out / "metrics.jsonl") if rt.master else None
+        self.tracker = trackers.open_tracker(tc.log if rt.master else "none", out, record, tc.resume)
         self.tokens_per_step, self.seconds, self.steps = tokens_per_step, 0.0, 0
 
     def __enter__(self):
@@ -272,6 +291,7 @@ class Progress:
 
     def __exit__(self, *exc):
         self.bar.close()
+        self.tracker.close()
         if self.metrics:
             self.metrics.close()
 
@@ -286,6 +306,7 @@ class Progress:
 
     def log(self, line):
         append_line(self.metrics, json.dumps(line))
+        self.tracker.log(line)
         self.seconds, self.steps = 0.0, 0
 
 
@@ -300,6 +321,19 @@ def divergence(what, state, tc, rt, out):
     return Divergence(f"{what} at iteration {state.iter}: training diverged. Likely causes: learning_rate="
                       f"{tc.learning_rate} too high (lower it or raise warmup_iters), or {rt.dtype_name} overflowing "
                       f"(try dtype=bfloat16 or float32); {last_checkpoint(state, out)}")
+
+
+def imported_config(name, gcfg, meta):
+    """The model config of init_from=hf:name (hf.import_config), once the dataset is known to be tokenized by the
+    checkpoint's own tokenizer."""
+    gcfg = hf.import_config(name, gcfg)  # an unknown name or architecture fails first
+    if meta.get("hf_tokenizer") != hf_tokenizer_fields(name)["hf_tokenizer"]:
+        raise ValueError(f"init_from=hf:{name} reads the ids of its own tokenizer, but dataset {meta['dataset']!r} "
+                         f"was prepared with the {meta['tokenizer']} tokenizer"
+                         + (f" of {meta['hf_name']}" if meta["tokenizer"] == "hf" else "")
+                         + f"; prepare it with python data/prepare.py --tokenizer hf:{name} --input CORPUS "
+                         f"--dataset NAME")
+    return gcfg
 
 
 def config_at(gcfg, tc, it):
@@ -318,10 +352,11 @@ def started_run(gcfg, tc):
                          f"number of processes ({rt.world_size}), which share its micro-batches")
     dataset_dir = Path(tc.data_dir) / tc.dataset
     meta = load_meta(dataset_dir)
-    gcfg = replace(gcfg, vocab_size=meta["vocab_size"])
+    hf_name = tc.init_from.removeprefix(hf.PREFIX) if tc.init_from.startswith(hf.PREFIX) else None
+    gcfg = imported_config(hf_name, gcfg, meta) if hf_name else replace(gcfg, vocab_size=meta["vocab_size"])
     data = (dataset_dir, meta, gcfg.block_size, tc.batch_size, tc.seed, rt.device, tc.eval_iters)
-    if tc.passkey_share:
-        batches = PasskeyBatches(Passkeys(tokenizer_from_meta(meta)), tc.passkey_share, *data)
+    if tc.recall_share:
+        batches = RecallBatches(Recall(tokenizer_from_meta(meta), tc.recall_pairs), tc.recall_share, *data)
     else:
         batches = Batches(*data)
     out = check_out_dir(tc) if rt.master else Path(tc.out_dir)
@@ -332,7 +367,10 @@ def started_run(gcfg, tc):
     torch.manual_seed(tc.seed)  # the same initial weights on every rank
     state = TrainState(GPT(gcfg).to(rt.device), tc, rt)
     if tc.init_from and not ckpt:  # fine-tuning's start; a resume continues from its own checkpoint instead
-        init_from_checkpoint(state.model, tc.init_from, meta)
+        if hf_name:
+            hf.load_pretrained(state.model, hf_name)
+        else:
+            init_from_checkpoint(state.model, tc.init_from, meta)
     with RunLock(out, "training run") if rt.master else contextlib.nullcontext():  # the master writes alone
         if ckpt:
             if config_at(gcfg, tc, ckpt["iter"]) != gcfg:  # resumed past DroPE's drop
@@ -378,7 +416,7 @@ def loop(gcfg, tc, rt, batches, out, state, run_info):
     tokens_per_step = tc.batch_size * gcfg.block_size * tc.gradient_accumulation_steps
     flops_per_step = state.model.flops_per_token(gcfg.block_size) * tokens_per_step
     with (StopFlag(quit_on_repeat=rt.world_size == 1) as stop,
-          Progress(out, tc, rt, state.iter, tokens_per_step) as progress):
+          Progress(out, tc, rt, state.iter, tokens_per_step, run_info["record"]) as progress):
         for it in range(state.iter, tc.max_iters):
             if it == tc.drop_rope_at:
                 state.model.reconfigure(pos_emb=config_at(gcfg, tc, it).pos_emb)  # compiled: recompiles once

@@ -6,7 +6,7 @@ import torch
 from data.tokenizer import SPLITS, check_ids, open_split
 
 EVAL_SEED = 1234  # validation batches are the same for every run and seed, so val losses compare
-BATCH, DROPOUT, PASSKEY = 0, 1, 2  # the random streams of a micro-step
+BATCH, DROPOUT, RECALL = 0, 1, 2  # the random streams of a micro-step
 
 
 def micro_seed(seed, step, micro, stream):
@@ -52,7 +52,7 @@ class Batches:
 
     def mix(self, rows, step, micro):
         """A training micro-batch's (x, y) from its rows (B, T+1), on the CPU before they move: each token's next.
-        A subclass may write into them (passkey.PasskeyBatches)."""
+        A subclass may write into them (recall.RecallBatches)."""
         return rows[:, :-1], rows[:, 1:]
 
     def train(self, step, micro):

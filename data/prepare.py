@@ -51,12 +51,15 @@ from files import Stream, atomic_write, staged_folder  # noqa: E402
 from data.tokenizer import (  # noqa: E402
     DATA_DIR,
     GPT2_PATTERN,
+    HF_FILE,
+    HF_PREFIX,
     SPLITS,
     TOKENIZERS,
     TiktokenTokenizer,
     dtype_for_vocab,
     encode_with_merges,
     gpt2_encoding,
+    hf_tokenizer_fields,
     pretokenize,
     ranks_to_text,
     tokenizer_from_meta,
@@ -94,9 +97,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--input", help="local UTF-8 corpus: a file, a folder (its *.txt and *.jsonl files, recursively) "
                                    "or a quoted glob; .jsonl: one JSON object a line, the document in its \"text\" "
                                    "(default: download tiny Shakespeare)")
-    p.add_argument("--tokenizer", default="char", choices=TOKENIZERS,
-                   help="char, gpt2 (tiktoken's; needs its files) or bpe (trained here on the train split, at most "
-                        f"{BPE_TRAIN_CHARS:,} characters of it, evenly spread)")
+    p.add_argument("--tokenizer", default="char",
+                   help="char, gpt2 (tiktoken's; needs its files), bpe (trained here on the train split, at most "
+                        f"{BPE_TRAIN_CHARS:,} characters of it, evenly spread) or hf:NAME_OR_PATH (a transformers "
+                        "checkpoint's, for a model imported with train.py --init_from=hf:NAME_OR_PATH)")
     p.add_argument("--vocab_size", type=int,
                    help=f"bpe vocabulary size, 257..{MAX_BPE_VOCAB} (default {DEFAULT_BPE_VOCAB}); with several "
                         f"documents it includes the end-of-text token")
@@ -106,11 +110,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num_proc", type=int,
                    help="processes that encode (default: the cores this process may use, fewer for a small corpus)")
     args = p.parse_args(argv)
-    args.dataset = args.dataset or f"shakespeare_{args.tokenizer}"
+    args.dataset = args.dataset or f"shakespeare_{args.tokenizer.removeprefix(HF_PREFIX).replace('/', '_')}"
     return args
 
 
 def check_args(args: argparse.Namespace) -> None:
+    if args.tokenizer not in TOKENIZERS[:-1] and not args.tokenizer.startswith(HF_PREFIX):
+        raise ValueError(f"--tokenizer {args.tokenizer!r} is unknown; choose one of {', '.join(TOKENIZERS)}")
     if args.tokenizer == "bpe":
         args.vocab_size = DEFAULT_BPE_VOCAB if args.vocab_size is None else args.vocab_size
         if not 256 < args.vocab_size <= MAX_BPE_VOCAB:
@@ -498,6 +504,12 @@ def tokenizer_fields(args: argparse.Namespace, corpus: Corpus, found: Scan, spli
     if args.tokenizer == "gpt2":
         eot = gpt2_encoding().eot_token
         return {"tokenizer": "gpt2", "eot": eot, "start_id": eot}
+    if args.tokenizer.startswith(HF_PREFIX):
+        fields = hf_tokenizer_fields(args.tokenizer.removeprefix(HF_PREFIX))
+        if several and "eot" not in fields:
+            raise ValueError(f"--tokenizer {args.tokenizer} has no end-of-text token to separate documents; "
+                             "give a single text, or another tokenizer")
+        return fields
     if several and args.vocab_size < 258:
         raise ValueError(f"--vocab_size {args.vocab_size} is out of range for a corpus of several documents: it "
                          f"needs 258..{MAX_BPE_VOCAB} (the 256 byte tokens, a merge and the end-of-text token)")
@@ -575,6 +587,8 @@ def prepare(args: argparse.Namespace) -> dict:
         corpus = Corpus(str(corpus_path))
     if args.tokenizer == "gpt2":
         gpt2_encoding()  # its files are there (or the one-line error), before reading a large corpus
+    if args.tokenizer.startswith(HF_PREFIX):
+        hf_tokenizer_fields(args.tokenizer.removeprefix(HF_PREFIX))  # likewise
     found = scan(corpus, charset=args.tokenizer == "char")  # every file read and checked before anything is written
     split = Split.plan(found, args.val_fraction)
     fields = tokenizer_fields(args, corpus, found, split)
@@ -585,14 +599,16 @@ def prepare(args: argparse.Namespace) -> dict:
           f"encoding with {num_proc} process(es)")
 
     # written beside out_dir and moved in when complete: a stopped prepare leaves the previous dataset as it was
-    with staged_folder(out_dir, "meta.json", drop=(BPE_FILE,)) as stage:
+    with staged_folder(out_dir, "meta.json", drop=(BPE_FILE, HF_FILE)) as stage:
         sizes = write_splits(stage, corpus, split, fields, dtype, num_proc)
-        meta = {"dataset": args.dataset, "tokenizer": args.tokenizer, "vocab_size": vocab_size, "dtype": dtype}
+        meta = {"dataset": args.dataset, "tokenizer": fields["tokenizer"], "vocab_size": vocab_size, "dtype": dtype}
         for s in SPLITS:
             meta[f"{s}_tokens"], meta[f"{s}_bytes"] = sizes[s]
-        if "bpe_ranks" in fields:  # a file of its own; load_meta inlines it again
-            ranks = fields.pop("bpe_ranks").encode("ascii")
-            atomic_write(stage / BPE_FILE, lambda f: f.write(ranks))
+        for inlined, file, key in (("bpe_ranks", BPE_FILE, "bpe_file"), ("hf_tokenizer", HF_FILE, "hf_file")):
+            if inlined in fields:  # a file of its own; load_meta inlines it again
+                content = fields.pop(inlined).encode("utf-8")
+                atomic_write(stage / file, lambda f: f.write(content))
+                fields[key] = file
         meta |= fields
         meta |= {"val_fraction": args.val_fraction, "source": corpus.source() if args.input else SHAKESPEARE_URL}
         if split.documents > 1:

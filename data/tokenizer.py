@@ -2,16 +2,19 @@
 
 A prepared dataset is a folder holding train.bin and val.bin (token ids, raw
 little-endian uint16 or uint32) and meta.json, which says how to rebuild the
-tokenizer. Three tokenizers:
+tokenizer. Four tokenizers:
 
 - char: one id per character of the corpus, vocabulary sorted (nanoGPT's shakespeare_char).
 - gpt2: tiktoken's GPT-2 encoding (its files come from the network or tiktoken's cache).
 - bpe:  a byte-level BPE trained here on the train split, saved as a tiktoken ranks
         file and run through tiktoken.Encoding, so encoding runs at tiktoken's speed. A
         dataset of several documents adds GPT-2's end-of-text token after the ranks.
+- hf:NAME_OR_PATH: the tokenizer of a transformers checkpoint (what a model imported with
+        init_from=hf:NAME was trained with), saved as its tokenizer.json and run by the
+        tokenizers library that transformers installs.
 
-load_meta() returns a self-contained dict (the bpe ranks inlined, only JSON types) that
-checkpoints embed, so a checkpoint can be sampled without its dataset folder.
+load_meta() returns a self-contained dict (the bpe ranks and the tokenizer.json inlined, only
+JSON types) that checkpoints embed, so a checkpoint can be sampled without its dataset folder.
 """
 
 from __future__ import annotations
@@ -30,7 +33,9 @@ import tiktoken
 from tqdm import tqdm
 
 DATA_DIR = Path(__file__).resolve().parent  # default root of the prepared datasets
-TOKENIZERS = ("char", "gpt2", "bpe")
+TOKENIZERS = ("char", "gpt2", "bpe", "hf:NAME_OR_PATH")
+HF_PREFIX = "hf:"
+HF_FILE = "tokenizer.json"  # an hf dataset's tokenizer, beside meta.json
 SPLITS = ("train", "val")
 
 # GPT-2's pre-tokenisation: contractions, letter runs, digit runs, punctuation runs, each
@@ -98,6 +103,44 @@ class TiktokenTokenizer:
     def decode(self, ids: list[int]) -> str:
         # a byte-level token sequence may cut a UTF-8 character; show U+FFFD rather than fail
         return self.encoding.decode([int(i) for i in ids], errors="replace")
+
+
+class HFTokenizer:
+    """A transformers checkpoint's tokenizer (its tokenizer.json, run by the tokenizers library); text is encoded
+    without added special tokens, as the other tokenizers encode ordinary text."""
+
+    def __init__(self, tokenizer_json: str, name: str):
+        from tokenizers import Tokenizer  # installed with transformers, which importing a model needs anyway
+        self.backend = Tokenizer.from_str(tokenizer_json)
+        self.name = f"hf:{name}"
+        self.vocab_size = self.backend.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str) -> list[int]:
+        return self.backend.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self.backend.decode([int(i) for i in ids], skip_special_tokens=False)
+
+
+def hf_tokenizer_fields(name: str) -> dict:
+    """meta's tokenizer fields of a transformers checkpoint's tokenizer (downloaded and cached by transformers as
+    usual), its tokenizer.json inlined as 'hf_tokenizer'; one line where there is none."""
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        raise ValueError(f"the tokenizer hf:{name} needs Hugging Face transformers: pip install -e '.[hf]'") from None
+    try:
+        tok = AutoTokenizer.from_pretrained(name)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"no transformers tokenizer hf:{name} could be loaded "
+                         f"({str(e).splitlines()[0][:160]})") from None
+    if not tok.is_fast:
+        raise ValueError(f"hf:{name} has no fast tokenizer (tokenizer.json), which nanorope runs")
+    eos = tok.eos_token_id
+    start = tok.bos_token_id if tok.bos_token_id is not None else eos
+    fields = {"tokenizer": "hf", "hf_name": name, "hf_tokenizer": tok.backend_tokenizer.to_str(),
+              "start_id": 0 if start is None else start}
+    return fields | ({"eot": eos} if eos is not None else {})
 
 
 # ----------------------------------------------------------------------------- gpt2
@@ -326,12 +369,13 @@ def load_meta(dataset_dir: str | os.PathLike) -> dict:
     if meta["dtype"] not in ID_DTYPES:
         raise ValueError(f"{path} gives dtype={meta['dtype']!r}, not one of {', '.join(ID_DTYPES)}; "
                          f"{damaged(dataset_dir)}")
-    if meta.get("tokenizer") == "bpe":
-        ranks_path = Path(dataset_dir) / meta["bpe_file"]
-        if not ranks_path.is_file():
-            raise ValueError(f"the bpe ranks file {ranks_path} is missing; "
-                             f"recreate the dataset with `{prepare_command(dataset_dir)}`")
-        meta["bpe_ranks"] = ranks_path.read_text(encoding="ascii")
+    inlined = {"bpe": ("bpe_file", "bpe_ranks"), "hf": ("hf_file", "hf_tokenizer")}.get(meta.get("tokenizer"))
+    if inlined:
+        path = Path(dataset_dir) / meta[inlined[0]]
+        if not path.is_file():
+            raise ValueError(f"the tokenizer file {path} is missing; recreate the dataset with "
+                             f"`{prepare_command(dataset_dir)}`")
+        meta[inlined[1]] = path.read_text(encoding="utf-8")
     return meta
 
 
@@ -350,6 +394,8 @@ def tokenizer_from_meta(meta: dict) -> Tokenizer:
         encoding = bpe_encoding(ranks, meta.get("bpe_pattern", GPT2_PATTERN), name=f"bpe{len(ranks)}",
                                 eot=meta.get("eot"))
         return TiktokenTokenizer(encoding, "bpe")
+    if kind == "hf":
+        return HFTokenizer(meta["hf_tokenizer"], meta["hf_name"])
     raise ValueError(f"unknown tokenizer {kind!r} in meta; valid: {', '.join(TOKENIZERS)}")
 
 

@@ -5,11 +5,15 @@
 
 Every run of a seed sees the same batches in the same order (data.loader.Batches draws them from
 (seed, step), not from global RNG state) and the same token budget, so differences between
-schemes are paired by seed. After training at context L0 = block_size each model is scored on
-fixed validation windows at multiples of L0; RoPE models also with inference-time scaling
-(factor L/L0) beyond L0. out_dir receives runs/<scheme>-seed<S>/ (one train.py run each),
-results.json, and from ablate_report.py (statistics, tables, plots) results.md, results.csv and PNG plots
-(when matplotlib is installed).
+schemes are paired by seed. With lr_scales, each scheme first trains on the first seed at each
+multiple of the learning rates, and its best takes every seed: one ranking at the shared rate, one
+with each scheme at its own. After training at context L0 = block_size each model is scored on
+fixed validation windows at multiples of L0 (RoPE models also with inference-time scaling, factor
+L/L0, beyond L0), on retrieval over depth x length where training carries the recall task, and its
+first seed's attention and score biases are recorded. Each scheme against the reference is a paired
+test with Holm's correction over the table (lab/stats.py); a p between 0.01 and 0.1 brings more seeds.
+out_dir receives runs/<scheme>[-lr<scale>]-seed<S>/ (one train.py run each), results.json, and from
+ablate_report.py results.md, results.csv and PNG plots (when matplotlib is installed).
 Rerunning the same command skips finished runs and resumes an interrupted one.
 
 Settings: AblateConfig (here), GPTConfig (model.py) and TrainConfig (train.py) together;
@@ -36,24 +40,31 @@ from config import opt  # noqa: E402
 from data.tokenizer import load_meta, tokenizer_from_meta  # noqa: E402
 from files import RunLock, atomic_write  # noqa: E402
 from generate import Sampling, generate  # noqa: E402
-from lab import ablate_report  # noqa: E402
+from lab import ablate_report, diagnostics  # noqa: E402
+from lab.grid import (check_same_settings, command, eval_runtime, eval_sets, numbers, parse_changes,  # noqa: E402
+                      position_losses, run_dir, split_list, train_run, train_settings, write_json)
 from lab.report import NO_PLOTS  # noqa: E402
-from lab.grid import (check_same_settings, command, eval_runtime, eval_sets, parse_changes, position_losses,  # noqa: E402
-                      run_dir, split_list, train_run, train_settings, write_json)
+from lab.retrieval import Probe, ProbeSettings  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from optim import make_optimizer  # noqa: E402
 from runtime import Runtime, decode_autocast, run_record  # noqa: E402
 
 REFERENCE = "rope"  # the scheme every other one is compared against, seed by seed
 VARIANT_KEYS = ("rope_base", "rope_fraction", "rope_layout", "rope_p")  # what a RoPE variant may change
-TRAIN_VARIANT_KEYS = ("drop_rope_at",)  # and of its training: DroPE is RoPE with a schedule
+# and of its training: DroPE is RoPE with a schedule
+TRAIN_VARIANT_KEYS = ("drop_rope_at", "recalibration_lr", "recalibration_warmup")
 
 
 @dataclass
-class AblateConfig:
+class AblateConfig(ProbeSettings):
     schemes: str = opt(",".join(positions.SCHEMES), "positional schemes to compare (pos_emb values), comma-separated")
     variants: str = opt("", "RoPE variants to add: 'name: key=value, ...; name: ...', keys " + ", ".join(VARIANT_KEYS))
     seeds: int = opt(3, "seeds per scheme: seed, seed+1, ...")
+    more_seeds: int = opt(2, "seeds added to a scheme and the reference where their paired p lies in [0.01, 0.1]")
+    lr_scales: str = opt("1", "multiples of the learning rates (learning_rate, min_lr, muon_lr together) each scheme "
+                              "tries on the first seed; its best takes every seed (1 alone: one shared rate)")
+    equivalence_margin: float = opt(0.01, "nats: a scheme and the reference show no difference when an equivalence "
+                                          "test puts their paired difference within this")
     eval_lengths: str = opt("0.5,1,2,4,8", "context lengths to evaluate at, as multiples of block_size")
     eval_tokens: int = opt(16384, "validation tokens per context length, in fixed windows of that length")
     rope_scalings: str = opt("linear,ntk,yarn", "inference-time RoPE scalings scored beyond block_size (factor L/L0)")
@@ -63,7 +74,11 @@ class AblateConfig:
     dry_run: bool = opt(False, "print the grid and its estimated time; train nothing")
 
     def __post_init__(self):
+        super().__post_init__()
         config.require_positive(self, "seeds", "eval_tokens")
+        if self.more_seeds < 0 or not self.equivalence_margin > 0:
+            raise ValueError(f"more_seeds={self.more_seeds} must be >= 0 and equivalence_margin="
+                             f"{self.equivalence_margin} > 0")
         if self.sample_tokens < 0:
             raise ValueError(f"sample_tokens={self.sample_tokens} must be >= 0 (0 means no samples)")
         if self.sample_temperature < 0:
@@ -167,47 +182,66 @@ def sample_text(model, meta, ac, seed, rt):
     return ac.sample_prompt + tok.decode(new)
 
 
-def finish_run(name, gcfg, tc, plan):
+def arm_name(name, scale):
+    """The run folders' name of a scheme at a learning-rate scale (the shared rate keeps the scheme's name)."""
+    return name if scale == 1 else f"{name}-lr{scale:g}"
+
+
+def finish_run(name, scale, seed, plan):
     """Train, evaluate and sample one run, reusing whatever an earlier invocation finished; (summary, eval)."""
-    out = run_dir(tc, name, tc.seed)
+    gcfg, tc = plan.grid[name], plan.run_tc(name, seed, scale)
+    out = run_dir(tc, arm_name(name, scale), seed)
     if (out / "summary.json").is_file():  # status() checked its settings
         summary = json.loads((out / "summary.json").read_text())
     else:
         summary = train_run(name, gcfg, tc, out)
         write_json(out / "summary.json", summary)
-    ac, device = plan.ac, plan.rt.device
-    sampled = ac.sample_tokens > 0 and tc.seed == plan.seeds[0]  # one sample per scheme
+    ac, device, first = plan.ac, plan.rt.device, seed == plan.seeds[0]
+    sampled = ac.sample_tokens > 0 and first  # one sample per scheme
     settings = {"lengths": plan.lengths, "eval_tokens": ac.eval_tokens, "scalings": plan.scalings,
-                "sample": [ac.sample_prompt, ac.sample_tokens, ac.sample_temperature] if sampled else None}
+                "sample": [ac.sample_prompt, ac.sample_tokens, ac.sample_temperature] if sampled else None,
+                "probe": None if plan.probe is None else [ac.probe_lengths, ac.probe_depths, ac.probe_trials]}
     ev = json.loads((out / "eval.json").read_text()) if (out / "eval.json").is_file() else None
     if ev is None or ev["settings"] != settings:
         t0 = time.perf_counter()
         model = model_from_checkpoint(load_checkpoint(out / "ckpt.pt", device), device).eval()
-        # sample first: extrapolate leaves the model reconfigured with its last scaling
-        sample = sample_text(model, plan.meta, ac, tc.seed, plan.rt) if sampled else None
+        # sample and look inside first: extrapolate leaves the model reconfigured with its last scaling
+        sample = sample_text(model, plan.meta, ac, seed, plan.rt) if sampled else None
+        inside = {"attention": diagnostics.attention_stats(model, plan.windows[gcfg.block_size], plan.rt),
+                  "biases": diagnostics.bias_curves(model, max(plan.lengths))} if first else {}
+        retrieval = plan.probe.grid(model, plan.rt) if plan.probe else None
         loss, position = extrapolate(model, plan.windows, plan.scalings, plan.rt)
-        ev = {"settings": settings, "loss": loss, "position": position, "sample": sample,
-              "eval_s": time.perf_counter() - t0}
+        ev = {"settings": settings, "loss": loss, "position": position, "sample": sample, "retrieval": retrieval,
+              **inside, "eval_s": time.perf_counter() - t0}
         write_json(out / "eval.json", ev)
     return summary, ev
 
 
 # ----------------------------------------------------------------------------- results
 
-def summarize(plan, done):
-    """results.json's content: the grid's settings and, per scheme, its figures over seeds (ablate_report.scheme_figures);
-    done maps (scheme, seed) to that run's (summary, eval)."""
-    schemes = {}
+def summarize(plan, done, arms):
+    """results.json's content: the grid's settings and, per scheme, the learning-rate sweep and its figures over
+    seeds at the shared rate and at its own (ablate_report.scheme_figures), and the verdicts against the
+    reference; done maps (scheme, scale, seed) to that run's (summary, eval), arms (scheme, scale) to its seeds."""
+    schemes, threshold = {}, plan.ac.retrieval_threshold
     for name, cfg in plan.grid.items():
-        runs, evals = zip(*(done[name, s] for s in plan.seeds))
+        sweep = {s: done[name, s, plan.seeds[0]][0]["final_val_loss"] for s in plan.scales}
+        best = min(sweep, key=sweep.get)
         schemes[name] = {"pos_emb": cfg.pos_emb, "changes": changes(plan, name), "params": plan.params[name],
-                         **ablate_report.scheme_figures(runs, evals), "sample": evals[0]["sample"]}
-    reference = ablate_report.against_reference(schemes, REFERENCE)
-    return {"reference": reference, "block_size": plan.gcfg.block_size,
+                         "sweep": {f"{s:g}": v for s, v in sweep.items()}, "best_scale": best,
+                         **{ranking: {"scale": s, **ablate_report.scheme_figures(
+                             *zip(*(done[name, s, seed] for seed in arms[name, s])), threshold)}
+                            for ranking, s in (("shared", 1), ("tuned", best))},
+                         "sample": done[name, 1, plan.seeds[0]][1]["sample"]}
+    return {"reference": REFERENCE if REFERENCE in schemes else None, "block_size": plan.gcfg.block_size,
             "lengths": plan.lengths, "windows": {str(L): n_windows(b) for L, b in plan.windows.items()},
-            "seeds": plan.seeds, "tokens_per_run": tokens_per_run(plan.gcfg, plan.tc),
+            "seeds": plan.seeds, "scales": plan.scales, "tokens_per_run": tokens_per_run(plan.gcfg, plan.tc),
+            "learning_rates": {"learning_rate": plan.tc.learning_rate, "muon_lr": plan.tc.muon_lr,
+                               "optimizer": plan.tc.optimizer},
             "settings": {"ablate": asdict(plan.ac), **train_settings(plan.gcfg, plan.tc)},
-            "device": plan.rt.device, "environment": run_record(), "schemes": schemes}
+            "device": plan.rt.device, "environment": run_record(), "schemes": schemes,
+            "verdicts": {ranking: ablate_report.verdicts_against(schemes, REFERENCE, ranking, plan.ac.equivalence_margin)
+                         for ranking in ("shared", "tuned")}}
 
 
 def n_windows(batches):
@@ -235,10 +269,14 @@ class Plan:
     rt: Runtime
     windows: dict  # {L: Batches holding the fixed validation windows of length L}
     params: dict  # {scheme: parameter count}
+    scales: list  # the learning-rate multiples each scheme tries
+    probe: Probe | None  # retrieval's windows and depths, where training carries the recall task
 
-    def run_tc(self, name, seed):
-        """The TrainConfig of scheme name's run with seed."""
-        return replace(self.tc, seed=seed, **self.train_changes[name])
+    def run_tc(self, name, seed, scale=1):
+        """The TrainConfig of scheme name's run with seed, its learning rates scaled by scale."""
+        rates = {"learning_rate": self.tc.learning_rate * scale, "muon_lr": self.tc.muon_lr * scale,
+                 "min_lr": None if self.tc.min_lr is None else self.tc.min_lr * scale}
+        return replace(self.tc, seed=seed, **rates, **self.train_changes[name])
 
 
 def make_plan(ac, gcfg, tc):
@@ -253,8 +291,13 @@ def make_plan(ac, gcfg, tc):
     lengths = eval_lengths(ac, gcfg.block_size)
     windows = eval_sets(dataset_dir, meta, lengths, ac.eval_tokens, tc.batch_size * gcfg.block_size, rt.device)
     grid, train_changes = make_grid(ac, gcfg)
+    scales = numbers("lr_scales", ac.lr_scales, float, 1e-9, "0.5,1,2")
+    if 1 not in scales:
+        raise ValueError(f"lr_scales={ac.lr_scales!r} must include 1, the shared rate every scheme is ranked at")
+    probe = (Probe(dataset_dir, meta, gcfg.block_size, ac, tc.recall_pairs, tc.batch_size * gcfg.block_size, rt.device)
+             if tc.recall_share else None)
     plan = Plan(ac, gcfg, tc, grid, train_changes, [tc.seed + i for i in range(ac.seeds)], lengths, rope_scalings(ac),
-                meta, rt, windows, param_counts(grid))
+                meta, rt, windows, param_counts(grid), scales, probe)
     for name in grid:
         try:
             plan.run_tc(name, tc.seed)  # a bad training change fails now, not after other runs trained
@@ -291,10 +334,10 @@ def run_flops(cfg, plan):
     return tokens_per_run(cfg, tc) * fpt(L0), in_training + extrapolation
 
 
-def status(plan, name, seed):
+def status(plan, name, scale, seed):
     """finished, resume or new; a run folder made with other settings is refused before anything runs."""
-    out = run_dir(plan.tc, name, seed)
-    settings = train_settings(plan.grid[name], plan.run_tc(name, seed))
+    out = run_dir(plan.tc, arm_name(name, scale), seed)
+    settings = train_settings(plan.grid[name], plan.run_tc(name, seed, scale))
     for marker, st in (("summary.json", "finished"), ("config.json", "resume")):
         if (out / marker).is_file():
             saved = json.loads((out / marker).read_text())
@@ -306,7 +349,8 @@ def status(plan, name, seed):
 def print_plan(plan, statuses):
     g, tc = plan.gcfg, plan.tc
     counts = {k: list(statuses.values()).count(k) for k in ("finished", "resume", "new")}
-    print(f"grid: {len(plan.grid)} schemes x {len(plan.seeds)} seeds = {len(statuses)} runs into {tc.out_dir}: "
+    print(f"grid: {len(plan.grid)} schemes x {len(plan.seeds)} seeds, {len(plan.scales)} learning-rate scale(s): "
+          f"{len(statuses)} runs to start with into {tc.out_dir}: "
           f"{counts['finished']} finished, {counts['resume']} to resume, {counts['new']} to train")
     print(f"  {'scheme':<16}{'pos_emb':<12}{'params':>10}  changes")
     for name, cfg in plan.grid.items():
@@ -323,7 +367,7 @@ def print_estimate(plan, statuses):
     """Minutes of training and evaluation left, from FLOPs and a short measurement of this machine as it is now."""
     rate = calibrate(plan)
     flops = {name: run_flops(cfg, plan) for name, cfg in plan.grid.items()}
-    left = [flops[name] for (name, _), st in statuses.items() if st != "finished"]  # resumed runs counted whole
+    left = [flops[name] for (name, _, _), st in statuses.items() if st != "finished"]  # resumed runs counted whole
     train_min, eval_min = (sum(f[i] for f in left) / rate / 60 for i in (0, 1))
     print(f"estimated time: {train_min + eval_min:.1f} min for the {len(left)} runs left (training {train_min:.1f}, "
           f"evaluation {eval_min:.1f}), from their FLOPs at the {rate / 1e9:.1f} GFLOP/s a training step reached "
@@ -334,19 +378,29 @@ def ablate(plan):
     t0 = time.perf_counter()
     out = Path(plan.tc.out_dir)
     if plan.ac.dry_run:
-        statuses = run_statuses(plan)
+        statuses = run_statuses(plan, first_arms(plan))
         print_plan(plan, statuses)
         print_estimate(plan, statuses)
         return
     with RunLock(out, "ablation"):  # each run's folder is locked by its training too
-        statuses = run_statuses(plan)
-        print_plan(plan, statuses)
-        done = {}
-        with tqdm(statuses, desc="ablate", unit="run", dynamic_ncols=True, disable=not plan.tc.progress) as bar:
-            for name, seed in bar:
-                bar.set_postfix_str(f"{name} seed {seed} ({statuses[name, seed]})")
-                done[name, seed] = finish_run(name, plan.grid[name], plan.run_tc(name, seed), plan)
-        results = summarize(plan, done)
+        arms = first_arms(plan)  # {(scheme, scale): seeds}: the shared rate's seeds and the sweep's first
+        print_plan(plan, run_statuses(plan, arms))
+        done = train_arms(plan, arms, {})
+        for name in plan.grid:  # each scheme's best rate takes every seed
+            best = min(plan.scales, key=lambda s: done[name, s, plan.seeds[0]][0]["final_val_loss"])
+            arms[name, best] = sorted(set(arms[name, best]) | set(plan.seeds))
+        done = train_arms(plan, arms, done)
+        results = summarize(plan, done, arms)
+        extra = [plan.seeds[-1] + i for i in range(1, plan.ac.more_seeds + 1)]
+        unsettled = [(c["scheme"], ranking) for ranking, claims in results["verdicts"].items() for c in claims
+                     if c["more_seeds"]]
+        if unsettled and extra:  # a p between 0.01 and 0.1: more seeds for that scheme and the reference
+            print(f"{len(unsettled)} comparison(s) with p in [0.01, 0.1]: seeds {', '.join(map(str, extra))} for them")
+            for name, ranking in unsettled:
+                for who in (name, REFERENCE):
+                    scale = results["schemes"][who][ranking]["scale"]
+                    arms[who, scale] = sorted(set(arms[who, scale]) | set(extra))
+            results = summarize(plan, train_arms(plan, arms, done), arms)
         plots = ablate_report.write_plots(results, out)
         results["wall_s"] = time.perf_counter() - t0
         write_json(out / "results.json", results)
@@ -357,8 +411,23 @@ def ablate(plan):
     print(f"results: {out / 'results.md'}, results.json, results.csv" + "".join(f", {f}" for f, _ in plots.written))
 
 
-def run_statuses(plan):
-    return {(name, seed): status(plan, name, seed) for seed in plan.seeds for name in plan.grid}
+def first_arms(plan):
+    """{(scheme, scale): seeds}: every scheme at the shared rate on every seed, at the other scales on the first."""
+    return {(name, s): list(plan.seeds) if s == 1 else plan.seeds[:1] for name in plan.grid for s in plan.scales}
+
+
+def train_arms(plan, arms, done):
+    """done with every run of arms finished (those in done already are kept)."""
+    todo = [(name, s, seed) for (name, s), seeds in arms.items() for seed in seeds if (name, s, seed) not in done]
+    with tqdm(todo, desc="ablate", unit="run", dynamic_ncols=True, disable=not plan.tc.progress) as bar:
+        for name, s, seed in bar:
+            bar.set_postfix_str(f"{arm_name(name, s)} seed {seed}")
+            done[name, s, seed] = finish_run(name, s, seed, plan)
+    return done
+
+
+def run_statuses(plan, arms):
+    return {(name, s, seed): status(plan, name, s, seed) for (name, s), seeds in arms.items() for seed in seeds}
 
 
 def main(argv=None):

@@ -12,14 +12,18 @@ import numpy as np
 
 from files import atomic_write
 from lab.report import Plots, dress, md_table, palette, pm
-from lab.stats import mean_std, paired_test
+from lab.retrieval import at_length, grid_mean, heatmaps, window
+from lab.stats import mean_std, verdicts
 
 # ----------------------------------------------------------------------------- figures over seeds
 
-def scheme_figures(runs, evals):
-    """One scheme's figures over its seeds: runs and evals are its runs' summaries and evaluations, seed by seed."""
+def scheme_figures(runs, evals, threshold):
+    """One scheme's figures over its seeds at one learning rate: runs and evals are its runs' summaries and
+    evaluations, seed by seed (the first seed's also hold its attention statistics and score biases)."""
     curves = np.array([[loss for _, loss in r["val_curve"]] for r in runs])  # (seeds, evaluations)
+    grid = grid_mean([e["retrieval"] for e in evals]) if evals[0].get("retrieval") else None
     return {
+        "seeds": [r["seed"] for r in runs],
         **{key: mean_std(r[key] for r in runs) for key in ("final_val_loss", "val_bpb", "tokens_per_s")},
         "train_s": sum(r["train_s"] for r in runs), "eval_s": sum(e["eval_s"] for e in evals),
         "val_curve": {"iters": [it for it, _ in runs[0]["val_curve"]], "mean": curves.mean(0).tolist(),
@@ -27,40 +31,57 @@ def scheme_figures(runs, evals):
         "loss_by_length": {sc: {L: None if by_len[L] is None else mean_std(e["loss"][sc][L] for e in evals)
                                 for L in by_len} for sc, by_len in evals[0]["loss"].items()},
         "loss_by_position": {sc: np.mean([e["position"][sc] for e in evals], axis=0).tolist()
-                             for sc in evals[0]["position"]}}
+                             for sc in evals[0]["position"]},
+        "retrieval": grid, "window": None if grid is None else mean_std(window(e["retrieval"], threshold)
+                                                                          for e in evals),
+        "attention": evals[0].get("attention"), "biases": evals[0].get("biases")}
 
 
-def against_reference(schemes, reference):
-    """Add to each scheme but the reference its parameter difference from it and the paired test of its final val
-    loss minus the reference's, seed by seed (mean_std keeps the values in seed order). Returns the reference's
-    name, or None when schemes lack it."""
+def verdicts_against(schemes, reference, ranking, margin):
+    """Each scheme's final val loss minus the reference's, seed by seed over the seeds both ran, in one ranking
+    (shared: every scheme at the shared rate; tuned: each at its best): stats.verdicts over the table, "lower"
+    expected (negative is better than the reference), "no difference" where an equivalence test puts the
+    difference within margin."""
     ref = schemes.get(reference)
     if ref is None:
-        return None
-    for name, s in schemes.items():
+        return []
+    ref_loss = dict(zip(ref[ranking]["seeds"], ref[ranking]["final_val_loss"]["values"]))
+    claims = []
+    for name, x in schemes.items():
         if name != reference:
-            s["params_delta"] = s["params"] - ref["params"]
-            s["vs_reference"] = paired_test([a - b for a, b in zip(s["final_val_loss"]["values"],
-                                                                   ref["final_val_loss"]["values"])])
-    return reference
+            mine = dict(zip(x[ranking]["seeds"], x[ranking]["final_val_loss"]["values"]))
+            common = sorted(mine.keys() & ref_loss.keys())
+            claims.append({"scheme": name, "diffs": [mine[s] - ref_loss[s] for s in common], "expect": "lower",
+                           "margin": margin})
+    return verdicts(claims)
+
+
+def verdict_words(claim, reference):
+    """The verdict as a reader wants it: lower or higher than the reference, no difference, or inconclusive."""
+    if claim["verdict"] == "holds":
+        return f"lower than {reference}"
+    if claim["verdict"] == "does not hold":
+        shown_same = claim["equivalence_p_holm"] is not None and claim["equivalence_p_holm"] < 0.05
+        return f"no difference (within ±{claim['margin']:g})" if shown_same else f"higher than {reference}"
+    return "inconclusive" + (" (p in [0.01, 0.1]: more seeds)" if claim["more_seeds"] else "")
 
 
 # ----------------------------------------------------------------------------- outputs
 
 def write_csv(path, plan, done):
     """One row per run: its figures and its loss at every length and scaling (empty where N/A). plan is ablate's
-    (its grid, params, lengths and scalings); done maps (scheme, seed) to that run's (summary, eval)."""
+    (its grid, params, lengths and scalings); done maps (scheme, scale, seed) to that run's (summary, eval)."""
     def column(scaling, L):
         return f"loss_{L}" + ("" if scaling == "none" else f"_{scaling}")
 
     columns = [column(sc, L) for sc in ["none", *plan.scalings] for L in plan.lengths]
     text = io.StringIO()
     w = csv.writer(text)
-    w.writerow(["scheme", "pos_emb", "seed", "params", "final_val_loss", "val_bpb", "tokens_per_s", "train_s",
-                "eval_s", *columns])
-    for (name, seed), (r, e) in done.items():
+    w.writerow(["scheme", "pos_emb", "lr_scale", "seed", "params", "final_val_loss", "val_bpb", "tokens_per_s",
+                "train_s", "eval_s", *columns])
+    for (name, scale, seed), (r, e) in done.items():
         losses = {column(sc, L): v for sc, by_len in e["loss"].items() for L, v in by_len.items()}
-        w.writerow([name, plan.grid[name].pos_emb, seed, plan.params[name], r["final_val_loss"], r["val_bpb"],
+        w.writerow([name, plan.grid[name].pos_emb, scale, seed, plan.params[name], r["final_val_loss"], r["val_bpb"],
                     r["tokens_per_s"], r["train_s"], e["eval_s"],
                     *("" if losses.get(c) is None else losses[c] for c in columns)])
     atomic_write(path, lambda f: f.write(text.getvalue().encode()))
@@ -73,62 +94,104 @@ def segments(curve, L0):
 
 def markdown(results, plots):
     """results.md: how the grid was run, then one section per table, the plots and the samples."""
-    parts = [md_setup(results), md_final(results), md_paired(results), md_lengths(results), md_positions(results),
+    parts = [md_setup(results), md_rates(results), md_ranking(results, "tuned"), md_ranking(results, "shared"),
+             md_retrieval(results), md_lengths(results), md_positions(results), md_attention(results),
              plots.section(), md_samples(results)]
     return "\n\n".join(p for p in parts if p) + "\n"
 
 
 def md_setup(r):
     m, t, env, schemes = r["settings"]["model"], r["settings"]["train"], r["environment"], r["schemes"]
-    train_min, eval_min = (sum(x[k] for x in schemes.values()) / 60 for k in ("train_s", "eval_s"))
-    return (f"# Positional-scheme ablation\n\n{len(schemes)} schemes x {len(r['seeds'])} seeds "
-            f"({', '.join(map(str, r['seeds']))}) on `{t['dataset']}`: {m['n_layer']} layers, {m['n_head']} heads, "
-            f"width {m['n_embd']}, trained at context L0 = {r['block_size']}. Each run: {t['max_iters']} steps, "
-            f"{r['tokens_per_run']:,} tokens; every scheme of a seed sees the same batches in the same order.\n\n"
-            f"Compute: {train_min:.1f} min training + {eval_min:.1f} min evaluation, summed over runs; this command's "
-            f"wall time {r['wall_s'] / 60:.1f} min (runs finished earlier are reused). Device {r['device']}, "
-            f"{env['cpu_threads']} CPU threads, torch {env['torch']}, code {env['code_version']}.")
+    ranked = [x[rk] for x in schemes.values() for rk in ("shared", "tuned") if rk == "shared" or x["best_scale"] != 1]
+    train_min, eval_min = (sum(f[k] for f in ranked) / 60 for k in ("train_s", "eval_s"))
+    task = f", the recall task in {t['recall_share']:.0%} of the sequences" if t["recall_share"] else ""
+    return (f"# Positional-scheme ablation\n\n{len(schemes)} schemes on `{t['dataset']}`, seeds "
+            f"{', '.join(map(str, r['seeds']))} (more where a comparison asked for them): {m['n_layer']} layers, "
+            f"{m['n_head']} heads, width {m['n_embd']}, trained at context L0 = {r['block_size']}. Each run: "
+            f"{t['max_iters']} steps, {r['tokens_per_run']:,} tokens, {t['optimizer']}{task}; every scheme of a seed "
+            f"sees the same batches in the same order.\n\n"
+            f"Compute: {train_min:.1f} min training + {eval_min:.1f} min evaluation, summed over the ranked runs; "
+            f"this command's wall time {r['wall_s'] / 60:.1f} min (runs finished earlier are reused). Device "
+            f"{r['device']}, {t['dtype']}, {env['cpu_threads']} CPU threads, torch {env['torch']}, code "
+            f"{env['code_version']}.")
 
 
-def md_final(r):
-    ref = r["reference"]
-    schemes = r["schemes"]
-    rows = [(name, f"{x['params']:,}", "—" if x.get("params_delta") is None else f"{x['params_delta']:+,}",
-             pm(x["final_val_loss"]), pm(x["val_bpb"]), pm(x["tokens_per_s"], ",.0f")) for name, x in schemes.items()]
-    differ = any(x.get("params_delta") for x in schemes.values())
-    note = ("\n\nParameter differences come from the schemes themselves: learned positions add a block_size x "
-            "n_embd table; the others add no trained parameters." if differ else "")
-    return (f"## Validation loss after {r['settings']['train']['max_iters']} steps\n\nMean ± std over "
-            f"{len(r['seeds'])} seeds. Bits per byte = loss / ln 2 x tokens per byte of the val split (for a "
-            f"char-level dataset, bits per character). Tokens/s: median of the training log's windows.\n\n"
-            + md_table(["scheme", "params", f"Δ params vs {ref or '—'}", "val loss", "bits/byte", "tokens/s"], rows)
-            + note)
-
-
-def md_paired(r):
-    ref, n = r["reference"], len(r["seeds"])
-    if ref is None or len(r["schemes"]) < 2:
+def md_rates(r):
+    if len(r["scales"]) < 2:
         return ""
+    lr = r["learning_rates"]
+    rates = f"learning_rate {lr['learning_rate']:g}" + (f", muon_lr {lr['muon_lr']:g}" if lr["optimizer"] == "muon"
+                                                       else "")
+    rows = [[name, *(f"{x['sweep'][f'{s:g}']:.4f}" for s in r["scales"]), f"x{x['best_scale']:g}"]
+            for name, x in r["schemes"].items()]
+    return (f"## Each scheme's learning rate\n\nFinal val loss of the first seed at each multiple of the learning "
+            f"rates ({rates} at x1); the lowest is the scheme's own rate, at which it trains every seed.\n\n"
+            + md_table(["scheme", *(f"x{s:g}" for s in r["scales"]), "chosen"], rows))
+
+
+def md_ranking(r, ranking):
+    ref, schemes = r["reference"], r["schemes"]
+    if ranking == "tuned" and len(r["scales"]) < 2:
+        return ""
+    by = {c["scheme"]: c for c in r["verdicts"][ranking]}
     rows = []
-    for name, x in r["schemes"].items():
-        if name != ref:
-            v = x["vs_reference"]
-            ci = "—" if v["ci"] is None else f"[{v['ci'][0]:+.4f}, {v['ci'][1]:+.4f}]"
-            rows.append((name, f"{v['mean']:+.4f}", ci, "—" if v["t"] is None else f"{v['t']:.2f}",
-                         "—" if v["p"] is None else f"{v['p']:.3g}"))
-    return (f"## Paired comparison against {ref}\n\nPer seed, the scheme's val loss minus {ref}'s (same batches, same "
-            f"initial seed), then a paired t-test over the {n} seeds: mean difference, 95% confidence interval "
-            f"(Student t, df = {n - 1}) and two-sided p. Negative means lower loss than {ref}.\n\n"
-            + md_table(["scheme", "Δ val loss", "95% CI", "t", "p"], rows))
+    for name, x in sorted(schemes.items(), key=lambda kv: kv[1][ranking]["final_val_loss"]["mean"]):
+        f, c = x[ranking], by.get(name)
+        test = None if c is None else c["test"]
+        diff = "—" if test is None or test["ci"] is None else \
+            f"{test['mean']:+.4f} [{test['ci'][0]:+.4f}, {test['ci'][1]:+.4f}]"
+        p = "—" if test is None or test["p"] is None else f"{test['p']:.2g}"
+        holm = "—" if c is None or c["p_holm"] is None else f"{c['p_holm']:.2g}"
+        rows.append([name, f"x{f['scale']:g}", pm(f["final_val_loss"]), diff, p, holm,
+                     "reference" if c is None else verdict_words(c, ref),
+                     "—" if f["window"] is None else pm(f["window"], ".0f"), len(f["seeds"])])
+    title = "each scheme at its own learning rate" if ranking == "tuned" else "every scheme at the shared learning rate"
+    a = r["settings"]["ablate"]
+    return (f"## Ranking: {title}\n\nFinal val loss, mean ± std over seeds; against {ref}, per seed over the seeds "
+            f"both ran (same batches), the mean difference with its 95% CI, the paired t-test's p and p "
+            f"Holm-adjusted over the table; a verdict needs p (Holm) < 0.05, \"no difference\" an equivalence test "
+            f"within ±{a['equivalence_margin']:g} nats. Effective window: the longest probed length retrieved at "
+            f"{a['retrieval_threshold']:.0%} all the way up to it.\n\n"
+            + md_table(["scheme", "lr", "val loss", f"Δ vs {ref} [95% CI]", "p", "p (Holm)", "verdict",
+                        "effective window", "seeds"], rows))
+
+
+def md_retrieval(r):
+    grids = {n: x["tuned"]["retrieval"] for n, x in r["schemes"].items() if x["tuned"]["retrieval"]}
+    if not grids:
+        return ""
+    L0, widths = r["block_size"], sorted(next(iter(grids.values())), key=int)
+
+    def cell(by_depth):
+        share = at_length(by_depth)
+        return "N/A" if share is None else f"{100 * share:.0f}"
+    rows = [[name, *(cell(g[W]) for W in widths)] for name, g in grids.items()]
+    return ("## Retrieval by length\n\nWhole answers retrieved (%), mean over the needle's depths and the seeds, each "
+            "scheme at its own rate (retrieval.png shows every depth). N/A: learned positions stop at L0.\n\n"
+            + md_table(["scheme", *(f"{W} ({int(W) / L0:g}x)" for W in widths)], rows))
+
+
+def md_attention(r):
+    inside = {n: x["tuned"]["attention"] for n, x in r["schemes"].items() if x["tuned"]["attention"]}
+    if not inside:
+        return ""
+    rows = [[name, *(f"{sum(d) / len(d):.1f} / {sum(e) / len(e):.2f}" for d, e in zip(a["distance"], a["entropy"]))]
+            for name, a in inside.items()]
+    uniform = next(iter(inside.values()))["uniform_entropy"]
+    return (f"## Inside: attention distance and entropy\n\nPer layer, the mean over heads of the attention-weighted "
+            f"distance (tokens) / the attention's entropy (nats; a uniform causal head has about {uniform:.2f}), over "
+            f"fixed validation windows at L0, first seed, each scheme at its own rate; attention.png shows every "
+            f"head.\n\n" + md_table(["scheme", *(f"layer {i}" for i in range(len(rows[0]) - 1))], rows))
 
 
 def md_lengths(r):
     L0, lengths = r["block_size"], r["lengths"]
     rows = [(name, sc, *(pm(by_len[str(L)]) if str(L) in by_len else "—" for L in lengths))
-            for name, x in r["schemes"].items() for sc, by_len in x["loss_by_length"].items()]
+            for name, x in r["schemes"].items() for sc, by_len in x["tuned"]["loss_by_length"].items()]
     windows = ", ".join(f"{w} of {L}" for L, w in r["windows"].items())
     return (f"## Length extrapolation\n\nValidation loss averaged over every position of fixed windows, the same "
-            f"for every model ({windows} tokens), mean ± std over seeds. RoPE models are also scored with "
+            f"for every model ({windows} tokens), mean ± std over seeds, each scheme at its own rate. RoPE models are "
+            f"also scored with "
             f"inference-time scaling by the factor L/L0 beyond L0 (—: at or below L0 the factor would be 1). N/A: "
             f"learned positions have no embedding past L0.\n\n"
             + md_table(["scheme", "scaling", *(f"{L} ({L / L0:g}x)" for L in lengths)], rows, text_columns=2))
@@ -136,10 +199,10 @@ def md_lengths(r):
 
 def md_positions(r):
     L0, longest = r["block_size"], max(r["lengths"])
-    curves = [(name, sc, c) for name, x in r["schemes"].items() for sc, c in x["loss_by_position"].items()]
+    curves = [(name, sc, c) for name, x in r["schemes"].items() for sc, c in x["tuned"]["loss_by_position"].items()]
     if longest <= L0 or not curves:
         return ""
-    missing = [name for name, x in r["schemes"].items() if not x["loss_by_position"]]
+    missing = [name for name, x in r["schemes"].items() if not x["tuned"]["loss_by_position"]]
     return (f"## Loss by position within the {longest}-token windows\n\nMean loss over each L0-long stretch of "
             f"positions, mean over seeds; positions from {L0} on were never seen in training"
             + (f" ({', '.join(missing)}: N/A past L0)" if missing else "") + ".\n\n"
@@ -174,16 +237,17 @@ def write_plots(results, out):
 
     fig, ax = plt.subplots(figsize=(8.5, 4.5))
     for name, x in schemes.items():
-        c = x["val_curve"]
+        c = x["tuned"]["val_curve"]
         ax.plot(c["iters"], c["mean"], color=colors[name], label=name)
         ax.fill_between(c["iters"], c["min"], c["max"], color=colors[name], alpha=0.2)
     save(fig, ax, "val_loss.png", "Validation loss during training (band: min-max over seeds)", "step", "val loss")
 
     fig, ax = plt.subplots(figsize=(8.5, 4.5))
     for name, x in schemes.items():
-        for sc, by_len in x["loss_by_length"].items():
-            if sc != "none" and str(L0) in x["loss_by_length"]["none"]:  # at L0 the factor is 1: start from plain
-                by_len = {str(L0): x["loss_by_length"]["none"][str(L0)], **by_len}
+        lengths = x["tuned"]["loss_by_length"]
+        for sc, by_len in lengths.items():
+            if sc != "none" and str(L0) in lengths["none"]:  # at L0 the factor is 1: start from plain
+                by_len = {str(L0): lengths["none"][str(L0)], **by_len}
             pts = [(int(L), v["mean"], v["std"] or 0.0) for L, v in by_len.items() if v is not None]
             if pts:
                 Ls, means, stds = zip(*pts)
@@ -199,11 +263,39 @@ def write_plots(results, out):
     longest = max(results["lengths"])
     width = max(1, longest // 32)  # 32 buckets: one position's mean over a few dozen windows is too noisy to read
     for name, x in schemes.items():
-        for sc, curve in x["loss_by_position"].items():
+        for sc, curve in x["tuned"]["loss_by_position"].items():
             buckets = np.array(curve[: len(curve) // width * width]).reshape(-1, width).mean(1)  # (n_buckets,)
             ax.plot((np.arange(len(buckets)) + 0.5) * width, buckets, color=colors[name],
                     linestyle=dashes.get(sc, "-"), label=name if sc == "none" else f"{name} + {sc}")
     ax.axvline(L0, color="grey", linewidth=0.8)
     save(fig, ax, "loss_vs_position.png", f"Loss by position in {longest}-token windows ({width}-position means)",
          "position in window", "val loss")
+
+    grids = [(name, x["tuned"]["retrieval"]) for name, x in schemes.items() if x["tuned"]["retrieval"]]
+    if grids:
+        heatmaps(plots, grids, L0, "retrieval.png", f"Whole answers retrieved by depth (rows) and length (x L0 = {L0})")
+    inside = [(name, x["tuned"]["attention"]) for name, x in schemes.items() if x["tuned"]["attention"]]
+    if inside:
+        fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
+        for ax, key, label in zip(axes, ("distance", "entropy"), ("attention distance (tokens)", "entropy (nats)")):
+            for name, a in inside:
+                heads = np.array(a[key])  # (layers, heads)
+                ax.plot(np.arange(heads.size) / heads.shape[1], heads.flatten(), marker="o", markersize=3,
+                        linestyle="", color=colors[name], label=name)
+            dress(ax, f"{label} of every head", "layer (its heads side by side)", label, legend=None)
+        axes[1].legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1))
+        plots.save(fig, "attention.png", "Attention distance and entropy per layer and head, first seed")
+    learned = [(name, x["tuned"]["biases"]) for name, x in schemes.items() if x["tuned"]["biases"]]
+    if learned:
+        fig, axes = plt.subplots(1, len(learned), figsize=(4.5 * len(learned), 3.8), squeeze=False)
+        for ax, (name, by_layer) in zip(axes[0], learned):
+            for layer, heads in by_layer.items():
+                color = plt.get_cmap("viridis")(int(layer) / max(1, len(by_layer) - 1))
+                for h, curve in enumerate(heads):
+                    ax.plot(curve, color=color, alpha=0.7, label=f"layer {layer}" if h == 0 else None)
+            ax.axvline(L0, color="grey", linewidth=0.8)
+            dress(ax, name, "distance (tokens; the line: L0)", "score bias", legend="inside")
+        plots.save(fig, "biases.png", f"Score biases against distance, each head, from a query at "
+                                      f"{max(results['lengths']) - 1}")
     return plots
+

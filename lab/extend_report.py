@@ -1,176 +1,202 @@
-"""Figures over seeds, tables, claims and plots of the context-extension lab (lab/extend.py): what its runs mean and
-how they are shown. Statistics are lab/stats.py's, output formats lab/report.py's; this module knows nothing of
+"""Figures over seeds, the papers' claims with their verdicts, tables and plots of the context-extension lab
+(lab/extend.py). Statistics are lab/stats.py's, output formats lab/report.py's; this module knows nothing of
 training."""
 
+import math
+
 from lab.report import Plots, dress, md_table, pm
-from lab.stats import mean_std
+from lab.retrieval import at_length, grid_mean, heatmaps, window
+from lab.stats import mean_std, verdicts
+
+SAME_MARGIN = 0.05  # nats: PI's cost at L0 "small", as the claim states it, against direct fine-tuning
 
 
-def key(scaling, s):
-    return f"{scaling}-x{s:g}"
+def key(b, scaling, s):
+    return f"rope-b{b:g}-{scaling}-x{s:g}"
 
 
-def lab_figures(lab, done):
-    """{"base": {scheme: figures}, "finetune": {scaling-xs: figures}}: each figure a report.mean_std over the seeds
-    (None where the scheme cannot reach that length); done maps (kind, name, s, seed) to that run's figures."""
-    def across(runs, get):
-        values = [get(r) for r in runs]
-        return None if None in values else mean_std(values)
+def regime(b, head_dim, L0):
+    """RoPE's longest wavelength 2 pi b^((d-2)/d) against the trained context, and the pairs that turn less than
+    once within it: the dimensionless ratios a small model must match to stand in for a large one."""
+    longest = 2 * math.pi * b ** ((head_dim - 2) / head_dim)
+    slow = sum(2 * math.pi * b ** (2 * i / head_dim) > L0 for i in range(head_dim // 2))
+    return {"base": b, "longest_wavelength": longest, "ratio_to_L0": longest / L0, "slow_pairs": slow,
+            "pairs": head_dim // 2}
 
-    def probe(runs, get):  # {"key": mean_std, "token": mean_std}, or None past a scheme's reach
-        first = get(runs[0])
-        return None if first is None else {m: across(runs, lambda r: get(r)[m]) for m in first}
 
+def lab_results(lab, done, seeds):
+    """results.json's figures and claims; done maps (kind, name, s, seed) to that run's figures."""
+    L0, th = lab.gcfg.block_size, lab.ec.retrieval_threshold
     base = {}
-    for scheme in lab.schemes:
-        runs = [done["base", scheme, None, seed] for seed in lab.seeds]
-        base[scheme] = {"final_val_loss": across(runs, lambda r: r["final_val_loss"]),
-                        "passkey": {sc: {W: probe(runs, lambda r: r["passkey"][sc][W]) for W in by_w}
-                                    for sc, by_w in runs[0]["passkey"].items()}}
+    for name in lab.models():
+        runs = [done["base", name, None, seed] for seed in (seeds["base"] if name.startswith("rope")
+                                                              else lab.seeds[:lab.ec.scheme_seeds])]
+        base[name] = {"final_val_loss": mean_std(r["final_val_loss"] for r in runs),
+                      "curve": {st: grid_mean([r["curve"][st] for r in runs]) for st in runs[0]["curve"]},
+                      "retrieval": {sc: grid_mean([r["retrieval"][sc] for r in runs]) for sc in runs[0]["retrieval"]}}
     finetune = {}
-    for s in lab.factors:
-        for scaling in lab.scalings:
-            runs = [done["finetune", scaling, s, seed] for seed in lab.seeds]
-            finetune[key(scaling, s)] = {
-                "scaling": scaling, "factor": s,
-                "loss": {step: {L: across(runs, lambda r: r["loss"][step][L]) for L in by_len}
-                         for step, by_len in runs[0]["loss"].items()},
-                "passkey": {W: probe(runs, lambda r: r["passkey"][W]) for W in runs[0]["passkey"]}}
-    return {"base": base, "finetune": finetune}
+    for b in lab.bases:
+        for s in lab.factors:
+            for sc in lab.scalings:
+                runs = [done["finetune", (b, sc), s, seed] for seed in seeds["finetune"]]
+                finetune[key(b, sc, s)] = {
+                    "base": b, "scaling": sc, "factor": s,
+                    "loss": {st: {L: mean_std(r[st]["loss"][L] for r in runs) for L in runs[0][st]["loss"]}
+                             for st in runs[0]},
+                    "window": {st: mean_std(window(r[st]["retrieval"], th) for r in runs) for st in runs[0]},
+                    "retrieval": {st: grid_mean([r[st]["retrieval"] for r in runs]) for st in runs[0]}}
+    results = {"block_size": L0, "seeds": seeds, "steps": lab.steps, "factors": lab.factors, "bases": lab.bases,
+               "scalings": lab.scalings, "stages": lab.stages, "depths": lab.probe.depths, "threshold": th,
+               "regime": [regime(b, lab.gcfg.head_dim, L0) for b in lab.bases], "base": base, "finetune": finetune}
+    results["claims"] = verdicts(claims(results))
+    return results
 
 
 # ----------------------------------------------------------------------------- the papers' claims at this scale
 
-def claims(r, s):
-    """[(claim, verdict, the numbers)] for extension factor s, from the means over seeds; a claim whose scalings
-    the lab did not run is left out."""
-    L0, last = str(r["block_size"]), str(r["steps"][-1])
-    near, far = str(round(s * r["block_size"])), str(round(2 * s * r["block_size"]))
+def claims(r):
+    """The papers' claims for every base and factor, each as per-seed differences A - B with the side expected:
+    stats.verdicts judges them together. A claim whose scalings the lab did not run is left out."""
+    L0, steps, out = r["block_size"], r["steps"], []
+    first, last = str(steps[1]), str(steps[-1])
 
-    def loss(scaling, step, L):
-        run = r["finetune"].get(key(scaling, s))
-        return run and run["loss"][step][L]["mean"]
+    def values(b, sc, s, what, st, L=None):
+        run = r["finetune"].get(key(b, sc, s))
+        if run is None:
+            return None
+        return (run["loss"][st][L] if what == "loss" else run["window"][st])["values"]
 
-    out = []
-
-    def claim(text, a, b, holds, numbers=None):
+    def claim(text, a, b, expect, margin=None):
         if a is not None and b is not None:
-            out.append((text, "holds" if holds(a, b) else "does not hold", numbers or f"{a:.3f} vs {b:.3f}"))
+            out.append({"claim": text, "diffs": [x - y for x, y in zip(a, b)], "expect": expect, "margin": margin})
 
-    for other in ("ntk", "yarn"):
-        for L in (near, far):
-            claim(f"(a) without fine-tuning, {other} beats PI at {L} tokens", loss(other, "0", L),
-                  loss("linear", "0", L), lambda a, b: a < b)
-    claim(f"(b) after {last} steps at {near} tokens, PI beats direct fine-tuning", loss("linear", last, near),
-          loss("none", last, near), lambda a, b: a < b)
-    pi = loss("linear", last, near)
-    if pi is not None and loss("yarn", last, near) is not None:
-        reached = next((st for st in r["steps"] if loss("yarn", str(st), near) <= pi), None)
-        out.append((f"(c) YaRN reaches PI's loss after {last} steps ({pi:.3f} at {near} tokens) in fewer steps",
-                    "holds" if reached is not None and reached < int(last) else "does not hold",
-                    "YaRN never reaches it" if reached is None else f"YaRN reaches it at step {reached}"))
-    claim(f"(d) fine-tuned at {near}, YaRN holds at {far} tokens better than PI", loss("yarn", last, far),
-          loss("linear", last, far), lambda a, b: a < b)
-    # against direct fine-tuning for the same steps: the base model itself is still improving, so training on
-    # would lower its loss at L0 whatever the scaling
-    a, b = loss("linear", last, L0), loss("none", last, L0)
-    if a is not None and b is not None:
-        claim(f"(e) PI costs a small regression at L0 = {L0} tokens (against direct fine-tuning, {last} steps each)",
-              a, b, lambda a, b: 0 < a - b < 0.05, f"{a:.3f} vs {b:.3f}, {a - b:+.3f} (the base model: "
-                                                    f"{loss('none', '0', L0):.3f})")
+    for b in r["bases"]:
+        for s in r["factors"]:
+            near, far, at = str(round(s * L0)), str(round(2 * s * L0)), f"(base {b:g}, s = {s:g})"
+            for other, name in (("ntk", "NTK"), ("yarn", "YaRN")):
+                claim(f"(a) without fine-tuning, {name} has a lower loss than PI at {near} tokens {at}",
+                      values(b, other, s, "loss", "0", near), values(b, "linear", s, "loss", "0", near), "lower")
+            claim(f"(b) after {last} steps, PI has a lower loss than direct fine-tuning at {near} tokens {at}",
+                  values(b, "linear", s, "loss", last, near), values(b, "none", s, "loss", last, near), "lower")
+            claim(f"(c) after {first} steps, YaRN has a lower loss than PI at {near} tokens (it needs fewer steps) "
+                  f"{at}", values(b, "yarn", s, "loss", first, near), values(b, "linear", s, "loss", first, near),
+                  "lower")
+            claim(f"(d) fine-tuned at {near}, YaRN holds a lower loss than PI at {far} tokens {at}",
+                  values(b, "yarn", s, "loss", last, far), values(b, "linear", s, "loss", last, far), "lower")
+            claim(f"(e) PI's loss at L0 = {L0} is within {SAME_MARGIN} of direct fine-tuning's after {last} steps "
+                  f"{at}", values(b, "linear", s, "loss", last, str(L0)), values(b, "none", s, "loss", last, str(L0)),
+                  "same", SAME_MARGIN)
+            claim(f"(f) after {first} steps, PI's effective window is longer than direct fine-tuning's {at}",
+                  values(b, "linear", s, "window", first), values(b, "none", s, "window", first), "higher")
+            claim(f"(g) after {last} steps, YaRN's effective window is longer than PI's {at}",
+                  values(b, "yarn", s, "window", last), values(b, "linear", s, "window", last), "higher")
     return out
 
 
 # ----------------------------------------------------------------------------- results.md
 
+def answer(by_depth):
+    """'mean over depths / worst depth' of whole answers, in %; N/A past a scheme's reach."""
+    if by_depth is None:
+        return "N/A"
+    return f"{100 * at_length(by_depth):.0f} / {100 * min(d['answer'] for d in by_depth.values()):.0f}"
+
+
 def markdown(r, plots):
-    L0 = r["block_size"]
-    parts = [f"# Context extension\n\nTrained at L0 = {L0} tokens, seeds {', '.join(map(str, r['seeds']))}; "
-             f"mean ± std over seeds. Wall time {r['wall_s'] / 60:.1f} min on {r['device']} "
-             f"({r['settings']['train']['dtype']})."]
-    parts.append("## Base models\n\n" + md_table(
-        ["scheme", "val loss at L0"], [[name, pm(b["final_val_loss"])] for name, b in r["base"].items()]))
-    for s in r["factors"]:
-        lengths = [str(L0), str(round(s * L0)), str(round(2 * s * L0))]
-        for L in lengths:
-            rows = [[x["scaling"], *(pm(x["loss"][step][L], ".3f") for step in x["loss"])]
-                    for x in r["finetune"].values() if x["factor"] == s]
-            parts.append(f"## Fine-tuning at {round(s * L0)} tokens (s = {s:g}): val loss at {L} tokens\n\n"
-                         + md_table(["scaling", *(f"step {st}" for st in r["steps"])], rows))
-        parts.append(f"## The papers' claims at this scale (s = {s:g})\n\n"
-                     + md_table(["claim", "verdict", "numbers"], claims(r, s), text_columns=3))
-    widths = list(r["probe_windows"])
-    rows = [[name, sc, "—", *(pct(b["passkey"][sc].get(str(W))) if str(W) in b["passkey"][sc] else "—" for W in widths)]
-            for name, b in r["base"].items() for sc in b["passkey"]]
-    rows += [["rope", x["scaling"], f"x{x['factor']:g}", *(pct(x["passkey"][str(W)]) for W in widths)]
-             for x in r["finetune"].values()]
-    parts.append(f"## Passkey retrieval against window length (key at the start, question at the end; "
-                 f"{', '.join(f'{n}' for n in r['probe_windows'].values())} windows): whole keys / key tokens "
-                 f"retrieved (chance: 0% / 4%)\n\n"
-                 + md_table(["scheme", "scaling", "fine-tuned", *(f"{W} ({int(W) / L0:g}x)" for W in widths)], rows,
-                            text_columns=3))
+    L0, steps, th = r["block_size"], r["steps"], r["threshold"]
+    others = r["settings"]["extend"]["scheme_seeds"]
+    parts = [f"# Context extension\n\nTrained at L0 = {L0} tokens; seeds {', '.join(map(str, r['seeds']['finetune']))} "
+             f"for RoPE (the other schemes: the first {others}); mean ± std over seeds. "
+             f"Wall time {r['wall_s'] / 60:.1f} min on {r['device']} ({r['settings']['train']['dtype']}), torch "
+             f"{r['environment']['torch']}, code {r['environment']['code_version']}."]
+    parts.append("## The regime: RoPE's wavelengths against the context\n\nA small model stands in for a large one "
+                 "only with the dimensionless ratios matched. LLaMA-2 (head size 128, base 10,000, L0 = 4,096): "
+                 "longest wavelength / L0 ≈ 13.\n\n" + md_table(
+                     ["RoPE base", "longest wavelength (tokens)", "ratio to L0", "pairs turning less than once in L0"],
+                     [[f"{g['base']:g}", f"{g['longest_wavelength']:,.0f}", f"{g['ratio_to_L0']:.1f}",
+                       f"{g['slow_pairs']} of {g['pairs']}"] for g in r["regime"]]))
+    depths = r["depths"]
+    rows = [[name, st, *(pct(x["curve"][st][str(L0)][str(d)]["answer"]) for d in depths),
+             pct(min(x["curve"][st][str(L0)][str(d)]["first"] for d in depths))]
+            for name, x in r["base"].items() for st in x["curve"]]
+    parts.append(f"## Retrieval is learned first: RoPE at L0 during training\n\nWhole answers retrieved at L0 = {L0} "
+                 f"by the needle's depth (0: the window's start), and the worst depth's first answer token "
+                 f"chance-corrected ((accuracy - 1/26) / (1 - 1/26)); mean over seeds.\n\n"
+                 + md_table(["model", "step", *(f"depth {d:g}" for d in depths), "first token, worst depth"], rows,
+                            text_columns=2))
+    widths = sorted({W for x in r["base"].values() for W in x["retrieval"]["none"]}, key=int)
+    rows = [[name, sc, pm(x["final_val_loss"]) if sc == "none" else "", *(answer(g.get(W)) if W in g else "—"
+                                                                        for W in widths)]
+            for name, x in r["base"].items() for sc, g in x["retrieval"].items()]
+    parts.append(f"## Base models: loss at L0 and retrieval by length\n\nWhole answers retrieved, mean over depths / "
+                 f"the worst depth (%), mean over seeds; RoPE also with each scaling by the factor W/L0 past L0 "
+                 f"(—: at or below L0 it would be 1). N/A: learned positions stop at L0.\n\n"
+                 + md_table(["model", "scaling", "val loss at L0", *(f"{W} ({int(W) / L0:g}x)" for W in widths)], rows,
+                            text_columns=2))
+    rows = [[f"{x['base']:g}", f"{x['factor']:g}", x["scaling"], *(pm(x["window"][str(st)], ".0f") for st in steps)]
+            for x in r["finetune"].values()]
+    parts.append(f"## The effective context window against fine-tuning steps\n\nThe longest probed length up to which "
+                 f"every length retrieves at least {th:.0%} of whole answers (mean over depths), mean ± std over seeds; "
+                 f"the PI paper's Table 4 question.\n\n"
+                 + md_table(["base", "s", "scaling", *(f"step {st}" for st in steps)], rows, text_columns=3))
+    rows = [[f"{x['base']:g}", f"{x['factor']:g}", x["scaling"], L, *(pm(x["loss"][str(st)][L], ".3f") for st in steps)]
+            for x in r["finetune"].values() for L in x["loss"][str(steps[-1])]]
+    parts.append("## Fine-tuning: val loss against steps at L0, s L0 and 2s L0\n\n"
+                 + md_table(["base", "s", "scaling", "length", *(f"step {st}" for st in steps)], rows, text_columns=4))
+    parts.append(md_claims(r["claims"]))
     parts.append(plots.section())
     return "\n\n".join(parts) + "\n"
 
 
-def pct(stat):
-    """'key% ± std / token% ± std' of a probe's figures; N/A past the scheme's reach."""
-    if stat is None:
-        return "N/A"
-    return " / ".join(f"{100 * x['mean']:.0f}" + ("" if x["std"] is None else f" ± {100 * x['std']:.0f}") + "%"
-                      for x in (stat["key"], stat["token"]))
+def pct(x):
+    return f"{100 * x:.0f}%"
+
+
+def md_claims(claims):
+    rows = []
+    for c in claims:
+        t = c["test"]
+        ci = "—" if t["ci"] is None else f"[{t['ci'][0]:+.3f}, {t['ci'][1]:+.3f}]"
+        p = "—" if t["p"] is None else f"{t['p']:.2g}"
+        holm = "—" if c["p_holm"] is None else f"{c['p_holm']:.2g}"
+        eq = "" if c["equivalence_p_holm"] is None else f"; within ±{c['margin']}: p (Holm) {c['equivalence_p_holm']:.2g}"
+        rows.append([c["claim"], f"{t['mean']:+.3f}", ci, p, holm + eq, f"**{c['verdict']}**", len(c["diffs"])])
+    return ("## The papers' claims at this scale\n\nEach claim as per-seed differences A − B (loss in nats, windows in "
+            "tokens): their mean, 95% CI, the paired t-test's p, and p Holm-adjusted over every test of the table; "
+            "\"holds\" and \"does not hold\" need p (Holm) < 0.05 on a side, \"inconclusive\" is neither, and \"same\" "
+            "claims are judged by an equivalence test within the stated margin.\n\n"
+            + md_table(["claim", "mean A − B", "95% CI", "p", "p (Holm)", "verdict", "seeds"], rows, text_columns=1))
 
 
 # ----------------------------------------------------------------------------- plots
 
 def write_plots(r, out):
-    """The PNG plots in out (report.Plots: none without matplotlib)."""
+    """The PNG plots in out (report.Plots: none without matplotlib): retrieval heatmaps (depth x length) of the
+    base models and the fine-tuned ones, the effective window and the loss against fine-tuning steps."""
     plots = Plots(out)
     if (plt := plots.plt) is None:
         return plots
-    L0 = r["block_size"]
+    L0, last = r["block_size"], str(r["steps"][-1])
 
-    def save(fig, file, title):
-        fig.suptitle(title)
-        plots.save(fig, file, title)
-
-    for s in r["factors"]:
-        lengths = [str(L0), str(round(s * L0)), str(round(2 * s * L0))]
-        fig, axes = plt.subplots(1, 3, figsize=(13, 4))
-        for ax, L in zip(axes, lengths):
-            for x in (x for x in r["finetune"].values() if x["factor"] == s):
-                steps = [int(st) for st in x["loss"]]
-                mean = [x["loss"][st][L]["mean"] for st in x["loss"]]
-                std = [x["loss"][st][L]["std"] or 0.0 for st in x["loss"]]
-                ax.errorbar([max(st, 1) for st in steps], mean, yerr=std, marker="o", markersize=3, capsize=2,
+    heatmaps(plots, [(name, x["retrieval"]["none"]) for name, x in r["base"].items()], L0, "retrieval_base.png",
+             f"Base models: whole answers retrieved by depth (rows) and length (x L0 = {L0})")
+    for b in r["bases"]:
+        runs = [x for x in r["finetune"].values() if x["base"] == b]
+        heatmaps(plots, [(f"{x['scaling']} x{x['factor']:g}", x["retrieval"][last]) for x in runs], L0,
+                 f"retrieval_finetuned_b{b:g}.png",
+                 f"RoPE base {b:g} after {last} fine-tuning steps: whole answers by depth and length")
+        fig, axes = plt.subplots(1, len(r["factors"]), figsize=(6 * len(r["factors"]), 4), squeeze=False)
+        for ax, s in zip(axes[0], r["factors"]):
+            for x in (x for x in runs if x["factor"] == s):
+                steps = [int(st) for st in x["window"]]
+                ax.errorbar([max(st, 1) for st in steps], [x["window"][st]["mean"] for st in x["window"]],
+                            yerr=[x["window"][st]["std"] or 0 for st in x["window"]], marker="o", capsize=2,
                             label=x["scaling"])
-            ax.set(xscale="log", title=f"val loss at {L} tokens ({int(L) / L0:g}x L0)", xlabel="fine-tuning step "
-                   "(step 0 drawn at 1)", ylabel="val loss")
-            ax.grid(alpha=0.3)
-        axes[0].legend(fontsize="small")
-        save(fig, f"finetune_x{s:g}.png", f"Fine-tuning at {round(s * L0)} tokens (s = {s:g}), mean ± std over seeds")
-
-    fig, axes = plt.subplots(1, 2, figsize=(14, 4.5))
-    widths = [int(W) for W in r["probe_windows"]]
-    for ax, metric in zip(axes, ("key", "token")):
-        def line(by_w, label, style):
-            pts = [(W, by_w[str(W)][metric]) for W in widths if by_w.get(str(W)) is not None]
-            if pts:
-                ax.errorbar([W for W, _ in pts], [100 * v["mean"] for _, v in pts],
-                            yerr=[100 * (v["std"] or 0.0) for _, v in pts], linestyle=style, marker="o",
-                            markersize=3, capsize=2, label=label)
-
-        for name, b in r["base"].items():
-            for sc, by_w in b["passkey"].items():
-                line(by_w, name if sc == "none" else f"{name} + {sc}", "-" if sc == "none" else ":")
-        for x in r["finetune"].values():
-            line(x["passkey"], f"rope fine-tuned x{x['factor']:g} {x['scaling']}", "--")
-        ax.axvline(L0, color="grey", linewidth=0.8)
-        ax.set(xscale="log", ylim=(-5, 105), xlabel="window length (key at the start, question at the end)",
-               ylabel=f"{'whole keys' if metric == 'key' else 'key tokens'} retrieved (%)")
-        ax.set_xticks(widths, [str(W) for W in widths])
-        ax.grid(alpha=0.3)
-    axes[1].legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1))
-    save(fig, "passkey.png", "Passkey retrieval against distance, mean ± std over seeds")
+            ax.axhline(s * L0, color="gray", linestyle=":")
+            ax.set(xscale="log")
+            dress(ax, f"s = {s:g} (dotted: s L0)", "fine-tuning step (0 drawn at 1)", "effective window (tokens)",
+                  legend="inside")
+        title = f"RoPE base {b:g}: the effective context window against fine-tuning steps"
+        fig.suptitle(title)
+        plots.save(fig, f"window_b{b:g}.png", title)
     return plots
-

@@ -23,7 +23,7 @@ from files import atomic_write, open_log, read_log
 from model import GPTConfig
 from runtime import Runtime, pick_device, pick_dtype
 
-NOT_SETTINGS = ("out_dir", "resume", "progress")  # train fields that do not change a run's result
+NOT_SETTINGS = ("out_dir", "resume", "progress", "log")  # train fields that do not change a run's result
 
 
 class Interrupted(Exception):

@@ -47,8 +47,9 @@ class Plots:
     def __init__(self, out):
         self.plt, self.out, self.written = pyplot(), out, []
 
-    def save(self, fig, file, title):
-        fig.tight_layout()
+    def save(self, fig, file, title, tight=True):
+        if tight:
+            fig.tight_layout()
         atomic_write(self.out / file, lambda f: fig.savefig(f, format="png", dpi=110))
         self.plt.close(fig)
         self.written.append((file, title))

@@ -1,4 +1,4 @@
-"""lab/ablate_report.py and lab/report.py: the comparison with the reference, the tables."""
+"""lab/ablate_report.py and lab/report.py: the verdicts against the reference, the tables."""
 
 import pytest
 
@@ -7,17 +7,26 @@ from lab.report import md_table, pm
 from lab.stats import mean_std
 
 
-def scheme(params, losses):
-    return {"params": params, "final_val_loss": mean_std(losses)}
+def ranked(seeds, losses):
+    return {"shared": {"seeds": seeds, "final_val_loss": mean_std(losses)}}
 
 
-def test_against_reference_pairs_the_seeds_and_skips_a_missing_reference():
-    schemes = {"rope": scheme(100, [3.0, 3.2]), "learned": scheme(164, [3.1, 3.4])}
-    assert ablate_report.against_reference(schemes, "rope") == "rope"
-    assert "vs_reference" not in schemes["rope"] and schemes["learned"]["params_delta"] == 64
-    assert schemes["learned"]["vs_reference"]["mean"] == pytest.approx(0.15)  # (0.1 + 0.2) / 2, seed by seed
-    alone = {"alibi": scheme(100, [3.0, 3.2])}
-    assert ablate_report.against_reference(alone, "rope") is None and set(alone["alibi"]) == {"params", "final_val_loss"}
+def test_verdicts_pair_the_seeds_both_ran_and_skip_a_missing_reference():
+    schemes = {"rope": ranked([1, 2, 3, 4], [3.0, 3.2, 3.1, 3.0]),
+               "learned": ranked([1, 2, 3], [3.1, 3.4, 3.15])}  # seed 4: the reference's alone
+    (claim,) = ablate_report.verdicts_against(schemes, "rope", "shared", 0.01)
+    assert claim["scheme"] == "learned" and claim["diffs"] == pytest.approx([0.1, 0.2, 0.05])
+    assert claim["expect"] == "lower" and claim["margin"] == 0.01 and "verdict" in claim
+    assert ablate_report.verdicts_against({"alibi": ranked([1], [3.0])}, "rope", "shared", 0.01) == []
+
+
+def test_verdict_words_say_which_side_or_that_nothing_was_shown():
+    claim = {"margin": 0.01, "equivalence_p_holm": None, "more_seeds": False}
+    assert ablate_report.verdict_words(claim | {"verdict": "holds"}, "rope") == "lower than rope"
+    assert ablate_report.verdict_words(claim | {"verdict": "does not hold"}, "rope") == "higher than rope"
+    same = claim | {"verdict": "does not hold", "equivalence_p_holm": 0.01}
+    assert ablate_report.verdict_words(same, "rope") == "no difference (within ±0.01)"
+    assert ablate_report.verdict_words(claim | {"verdict": "inconclusive", "more_seeds": True}, "rope").endswith("more seeds)")
 
 
 def test_segments_cover_every_position_once_and_pm_marks_what_is_missing():

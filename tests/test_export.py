@@ -1,5 +1,6 @@
-"""export.py: tiny checkpoints through transformers (no custom code, no network) give our logits, our greedy
-tokens and our token ids; every scheme transformers cannot run is refused with one line."""
+"""export.py and hf.py's way out: tiny checkpoints through transformers (no custom code, no network) give our
+logits, our greedy tokens and our token ids; every shipped config's model exports; what transformers cannot run
+is refused with one line."""
 
 import pytest
 import tiktoken
@@ -9,11 +10,15 @@ transformers = pytest.importorskip("transformers")  # the test extra has it; con
 
 import checkpoint  # noqa: E402  (after the skip: export imports transformers)
 import data.tokenizer  # noqa: E402
+import config  # noqa: E402
 import export  # noqa: E402
+import hf  # noqa: E402
 import positions  # noqa: E402
-from conftest import all_logits, run, tiny_model  # noqa: E402
+from conftest import ROOT, all_logits, run, tiny_model  # noqa: E402
 from data.tokenizer import GPT2_PATTERN, bpe_encoding, ranks_to_text, tokenizer_from_meta, train_bpe  # noqa: E402
 from generate import GREEDY, generate  # noqa: E402
+from model import GPTConfig  # noqa: E402
+from train import TrainConfig  # noqa: E402
 
 CHARS = sorted("\n !',.:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
 CHAR_META = {"tokenizer": "char", "chars": CHARS, "start_id": 0}
@@ -63,6 +68,13 @@ CASES = {  # name: (pos_emb, config, the transformers class)
     "learned-bias": ("learned", {"bias": True}, "GPT2LMHeadModel"),
     "rope-untied-relu2": ("rope", {"tie_embeddings": False, "mlp_act": "relu2"}, "GPTNeoXForCausalLM"),
     "learned-untied": ("learned", {"tie_embeddings": False}, "GPT2LMHeadModel"),
+    "learned-gelu-tanh": ("learned", {"mlp_act": "gelu_tanh"}, "GPT2LMHeadModel"),
+    "rope-parallel-gelu-tanh": ("rope", {"parallel_residual": True, "mlp_act": "gelu_tanh", "rope_layout": "half"},
+                                "GPTNeoXForCausalLM"),
+    "rope-qk-norm": ("rope", {"qk_norm": True}, "PersimmonForCausalLM"),
+    "rope-qk-norm-partial-bias": ("rope", {"qk_norm": True, "rope_fraction": 0.5, "bias": True, "mlp_act": "relu2"},
+                                  "PersimmonForCausalLM"),
+    "none-qk-norm-untied": ("none", {"qk_norm": True, "tie_embeddings": False}, "PersimmonForCausalLM"),
 }
 
 
@@ -77,7 +89,21 @@ def test_logits_agree_through_transformers(tmp_path, case):
     assert max_difference(model, hf, n) < TOLERANCE
 
 
-@pytest.mark.parametrize("pos_emb, kw", [("rope", {"rope_fraction": 0.5}), ("learned", {"bias": True})])
+SHIPPED = sorted(p.name for p in (ROOT / "configs").glob("*.toml") if not p.name.startswith(("ablate", "extend", "recipe")))
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_every_shipped_configs_model_exports(tmp_path, name):
+    """The model each config trains (its options: qk_norm, mlp_act, positions, ...), shrunk to a tiny shape."""
+    gcfg, _ = config.parse([str(ROOT / "configs" / name)], GPTConfig, TrainConfig)
+    options = {k: v for k, v in gcfg.asdict().items() if v != getattr(GPTConfig(), k)
+               and k not in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "dropout")}
+    model, hf_model, _ = exported(tmp_path, gcfg.pos_emb, **{k: v for k, v in options.items() if k != "pos_emb"})
+    assert max_difference(model, hf_model, 32) < TOLERANCE
+
+
+@pytest.mark.parametrize("pos_emb, kw", [("rope", {"rope_fraction": 0.5}), ("learned", {"bias": True}),
+                                         ("rope", {"qk_norm": True})])
 def test_greedy_generation_is_ours_token_for_token(tmp_path, pos_emb, kw):
     # random weights loop on a token or two; larger ones loop later, so more of the text is a test
     model, hf, folder = exported(tmp_path, pos_emb, block_size=64, noise=0.5, **kw)
@@ -165,10 +191,12 @@ def test_gpt2_tokenizer_keeps_its_end_of_text_token(tmp_path, corpus, monkeypatc
 
 REFUSED = {  # name: (pos_emb, config, the arguments after OUT_DIR, the error's gist)
     **{s: (s, {}, ["hf"], f"pos_emb='{s}' has no transformers architecture")
-       for s in positions.SCHEMES if s not in export.ARCHITECTURES},
+       for s in positions.SCHEMES if s not in hf.ARCHITECTURES},
     "p-rope": ("rope", {"rope_p": 0.5}, ["hf"], "rope_p=0.5 < 1"),
-    "qk-norm": ("rope", {"qk_norm": True}, ["hf"], "qk_norm=True: GPT-NeoX and GPT-2 have no norm of queries"),
-    "logit-softcap": ("learned", {"logit_softcap": 30.0}, ["hf"], "logit_softcap=30.0: GPT-NeoX and GPT-2 have no"),
+    "qk-norm-learned": ("learned", {"qk_norm": True}, ["hf"], "only Persimmon normalises queries and keys"),
+    "qk-norm-parallel": ("rope", {"qk_norm": True, "parallel_residual": True}, ["hf"], "sequential residual"),
+    "parallel-learned": ("learned", {"parallel_residual": True}, ["hf"], "GPT-2's residual is sequential"),
+    "logit-softcap": ("learned", {"logit_softcap": 30.0}, ["hf"], "logit_softcap=30.0: GPT-NeoX, Persimmon and"),
     "partial-yarn": ("rope", {"rope_fraction": 0.5}, ["hf", "--rope_scaling=yarn", "--rope_scaling_factor=4"],
                      "temperature on the rotated dims alone"),
     "scaling-without-factor": ("rope", {}, ["hf", "--rope_scaling=linear"], "go together"),

@@ -170,18 +170,50 @@ def test_kerple_bias_is_its_formula_in_the_distance_and_causal():
 
 
 def test_fire_bias_is_a_function_of_the_distance_below_its_threshold_and_causal():
-    scheme = tiny("fire").pos  # threshold L starts at block_size = 16
-    bias = scheme.bias(at(0, 12, 12), 0)  # queries and keys at 0..11, all below L
-    dist = torch.arange(12)[:, None] - torch.arange(12)[None, :]
+    scheme = tiny("fire").pos  # L starts at block_size / 4 = 4, c at 0.1
+    assert scheme.threshold(0).item() == 4.0 and torch.nn.functional.softplus(scheme.c[0]).item() == pytest.approx(0.1)
+    bias = scheme.bias(at(0, 4, 4), 0)  # queries and keys at 0..3, all below L
+    dist = torch.arange(4)[:, None] - torch.arange(4)[None, :]
     assert torch.isneginf(bias[:, dist < 0]).all() and torch.isfinite(bias[:, dist >= 0]).all()
-    for d in range(12):  # every (m, m - d) pair has the same bias
-        diagonal = bias[:, dist == d]  # (nh, 12 - d)
+    for d in range(4):  # every (m, m - d) pair has the same bias
+        diagonal = bias[:, dist == d]  # (nh, 4 - d)
         torch.testing.assert_close(diagonal, diagonal[:, :1].expand_as(diagonal))
-    # past L the distance is normalised by the query's position: psi(d) / psi(m) with psi(x) = log(x + 1)
+    # past L the distance is normalised by the query's position: psi(d) / psi(m) with psi(x) = log(0.1 x + 1)
     far = scheme.bias(at(40, 1, 41), 0)[:, 0]  # one query at 40, keys 0..40
-    x = torch.log1p(torch.arange(40, -1, -1.0)) / math.log1p(40)
+    x = torch.log1p(0.1 * torch.arange(40, -1, -1.0)) / math.log1p(0.1 * 40)
     hidden = torch.relu(x[:, None] * scheme.w1[0][:, 0] + scheme.b1[0])  # (41, 32)
-    torch.testing.assert_close(far, (hidden @ scheme.w2[0].T + scheme.b2[0]).T.detach())
+    torch.testing.assert_close(far, (hidden @ scheme.w2[0].T + scheme.b2[0]).T.detach(), atol=1e-5, rtol=1e-5)
+
+
+def test_fire_interpolates_inside_the_trained_context_and_its_threshold_stays_there_after_training():
+    """The mechanism acts in training: L starts at L0 / 4 and, trained, stays below the longest training position,
+    so queries past it see normalised distances (a fixed L at block_size never did)."""
+    model = tiny("fire").train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    seq = torch.randint(0, 11, (8, 17))
+    for _ in range(40):
+        loss = model(seq[:, :-1], seq[:, 1:])[1]
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    thresholds = [model.pos.threshold(layer).item() for layer in range(2)]
+    assert all(t < 15 for t in thresholds), thresholds  # the last training position is 15
+    assert any(not torch.equal(p, torch.ones_like(p)) for p in model.pos.multiplier)  # L was learned
+
+
+def test_xpos_decay_within_the_trained_context_is_the_papers():
+    """B = L0 / 2: the fastest pair decays by zeta_0^2 = 0.082 across L0 (B = 512 at L0 = 64 gave 0.86)."""
+    cfg = tiny("xpos").config
+    assert cfg.xpos_scale == cfg.block_size / 2
+    assert (0.4 / 1.4) ** (cfg.block_size / cfg.xpos_scale) == pytest.approx(0.0816, abs=1e-4)
+    assert tiny("xpos").pos.window(0) == cfg.block_size  # blockwise past L0: never a distance it did not train at
+
+
+def test_kerple_heads_start_at_different_ranges_as_its_authors_draw_them():
+    scheme = tiny("kerple", n_head=8).pos
+    r1, r2 = (torch.nn.functional.softplus(r[0]) for r in (scheme.r1, scheme.r2))
+    assert (0.01 <= r1).all() and (r1 <= 2).all() and (0.01 <= r2).all() and (r2 <= 1).all()
+    assert r1.std() > 0.2 and r2.std() > 0.1  # U(0, 2) and U(0, 1), per head: not one value for all
 
 
 def test_rnope_layers_without_rope_ignore_position_and_the_others_rotate():
@@ -192,3 +224,7 @@ def test_rnope_layers_without_rope_ignore_position_and_the_others_rotate():
     for layer in (0, 2):
         assert torch.equal(scheme.rotate(qk, at(7, qk.shape[-2]), layer), tiny("rope").pos.rotate(qk, at(7, qk.shape[-2]), layer))
         assert not torch.allclose(scheme.rotate(qk, at(7, qk.shape[-2]), layer), qk)
+    # RNoPE-SWA: the RoPE layers see the last block_size / 2 keys, the NoPE layers all of them
+    assert [scheme.window(layer) for layer in range(4)] == [8, None, 8, None]
+    mask, _ = at(0, 12).attention_mask(window=8)
+    assert mask[11].tolist() == [False] * 4 + [True] * 8 and mask[3].tolist() == [True] * 4 + [False] * 8

@@ -396,7 +396,9 @@ BATTERY = [
     ("resume, nothing to do", ["--max_iters=2"], "nothing to do: the checkpoint is at iteration 2 and max_iters=2"),
     ("resume, other RoPE scaling", ["--rope_scaling=linear", "--rope_scaling_factor=2"],
      "rope_scaling: checkpoint 'none', now 'linear'; rope_scaling_factor: checkpoint 1.0, now 2.0"),
-    ("passkey_share out of range", ["--passkey_share=1.5"], "passkey_share=1.5 must lie in [0, 1]"),
+    ("recall_share out of range", ["--recall_share=1.5"], "recall_share=1.5 must lie in [0, 1]"),
+    ("recall in a short block", ["--recall_share=0.5", "--recall_pairs=5", "--block_size=24"],
+     "block_size=24 cannot hold 5 needles and their queries (30 tokens)"),
     ("unknown optimizer", ["--optimizer=sgd"], "optimizer='sgd' is unknown; choose one of adamw, muon"),
     ("muon_momentum >= 1", ["--optimizer=muon", "--muon_momentum=1"], "muon_momentum=1.0 must lie in [0, 1)"),
     ("resume, other optimizer", ["--optimizer=muon"],
@@ -480,3 +482,15 @@ def test_battery_commands(world, data_dir, case, args, expected):
     assert snapshot(world) == before
 
 
+
+
+def test_drope_recalibrates_on_a_schedule_of_its_own_when_given_a_peak():
+    tc = train.TrainConfig(learning_rate=1.0, min_lr=0.1, warmup_iters=2, max_iters=20, drop_rope_at=10,
+                           recalibration_lr=0.5, recalibration_warmup=3)
+    lrs = [train.lr_at(it, tc) for it in range(20)]
+    plain = train.TrainConfig(learning_rate=1.0, min_lr=0.1, warmup_iters=2, max_iters=20)
+    assert lrs[:10] == [train.lr_at(it, plain) for it in range(10)]  # before the drop: the run's own schedule
+    assert lrs[10:13] == pytest.approx([0.125, 0.25, 0.375]) and lrs[13] == pytest.approx(0.5)  # re-warmed to 0.5
+    assert lrs[19] == pytest.approx(0.05 + 0.5 * (1 + np.cos(np.pi * 6 / 7)) * 0.45)  # cosine to a tenth of it
+    with pytest.raises(ValueError, match="recalibration_lr=0.5 is DroPE's: it needs drop_rope_at"):
+        train.TrainConfig(recalibration_lr=0.5)
