@@ -54,17 +54,19 @@ def refusal(cfg):
                 "(Gemma 2's has one, in a block of RMSNorms and gated MLPs, not ours)")
     if cfg.mlp_act not in HIDDEN_ACTS:
         return f"mlp_act={cfg.mlp_act!r} has no transformers activation here"
-    if cfg.pos_emb not in ARCHITECTURES:
+    scheme = positions.scheme(cfg.pos_emb)
+    if scheme not in ARCHITECTURES:
         lacks = LACKS.get(cfg.pos_emb, "this scheme")
         return (f"pos_emb={cfg.pos_emb!r} has no transformers architecture here: GPT-NeoX, Persimmon and GPT-2 lack "
                 f"{lacks} (export writes rope and none as GPT-NeoX or Persimmon, learned as GPT-2)")
-    if cfg.qk_norm and (cfg.pos_emb == "learned" or cfg.parallel_residual):
-        return (f"qk_norm=True with {'learned positions' if cfg.pos_emb == 'learned' else 'parallel_residual=True'}: "
-                "of the architectures here only Persimmon normalises queries and keys, and it has RoPE and a "
-                "sequential residual")
-    if cfg.parallel_residual and cfg.pos_emb == "learned":
+    learned = ARCHITECTURES[scheme] is gpt2
+    if cfg.qk_norm and (learned or cfg.parallel_residual):
+        return (f"qk_norm=True with {'learned positions' if learned else 'parallel_residual=True'}: of the "
+                "architectures here only Persimmon normalises queries and keys, and it has RoPE and a sequential "
+                "residual")
+    if cfg.parallel_residual and learned:
         return "parallel_residual=True with learned positions: GPT-2's residual is sequential"
-    if not issubclass(positions.scheme(cfg.pos_emb), positions.RoPE):
+    if not issubclass(scheme, positions.RoPE):
         return None
     if cfg.scaled and cfg.rope_scaling == "yarn" and cfg.rope_fraction < 1:
         return (f"rope_scaling='yarn' with rope_fraction={cfg.rope_fraction} < 1: transformers puts YaRN's attention "
@@ -234,7 +236,8 @@ def load(model_hf, state):
     return model_hf.eval()
 
 
-ARCHITECTURES = {"rope": rotary_architecture, "none": rotary_architecture, "learned": gpt2}  # pos_emb -> its writer
+# the scheme (its class exactly: xpos and rnope are RoPE's subclasses) -> the writer of a model that runs it
+ARCHITECTURES = {positions.RoPE: rotary_architecture, positions.NoPE: rotary_architecture, positions.Learned: gpt2}
 
 
 def exported(model, meta):
@@ -242,7 +245,7 @@ def exported(model, meta):
     why = refusal(model.config)
     if why:
         raise ValueError(why)
-    return ARCHITECTURES[model.config.pos_emb](model, meta)
+    return ARCHITECTURES[positions.scheme(model.config.pos_emb)](model, meta)
 
 
 @torch.inference_mode()
@@ -291,7 +294,7 @@ def imported_config(name, hf):
         require(name, "scale_attn_by_inverse_layer_idx", hf.scale_attn_by_inverse_layer_idx, False)
         require(name, "layer_norm_epsilon", hf.layer_norm_epsilon, 1e-5)
         return dict(vocab_size=hf.vocab_size, block_size=hf.n_positions, n_layer=hf.n_layer, n_head=hf.n_head,
-                    n_embd=hf.n_embd, bias=True, pos_emb="learned", mlp_act=activation(name, hf.activation_function),
+                    n_embd=hf.n_embd, bias=True, pos_emb=positions.Learned.name, mlp_act=activation(name, hf.activation_function),
                     tie_embeddings=hf.tie_word_embeddings)
     if hf.model_type == "gpt_neox":
         require(name, "intermediate_size", hf.intermediate_size, 4 * hf.hidden_size)
@@ -300,7 +303,7 @@ def imported_config(name, hf):
         rp = hf.rope_parameters
         require(name, "rope_type", rp.get("rope_type", "default"), "default")
         return dict(vocab_size=hf.vocab_size, block_size=hf.max_position_embeddings, n_layer=hf.num_hidden_layers,
-                    n_head=hf.num_attention_heads, n_embd=hf.hidden_size, bias=True, pos_emb="rope",
+                    n_head=hf.num_attention_heads, n_embd=hf.hidden_size, bias=True, pos_emb=positions.RoPE.name,
                     rope_base=float(rp["rope_theta"]), rope_fraction=float(rp.get("partial_rotary_factor", 1.0)),
                     rope_layout="half", mlp_act=activation(name, hf.hidden_act),
                     parallel_residual=hf.use_parallel_residual, tie_embeddings=hf.tie_word_embeddings)
@@ -314,7 +317,7 @@ def import_config(name, gcfg=None):
     fields = imported_config(name, pretrained_config(name))
     if gcfg is None:
         return GPTConfig(**fields)
-    if fields["pos_emb"] == "learned" and gcfg.block_size > fields["block_size"]:
+    if not positions.scheme(fields["pos_emb"]).extrapolates and gcfg.block_size > fields["block_size"]:
         raise ValueError(f"block_size={gcfg.block_size} is past init_from=hf:{name}'s learned position table "
                          f"({fields['block_size']} positions); use block_size <= {fields['block_size']}")
     kept = {k: getattr(gcfg, k) for k in ("block_size", "dropout", "rope_scaling", "rope_scaling_factor",
@@ -328,7 +331,7 @@ def load_pretrained(model, name):
     tf = transformers()
     hf = tf.AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32)
     theirs, c = hf.state_dict(), model.config
-    if c.pos_emb == "learned":
+    if ARCHITECTURES[positions.scheme(c.pos_emb)] is gpt2:
         names = gpt2_names(c)
         state = {ours: theirs[t].t() if conv1d(t) else theirs[t] for t, ours in names.items()}
         state["pos.wpe.weight"] = state["pos.wpe.weight"][:c.block_size]

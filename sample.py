@@ -137,7 +137,7 @@ class Sampler:
     def scheme(self):
         """The positional scheme, with the RoPE scaling in force if any."""
         cfg = self.model.config
-        if cfg.rope_scaling == "none":
+        if not cfg.scaled:
             return cfg.pos_emb
         return f"{cfg.pos_emb} ({cfg.rope_scaling} x{cfg.rope_scaling_factor:g})"
 

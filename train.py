@@ -338,7 +338,8 @@ def imported_config(name, gcfg, meta):
 
 def config_at(gcfg, tc, it):
     """The model config in force from step it on: DroPE's drop (drop_rope_at) leaves pos_emb none."""
-    return replace(gcfg, pos_emb="none") if tc.drop_rope_at is not None and it >= tc.drop_rope_at else gcfg
+    dropped = tc.drop_rope_at is not None and it >= tc.drop_rope_at
+    return replace(gcfg, pos_emb=positions.NoPE.name) if dropped else gcfg
 
 
 @contextlib.contextmanager

@@ -134,7 +134,7 @@ def eval_lengths(ac, block_size):
 
 
 def rope_scalings(ac):
-    names, valid = split_list(ac.rope_scalings), [k for k in rope.SCALINGS if k != "none"]
+    names, valid = split_list(ac.rope_scalings), [k for k in rope.SCALINGS if k != rope.NO_SCALING]
     for s in names:
         if s not in valid:
             raise ValueError(f"rope_scalings: {s!r} is unknown; choose from {', '.join(valid)}")
@@ -157,15 +157,16 @@ def extrapolate(model, windows, scalings, rt):
     scheme = positions.scheme(cfg.pos_emb)
     L0, longest = cfg.block_size, max(windows)
     loss, position = {}, {}
-    for scaling in ["none"] + [s for s in scalings if s in scheme.scalings]:
+    for scaling in [rope.NO_SCALING] + [s for s in scalings if s in scheme.scalings]:
         loss[scaling] = {}
         for L, batches in windows.items():
-            if scaling != "none" and L <= L0:
+            if scaling != rope.NO_SCALING and L <= L0:
                 continue
             if not scheme.extrapolates and L > L0:
                 loss[scaling][str(L)] = None
                 continue
-            scaled = model if scaling == "none" else model.reconfigure(rope_scaling=scaling, rope_scaling_factor=L / L0)
+            scaled = (model if scaling == rope.NO_SCALING
+                      else model.reconfigure(rope_scaling=scaling, rope_scaling_factor=L / L0))
             curve = position_losses(scaled, batches, rt)
             loss[scaling][str(L)] = curve.mean().item()
             if L == longest:

@@ -14,6 +14,7 @@ from files import atomic_write
 from lab.report import Plots, dress, md_table, palette, pm
 from lab.retrieval import at_length, grid_mean, heatmaps, window
 from lab.stats import mean_std, verdicts
+from rope import NO_SCALING as AS_TRAINED  # the loss tables' key of a model scored as it was trained
 
 # ----------------------------------------------------------------------------- figures over seeds
 
@@ -72,9 +73,9 @@ def write_csv(path, plan, done):
     """One row per run: its figures and its loss at every length and scaling (empty where N/A). plan is ablate's
     (its grid, params, lengths and scalings); done maps (scheme, scale, seed) to that run's (summary, eval)."""
     def column(scaling, L):
-        return f"loss_{L}" + ("" if scaling == "none" else f"_{scaling}")
+        return f"loss_{L}" + ("" if scaling == AS_TRAINED else f"_{scaling}")
 
-    columns = [column(sc, L) for sc in ["none", *plan.scalings] for L in plan.lengths]
+    columns = [column(sc, L) for sc in [AS_TRAINED, *plan.scalings] for L in plan.lengths]
     text = io.StringIO()
     w = csv.writer(text)
     w.writerow(["scheme", "pos_emb", "lr_scale", "seed", "params", "final_val_loss", "val_bpb", "tokens_per_s",
@@ -228,7 +229,7 @@ def write_plots(results, out):
         return plots
     L0, schemes = results["block_size"], results["schemes"]
     colors = palette(plt, schemes)
-    dashes = dict(zip(["none", *results["settings"]["ablate"]["rope_scalings"].split(",")],
+    dashes = dict(zip([AS_TRAINED, *results["settings"]["ablate"]["rope_scalings"].split(",")],
                       ["-", "--", ":", "-.", (0, (5, 1)), (0, (1, 3))]))
 
     def save(fig, ax, file, title, xlabel, ylabel):
@@ -246,13 +247,13 @@ def write_plots(results, out):
     for name, x in schemes.items():
         lengths = x["tuned"]["loss_by_length"]
         for sc, by_len in lengths.items():
-            if sc != "none" and str(L0) in lengths["none"]:  # at L0 the factor is 1: start from plain
-                by_len = {str(L0): lengths["none"][str(L0)], **by_len}
+            if sc != AS_TRAINED and str(L0) in lengths[AS_TRAINED]:  # at L0 the factor is 1: start from plain
+                by_len = {str(L0): lengths[AS_TRAINED][str(L0)], **by_len}
             pts = [(int(L), v["mean"], v["std"] or 0.0) for L, v in by_len.items() if v is not None]
             if pts:
                 Ls, means, stds = zip(*pts)
                 ax.errorbar(Ls, means, yerr=stds, color=colors[name], linestyle=dashes.get(sc, "-"), marker="o",
-                            markersize=3, capsize=2, label=name if sc == "none" else f"{name} + {sc}")
+                            markersize=3, capsize=2, label=name if sc == AS_TRAINED else f"{name} + {sc}")
     ax.axvline(L0, color="grey", linewidth=0.8)
     ax.set_xscale("log", base=2)
     ax.set_xticks(results["lengths"], [str(L) for L in results["lengths"]])
@@ -266,7 +267,7 @@ def write_plots(results, out):
         for sc, curve in x["tuned"]["loss_by_position"].items():
             buckets = np.array(curve[: len(curve) // width * width]).reshape(-1, width).mean(1)  # (n_buckets,)
             ax.plot((np.arange(len(buckets)) + 0.5) * width, buckets, color=colors[name],
-                    linestyle=dashes.get(sc, "-"), label=name if sc == "none" else f"{name} + {sc}")
+                    linestyle=dashes.get(sc, "-"), label=name if sc == AS_TRAINED else f"{name} + {sc}")
     ax.axvline(L0, color="grey", linewidth=0.8)
     save(fig, ax, "loss_vs_position.png", f"Loss by position in {longest}-token windows ({width}-position means)",
          "position in window", "val loss")

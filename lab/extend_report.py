@@ -7,7 +7,9 @@ import math
 from lab.report import Plots, dress, md_table, pm
 from lab.retrieval import at_length, grid_mean, heatmaps, window
 from lab.stats import mean_std, verdicts
+from rope import NO_SCALING
 
+DIRECT = NO_SCALING  # direct fine-tuning: at the new length with no scaling
 SAME_MARGIN = 0.05  # nats: PI's cost at L0 "small", as the claim states it, against direct fine-tuning
 
 
@@ -77,17 +79,17 @@ def claims(r):
                 claim(f"(a) without fine-tuning, {name} has a lower loss than PI at {near} tokens {at}",
                       values(b, other, s, "loss", "0", near), values(b, "linear", s, "loss", "0", near), "lower")
             claim(f"(b) after {last} steps, PI has a lower loss than direct fine-tuning at {near} tokens {at}",
-                  values(b, "linear", s, "loss", last, near), values(b, "none", s, "loss", last, near), "lower")
+                  values(b, "linear", s, "loss", last, near), values(b, DIRECT, s, "loss", last, near), "lower")
             claim(f"(c) after {first} steps, YaRN has a lower loss than PI at {near} tokens (it needs fewer steps) "
                   f"{at}", values(b, "yarn", s, "loss", first, near), values(b, "linear", s, "loss", first, near),
                   "lower")
             claim(f"(d) fine-tuned at {near}, YaRN holds a lower loss than PI at {far} tokens {at}",
                   values(b, "yarn", s, "loss", last, far), values(b, "linear", s, "loss", last, far), "lower")
             claim(f"(e) PI's loss at L0 = {L0} is within {SAME_MARGIN} of direct fine-tuning's after {last} steps "
-                  f"{at}", values(b, "linear", s, "loss", last, str(L0)), values(b, "none", s, "loss", last, str(L0)),
+                  f"{at}", values(b, "linear", s, "loss", last, str(L0)), values(b, DIRECT, s, "loss", last, str(L0)),
                   "same", SAME_MARGIN)
             claim(f"(f) after {first} steps, PI's effective window is longer than direct fine-tuning's {at}",
-                  values(b, "linear", s, "window", first), values(b, "none", s, "window", first), "higher")
+                  values(b, "linear", s, "window", first), values(b, DIRECT, s, "window", first), "higher")
             claim(f"(g) after {last} steps, YaRN's effective window is longer than PI's {at}",
                   values(b, "yarn", s, "window", last), values(b, "linear", s, "window", last), "higher")
     return out
@@ -124,13 +126,13 @@ def markdown(r, plots):
                  f"chance-corrected ((accuracy - 1/26) / (1 - 1/26)); mean over seeds.\n\n"
                  + md_table(["model", "step", *(f"depth {d:g}" for d in depths), "first token, worst depth"], rows,
                             text_columns=2))
-    widths = sorted({W for x in r["base"].values() for W in x["retrieval"]["none"]}, key=int)
-    rows = [[name, sc, pm(x["final_val_loss"]) if sc == "none" else "", *(answer(g.get(W)) if W in g else "—"
+    widths = sorted({W for x in r["base"].values() for W in x["retrieval"][NO_SCALING]}, key=int)
+    rows = [[name, sc, pm(x["final_val_loss"]) if sc == NO_SCALING else "", *(answer(g.get(W)) if W in g else "—"
                                                                         for W in widths)]
             for name, x in r["base"].items() for sc, g in x["retrieval"].items()]
-    parts.append(f"## Base models: loss at L0 and retrieval by length\n\nWhole answers retrieved, mean over depths / "
-                 f"the worst depth (%), mean over seeds; RoPE also with each scaling by the factor W/L0 past L0 "
-                 f"(—: at or below L0 it would be 1). N/A: learned positions stop at L0.\n\n"
+    parts.append("## Base models: loss at L0 and retrieval by length\n\nWhole answers retrieved, mean over depths / "
+                 "the worst depth (%), mean over seeds; RoPE also with each scaling by the factor W/L0 past L0 "
+                 "(—: at or below L0 it would be 1). N/A: learned positions stop at L0.\n\n"
                  + md_table(["model", "scaling", "val loss at L0", *(f"{W} ({int(W) / L0:g}x)" for W in widths)], rows,
                             text_columns=2))
     rows = [[f"{x['base']:g}", f"{x['factor']:g}", x["scaling"], *(pm(x["window"][str(st)], ".0f") for st in steps)]
@@ -178,7 +180,7 @@ def write_plots(r, out):
         return plots
     L0, last = r["block_size"], str(r["steps"][-1])
 
-    heatmaps(plots, [(name, x["retrieval"]["none"]) for name, x in r["base"].items()], L0, "retrieval_base.png",
+    heatmaps(plots, [(name, x["retrieval"][NO_SCALING]) for name, x in r["base"].items()], L0, "retrieval_base.png",
              f"Base models: whole answers retrieved by depth (rows) and length (x L0 = {L0})")
     for b in r["bases"]:
         runs = [x for x in r["finetune"].values() if x["base"] == b]

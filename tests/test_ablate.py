@@ -6,7 +6,6 @@ import os
 import signal
 
 import pytest
-import torch
 
 import files
 import train

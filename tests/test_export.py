@@ -191,7 +191,7 @@ def test_gpt2_tokenizer_keeps_its_end_of_text_token(tmp_path, corpus, monkeypatc
 
 REFUSED = {  # name: (pos_emb, config, the arguments after OUT_DIR, the error's gist)
     **{s: (s, {}, ["hf"], f"pos_emb='{s}' has no transformers architecture")
-       for s in positions.SCHEMES if s not in hf.ARCHITECTURES},
+       for s, cls in positions.SCHEMES.items() if cls not in hf.ARCHITECTURES},
     "p-rope": ("rope", {"rope_p": 0.5}, ["hf"], "rope_p=0.5 < 1"),
     "qk-norm-learned": ("learned", {"qk_norm": True}, ["hf"], "only Persimmon normalises queries and keys"),
     "qk-norm-parallel": ("rope", {"qk_norm": True, "parallel_residual": True}, ["hf"], "sequential residual"),

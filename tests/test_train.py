@@ -17,11 +17,10 @@ import files
 import positions
 import train
 from checkpoint import RESUME_KEYS, load_checkpoint, model_from_checkpoint
-from conftest import (ONE_THREAD, TINY, FullDevice, Payload, flags, last_logged, log, run, same_tensors, tiny_model,
-                      trainer, wait_for)
+from conftest import (ONE_THREAD, TINY, FullDevice, Payload, flags, last_logged, log, run, same_tensors, trainer,
+                      wait_for)
 from data import prepare
 from data.tokenizer import load_meta
-from runtime import Runtime
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
