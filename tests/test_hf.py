@@ -41,19 +41,22 @@ CONFIGS = {  # a tiny model of each family, options as their real checkpoints ha
 }
 
 
-@pytest.fixture(params=CONFIGS)
-def checkpoint(request, tmp_path_factory, corpus):
+def saved(family, folder, corpus):
     """A folder holding a tiny random model of one family, every weight moved off its init, and its tokenizer."""
-    folder = tmp_path_factory.mktemp(request.param)
     tok = char_tokenizer(corpus)
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(CONFIGS[request.param](len(tok)))
+    model = transformers.AutoModelForCausalLM.from_config(CONFIGS[family](len(tok)))
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p), alpha=0.1)
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
     return folder, model.eval()
+
+
+@pytest.fixture(params=CONFIGS)
+def checkpoint(request, tmp_path_factory, corpus):
+    return saved(request.param, tmp_path_factory.mktemp(request.param), corpus)
 
 
 @torch.inference_mode()
@@ -96,8 +99,8 @@ def test_fine_tune_from_a_checkpoint_resume_and_sample(checkpoint, corpus, tmp_p
     assert original.startswith("ROMEO:")
 
 
-def test_what_cannot_be_imported_is_one_line_and_nothing_is_written(checkpoint, data_dir, tmp_path):
-    folder, _ = checkpoint
+def test_what_cannot_be_imported_is_one_line_and_nothing_is_written(corpus, data_dir, tmp_path):
+    folder, _ = saved("gpt2", tmp_path / "gpt2", corpus)
     llama = tmp_path / "llama"
     transformers.LlamaForCausalLM(transformers.LlamaConfig(
         vocab_size=70, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)).save_pretrained(llama)

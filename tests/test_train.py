@@ -399,6 +399,7 @@ BATTERY = [
     ("recall in a short block", ["--recall_share=0.5", "--recall_pairs=5", "--block_size=24"],
      "block_size=24 cannot hold 5 needles and their queries (30 tokens)"),
     ("unknown optimizer", ["--optimizer=sgd"], "optimizer='sgd' is unknown; choose one of adamw, muon"),
+    ("no Newton-Schulz steps", ["--optimizer=muon", "--muon_ns_steps=0"], "muon_ns_steps=0 must be a positive integer"),
     ("muon_momentum >= 1", ["--optimizer=muon", "--muon_momentum=1"], "muon_momentum=1.0 must lie in [0, 1)"),
     ("resume, other optimizer", ["--optimizer=muon"],
      "the checkpoint was trained with optimizer='adamw', this run asks for optimizer='muon'"),
