@@ -231,7 +231,7 @@ def summarize(plan, done, arms):
         schemes[name] = {"pos_emb": cfg.pos_emb, "changes": changes(plan, name), "params": plan.params[name],
                          "sweep": {f"{s:g}": v for s, v in sweep.items()}, "best_scale": best,
                          **{ranking: {"scale": s, **ablate_report.scheme_figures(
-                             *zip(*(done[name, s, seed] for seed in arms[name, s])), threshold)}
+                             *zip(*(done[name, s, seed] for seed in arms[name, s])), threshold, cfg.block_size)}
                             for ranking, s in (("shared", 1), ("tuned", best))},
                          "sample": done[name, 1, plan.seeds[0]][1]["sample"]}
     return {"reference": REFERENCE if REFERENCE in schemes else None, "block_size": plan.gcfg.block_size,

@@ -18,7 +18,7 @@ from rope import NO_SCALING as AS_TRAINED  # the loss tables' key of a model sco
 
 # ----------------------------------------------------------------------------- figures over seeds
 
-def scheme_figures(runs, evals, threshold):
+def scheme_figures(runs, evals, threshold, L0):
     """One scheme's figures over its seeds at one learning rate: runs and evals are its runs' summaries and
     evaluations, seed by seed (the first seed's also hold its attention statistics and score biases)."""
     curves = np.array([[loss for _, loss in r["val_curve"]] for r in runs])  # (seeds, evaluations)
@@ -33,7 +33,7 @@ def scheme_figures(runs, evals, threshold):
                                 for L in by_len} for sc, by_len in evals[0]["loss"].items()},
         "loss_by_position": {sc: np.mean([e["position"][sc] for e in evals], axis=0).tolist()
                              for sc in evals[0]["position"]},
-        "retrieval": grid, "window": None if grid is None else mean_std(window(e["retrieval"], threshold)
+        "retrieval": grid, "window": None if grid is None else mean_std(window(e["retrieval"], threshold, L0)
                                                                           for e in evals),
         "attention": evals[0].get("attention"), "biases": evals[0].get("biases")}
 
@@ -152,7 +152,7 @@ def md_ranking(r, ranking):
             f"both ran (same batches), the mean difference with its 95% CI, the paired t-test's p and p "
             f"Holm-adjusted over the table; a verdict needs p (Holm) < 0.05, \"no difference\" an equivalence test "
             f"within ±{a['equivalence_margin']:g} nats. Effective window: the longest probed length retrieved at "
-            f"{a['retrieval_threshold']:.0%} all the way up to it.\n\n"
+            f"{a['retrieval_threshold']:.0%} all the way from L0 up to it (0: not even L0).\n\n"
             + md_table(["scheme", "lr", "val loss", f"Δ vs {ref} [95% CI]", "p", "p (Holm)", "verdict",
                         "effective window", "seeds"], rows))
 

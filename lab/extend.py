@@ -40,7 +40,7 @@ import train  # noqa: E402
 from checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
 from config import opt  # noqa: E402
 from data.tokenizer import load_meta  # noqa: E402
-from files import RunLock, atomic_write  # noqa: E402
+from files import RunLock, atomic_write, read_log  # noqa: E402
 from lab import extend_report  # noqa: E402
 from lab.grid import (check_same_settings, command, eval_runtime, eval_sets, evaluated, numbers,  # noqa: E402
                       position_losses, split_list, train_run, train_settings, write_json)
@@ -230,8 +230,8 @@ def run_lab(lab):
     with RunLock(lab.out, "context-extension lab"):
         seeds = {"base": list(lab.seeds), "finetune": list(lab.seeds)}
         while True:
-            done = run_jobs(lab, seeds)
-            results = extend_report.lab_results(lab, done, seeds)
+            done, train_s = run_jobs(lab, seeds)
+            results = extend_report.lab_results(lab, done, seeds) | {"train_s": train_s}
             flagged = [c for c in results["claims"] if c["more_seeds"]]
             if not flagged or len(seeds["finetune"]) >= len(lab.seeds) + lab.ec.more_seeds:
                 break
@@ -255,14 +255,16 @@ def run_jobs(lab, seeds):
             if name.startswith("rope") or seed in lab.seeds[:lab.ec.scheme_seeds]]
     jobs += [("finetune", (b, sc), s, seed) for seed in seeds["finetune"] for b in lab.bases for s in lab.factors
              for sc in lab.scalings]
-    done = {}
+    done, train_s = {}, 0.0
     with tqdm(jobs, desc="extend", unit="run", dynamic_ncols=True, disable=not lab.tc.progress) as bar:
         for kind, name, s, seed in bar:
             label = name if kind == "base" else f"rope-b{name[0]:g} {name[1]} x{s:g}"
             bar.set_postfix_str(f"{kind} {label} seed {seed}")
             done[kind, name, s, seed] = (base_run(lab, name, seed) if kind == "base"
                                          else finetune_run(lab, *name, s, seed))
-    return done
+            out = lab.base(name, seed)[0] if kind == "base" else lab.finetune(*name, s, seed)[0]
+            train_s += read_log(out / "metrics.jsonl")[-1]["elapsed_s"]  # the clock of a resumed run runs on
+    return done, train_s
 
 
 def main(argv=None):

@@ -45,7 +45,7 @@ def lab_results(lab, done, seeds):
                     "base": b, "scaling": sc, "factor": s,
                     "loss": {st: {L: mean_std(r[st]["loss"][L] for r in runs) for L in runs[0][st]["loss"]}
                              for st in runs[0]},
-                    "window": {st: mean_std(window(r[st]["retrieval"], th) for r in runs) for st in runs[0]},
+                    "window": {st: mean_std(window(r[st]["retrieval"], th, L0) for r in runs) for st in runs[0]},
                     "retrieval": {st: grid_mean([r[st]["retrieval"] for r in runs]) for st in runs[0]}}
     results = {"block_size": L0, "seeds": seeds, "steps": lab.steps, "factors": lab.factors, "bases": lab.bases,
                "scalings": lab.scalings, "stages": lab.stages, "depths": lab.probe.depths, "threshold": th,
@@ -109,8 +109,10 @@ def markdown(r, plots):
     others = r["settings"]["extend"]["scheme_seeds"]
     parts = [f"# Context extension\n\nTrained at L0 = {L0} tokens; seeds {', '.join(map(str, r['seeds']['finetune']))} "
              f"for RoPE (the other schemes: the first {others}); mean ± std over seeds. "
-             f"Wall time {r['wall_s'] / 60:.1f} min on {r['device']} ({r['settings']['train']['dtype']}), torch "
-             f"{r['environment']['torch']}, code {r['environment']['code_version']}."]
+             f"Compute: {r['train_s'] / 60:.1f} min training summed over the runs, evaluation besides; this "
+             f"command's wall time {r['wall_s'] / 60:.1f} min (runs finished earlier are reused). Device "
+             f"{r['device']} ({r['settings']['train']['dtype']}), torch {r['environment']['torch']}, code "
+             f"{r['environment']['code_version']}."]
     parts.append("## The regime: RoPE's wavelengths against the context\n\nA small model stands in for a large one "
                  "only with the dimensionless ratios matched. LLaMA-2 (head size 128, base 10,000, L0 = 4,096): "
                  "longest wavelength / L0 ≈ 13.\n\n" + md_table(
@@ -138,8 +140,9 @@ def markdown(r, plots):
     rows = [[f"{x['base']:g}", f"{x['factor']:g}", x["scaling"], *(pm(x["window"][str(st)], ".0f") for st in steps)]
             for x in r["finetune"].values()]
     parts.append(f"## The effective context window against fine-tuning steps\n\nThe longest probed length up to which "
-                 f"every length retrieves at least {th:.0%} of whole answers (mean over depths), mean ± std over seeds; "
-                 f"the PI paper's Table 4 question.\n\n"
+                 f"every length from L0 = {L0} retrieves at least {th:.0%} of whole answers (mean over depths; 0: not "
+                 f"even L0), mean ± std over seeds; the PI paper's Table 4 question. Shorter windows are in the "
+                 f"heatmaps.\n\n"
                  + md_table(["base", "s", "scaling", *(f"step {st}" for st in steps)], rows, text_columns=3))
     rows = [[f"{x['base']:g}", f"{x['factor']:g}", x["scaling"], L, *(pm(x["loss"][str(st)][L], ".3f") for st in steps)]
             for x in r["finetune"].values() for L in x["loss"][str(steps[-1])]]

@@ -77,11 +77,12 @@ def at_length(by_depth):
     return None if by_depth is None else sum(d["answer"] for d in by_depth.values()) / len(by_depth)
 
 
-def window(grid, threshold):
-    """The longest probed length up to which every length retrieves at least threshold of whole answers (mean
-    over depths): the effective context window; 0 where even the shortest does not."""
+def window(grid, threshold, L0):
+    """The effective context window: the longest probed length from L0 up to which every length retrieves at least
+    threshold of whole answers (mean over depths); 0 where L0 itself does not. As the PI paper's Table 4 measures
+    it, from the trained length up; shorter windows are in the grid (and the heatmaps), not in this figure."""
     longest = 0
-    for W in sorted(grid, key=int):
+    for W in sorted((W for W in grid if int(W) >= L0), key=int):
         if at_length(grid[W]) is None or at_length(grid[W]) < threshold:
             break
         longest = int(W)

@@ -6,8 +6,9 @@ from lab.retrieval import grid_mean, window
 def test_the_effective_window_is_the_longest_length_retrieved_all_the_way_up_to():
     grid = {"16": {"0": {"answer": 1.0}, "1": {"answer": 0.9}}, "32": {"0": {"answer": 1.0}, "1": {"answer": 0.7}},
             "64": {"0": {"answer": 1.0}, "1": {"answer": 1.0}}, "128": None}
-    assert window(grid, 0.9) == 16  # 32 falls short (0.85 mean), so 64's success does not count
-    assert window(grid, 0.8) == 64 and window(grid, 0.99) == 0
+    assert window(grid, 0.9, 16) == 16  # 32 falls short (0.85 mean), so 64's success does not count
+    assert window(grid, 0.8, 16) == 64 and window(grid, 0.99, 16) == 0
+    assert window(grid, 0.9, 64) == 64  # from L0 = 64 up: the shorter windows do not gate it
 
 
 def test_grids_of_seeds_average_cell_by_cell_and_keep_what_a_scheme_cannot_reach():
