@@ -1,6 +1,7 @@
 """lab/ablate.py: the grid end to end (every output, skip on rerun, resume after Ctrl-C, N/A past L0)."""
 
 import csv
+import importlib.util
 import json
 import os
 import signal
@@ -20,11 +21,7 @@ GRID = [*TINY, "--schemes=rope,learned", "--seeds=2", "--more_seeds=0", "--max_i
 
 
 def has_matplotlib():
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return importlib.util.find_spec("matplotlib") is not None
 
 
 def ablate_main(capsys, *args):
