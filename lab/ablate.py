@@ -7,7 +7,8 @@ Every run of a seed sees the same batches in the same order (data.loader.Batches
 (seed, step), not from global RNG state) and the same token budget, so differences between
 schemes are paired by seed. With lr_scales, each scheme first trains on the first seed at each
 multiple of the learning rates, and its best takes every seed: one ranking at the shared rate, one
-with each scheme at its own. After training at context L0 = block_size each model is scored on
+with each scheme at its own (DroPE's variants run at the shared rate: they are RoPE until the drop, and the
+recalibration's own rate is their axis). After training at context L0 = block_size each model is scored on
 fixed validation windows at multiples of L0 (RoPE models also with inference-time scaling, factor
 L/L0, beyond L0), on retrieval over depth x length where training carries the recall task, and its
 first seed's attention and score biases are recorded. Each scheme against the reference is a paired
@@ -226,7 +227,7 @@ def summarize(plan, done, arms):
     reference; done maps (scheme, scale, seed) to that run's (summary, eval), arms (scheme, scale) to its seeds."""
     schemes, threshold = {}, plan.ac.retrieval_threshold
     for name, cfg in plan.grid.items():
-        sweep = {s: done[name, s, plan.seeds[0]][0]["final_val_loss"] for s in plan.scales}
+        sweep = {s: done[name, s, plan.seeds[0]][0]["final_val_loss"] for s in plan.scales_of(name)}
         best = min(sweep, key=sweep.get)
         schemes[name] = {"pos_emb": cfg.pos_emb, "changes": changes(plan, name), "params": plan.params[name],
                          "sweep": {f"{s:g}": v for s, v in sweep.items()}, "best_scale": best,
@@ -272,6 +273,11 @@ class Plan:
     params: dict  # {scheme: parameter count}
     scales: list  # the learning-rate multiples each scheme tries
     probe: Probe | None  # retrieval's windows and depths, where training carries the recall task
+
+    def scales_of(self, name):
+        """The rate multiples scheme name tries: DroPE's variants keep the shared rate, RoPE's until the drop,
+        their recalibration rate (recalibration_lr) being the variants' own axis."""
+        return [1] if self.train_changes[name].get("drop_rope_at") is not None else self.scales
 
     def run_tc(self, name, seed, scale=1):
         """The TrainConfig of scheme name's run with seed, its learning rates scaled by scale."""
@@ -388,7 +394,7 @@ def ablate(plan):
         print_plan(plan, run_statuses(plan, arms))
         done = train_arms(plan, arms, {})
         for name in plan.grid:  # each scheme's best rate takes every seed
-            best = min(plan.scales, key=lambda s: done[name, s, plan.seeds[0]][0]["final_val_loss"])
+            best = min(plan.scales_of(name), key=lambda s: done[name, s, plan.seeds[0]][0]["final_val_loss"])
             arms[name, best] = sorted(set(arms[name, best]) | set(plan.seeds))
         done = train_arms(plan, arms, done)
         results = summarize(plan, done, arms)
@@ -414,7 +420,7 @@ def ablate(plan):
 
 def first_arms(plan):
     """{(scheme, scale): seeds}: every scheme at the shared rate on every seed, at the other scales on the first."""
-    return {(name, s): list(plan.seeds) if s == 1 else plan.seeds[:1] for name in plan.grid for s in plan.scales}
+    return {(name, s): list(plan.seeds) if s == 1 else plan.seeds[:1] for name in plan.grid for s in plan.scales_of(name)}
 
 
 def train_arms(plan, arms, done):

@@ -5,6 +5,7 @@ import importlib.util
 import json
 import os
 import signal
+from types import SimpleNamespace
 
 import pytest
 
@@ -188,3 +189,12 @@ def test_an_unsettled_comparison_brings_more_seeds_to_both_schemes(data_dir, tmp
     res = json.loads((tmp_path / "results.json").read_text())["schemes"]
     assert code == 0 and "seeds 1339 for them" in said
     assert res["learned"]["shared"]["seeds"] == res["rope"]["shared"]["seeds"] == [1337, 1338, 1339]
+
+
+def test_drope_variants_keep_the_shared_rate_while_the_other_schemes_sweep():
+    ac = ablate.AblateConfig(schemes="rope", variants="drope: drop_rope_at=800, recalibration_lr=1e-3")
+    grid, train_changes = ablate.make_grid(ac, GPTConfig())
+    plan = SimpleNamespace(grid=grid, train_changes=train_changes, scales=[0.5, 1, 2], seeds=[1, 2, 3])
+    plan.scales_of = lambda name: ablate.Plan.scales_of(plan, name)
+    assert ablate.first_arms(plan) == {("rope", 0.5): [1], ("rope", 1): [1, 2, 3], ("rope", 2): [1],
+                                       ("drope", 1): [1, 2, 3]}
