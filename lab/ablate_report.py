@@ -64,7 +64,7 @@ def verdict_words(claim, reference):
     if claim["verdict"] == "does not hold":
         shown_same = claim["equivalence_p_holm"] is not None and claim["equivalence_p_holm"] < 0.05
         return f"no difference (within ±{claim['margin']:g})" if shown_same else f"higher than {reference}"
-    return "inconclusive" + (" (p in [0.01, 0.1]: more seeds)" if claim["more_seeds"] else "")
+    return "inconclusive" + (f" (p in [0.01, 0.1] on {len(claim['diffs'])} seeds)" if claim["more_seeds"] else "")
 
 
 # ----------------------------------------------------------------------------- outputs
@@ -123,10 +123,11 @@ def md_rates(r):
     lr = r["learning_rates"]
     rates = f"learning_rate {lr['learning_rate']:g}" + (f", muon_lr {lr['muon_lr']:g}" if lr["optimizer"] == "muon"
                                                        else "")
-    rows = [[name, *(f"{x['sweep'][f'{s:g}']:.4f}" for s in r["scales"]), f"x{x['best_scale']:g}"]
-            for name, x in r["schemes"].items()]
+    rows = [[name, *(f"{x['sweep'][k]:.4f}" if (k := f"{s:g}") in x["sweep"] else "—" for s in r["scales"]),
+             f"x{x['best_scale']:g}"] for name, x in r["schemes"].items()]
     return (f"## Each scheme's learning rate\n\nFinal val loss of the first seed at each multiple of the learning "
-            f"rates ({rates} at x1); the lowest is the scheme's own rate, at which it trains every seed.\n\n"
+            f"rates ({rates} at x1); the lowest is the scheme's own rate, at which it trains every seed (—: not "
+            f"tried; DroPE's variants keep the shared rate, their recalibration rate being their axis).\n\n"
             + md_table(["scheme", *(f"x{s:g}" for s in r["scales"]), "chosen"], rows))
 
 

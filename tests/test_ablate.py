@@ -154,10 +154,13 @@ def test_an_ablation_out_dir_in_use_is_refused_and_so_is_a_run_folder_in_trainin
 
 def test_each_scheme_sweeps_its_learning_rate_on_the_first_seed_and_ranks_at_its_best(data_dir, tmp_path, capsys):
     out = tmp_path / "abl"
-    code, said, _ = ablate_main(capsys, *GRID, "--schemes=rope", "--seeds=2", "--lr_scales=0.25,1", "--sample_tokens=0",
-                                "--learning_rate=0.004", f"--data_dir={data_dir}", f"--out_dir={out}")
-    res = json.loads((out / "results.json").read_text())["schemes"]["rope"]
+    code, said, _ = ablate_main(capsys, *GRID, "--schemes=rope", "--variants=d: drop_rope_at=2", "--seeds=2",
+                                "--lr_scales=0.25,1", "--sample_tokens=0", "--learning_rate=0.004",
+                                f"--data_dir={data_dir}", f"--out_dir={out}")
+    schemes = json.loads((out / "results.json").read_text())["schemes"]
+    res = schemes["rope"]
     assert code == 0 and set(res["sweep"]) == {"0.25", "1"}
+    assert set(schemes["d"]["sweep"]) == {"1"} and "| d | — |" in (out / "results.md").read_text()  # DroPE: shared
     best = res["best_scale"]
     assert res["sweep"][f"{best:g}"] == min(res["sweep"].values()) and res["tuned"]["scale"] == best
     assert res["tuned"]["seeds"] == [1337, 1338] and res["shared"]["seeds"] == [1337, 1338]

@@ -26,7 +26,8 @@ def test_verdict_words_say_which_side_or_that_nothing_was_shown():
     assert ablate_report.verdict_words(claim | {"verdict": "does not hold"}, "rope") == "higher than rope"
     same = claim | {"verdict": "does not hold", "equivalence_p_holm": 0.01}
     assert ablate_report.verdict_words(same, "rope") == "no difference (within ±0.01)"
-    assert ablate_report.verdict_words(claim | {"verdict": "inconclusive", "more_seeds": True}, "rope").endswith("more seeds)")
+    unsettled = claim | {"verdict": "inconclusive", "more_seeds": True, "diffs": [0.1, 0.2, 0.0, 0.1, 0.3]}
+    assert ablate_report.verdict_words(unsettled, "rope") == "inconclusive (p in [0.01, 0.1] on 5 seeds)"
 
 
 def test_segments_cover_every_position_once_and_pm_marks_what_is_missing():
