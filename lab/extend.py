@@ -20,6 +20,7 @@ and of retrieval at distance, over seeds, with the verdicts their tests allow.
 
 out_dir receives base/<model>-seed<S>/ and finetune/<base>-<scaling>-x<s>-seed<S>/ (one train.py run each, with
 its evaluations), results.json, results.md and, with matplotlib, the plots. Rerunning the same command resumes.
+`workers` > 1 trains that many runs at a time, each in a process of its own (a fine-tune once its base is done).
 Settings: ExtendConfig (here), GPTConfig and TrainConfig; `python lab/extend.py --help` lists them all.
 """
 
@@ -30,8 +31,6 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from tqdm import tqdm
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script, sys.path[0] is lab/
 import config  # noqa: E402
 import positions  # noqa: E402
@@ -40,10 +39,10 @@ import train  # noqa: E402
 from checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
 from config import opt  # noqa: E402
 from data.tokenizer import load_meta  # noqa: E402
-from files import RunLock, atomic_write, read_log  # noqa: E402
+from files import RunLock, atomic_write  # noqa: E402
 from lab import extend_report  # noqa: E402
 from lab.grid import (check_same_settings, command, eval_runtime, eval_sets, evaluated, numbers,  # noqa: E402
-                      position_losses, split_list, train_run, train_settings, write_json)
+                      position_losses, run_jobs, split_list, train_run, train_settings, write_json)
 from lab.retrieval import Probe, ProbeSettings  # noqa: E402
 from model import GPTConfig  # noqa: E402
 from runtime import Runtime, run_record  # noqa: E402
@@ -66,10 +65,12 @@ class ExtendConfig(ProbeSettings):
                                     "it trains, scaled alike from its pre-training peak")
     finetune_warmup: int = opt(10, "fine-tuning's warmup steps")
     eval_tokens: int = opt(16384, "validation tokens per length in the loss curves, in fixed windows of that length")
+    workers: int = opt(1, "runs trained at a time, each in a process with an equal share of the CPU threads (2 on 2 "
+                          "CPU cores, which one small model's run leaves partly idle; 1 on a GPU)")
 
     def __post_init__(self):
         super().__post_init__()
-        config.require_positive(self, "seeds", "scheme_seeds", "eval_tokens")
+        config.require_positive(self, "seeds", "scheme_seeds", "eval_tokens", "workers")
         if not 0 < self.finetune_lr < math.inf or self.finetune_warmup < 0 or self.more_seeds < 0:
             raise ValueError(f"finetune_lr={self.finetune_lr} must be > 0, finetune_warmup={self.finetune_warmup} "
                              f">= 0 and more_seeds={self.more_seeds} >= 0")
@@ -198,7 +199,7 @@ def base_run(lab, name, seed):
     probe = evaluated(out / "eval.json", lambda: {"retrieval": {s: lab.probe.grid(load_model(out, lab.rt), lab.rt, s)
                                                                 for s in scalings}})
     summary = evaluated(out / "summary.json", lambda: train_run(name, gcfg, tc, out))
-    return {"final_val_loss": summary["final_val_loss"], "curve": curve, **probe}
+    return {"final_val_loss": summary["final_val_loss"], "curve": curve, **probe}, summary["train_s"]
 
 
 def finetune_run(lab, b, scaling, s, seed):
@@ -212,13 +213,13 @@ def finetune_run(lab, b, scaling, s, seed):
     scored = {}
     for step in lab.steps:
         if step:
-            train_run(f"rope-b{b:g}-{scaling}-x{s:g}", gcfg, replace(tc, max_iters=step), out)
+            summary = train_run(f"rope-b{b:g}-{scaling}-x{s:g}", gcfg, replace(tc, max_iters=step), out)
         # step 0: the base model with the scaling alone
         where, changes = (out, {}) if step else (base_out, {"rope_scaling": scaling,
                                                             "rope_scaling_factor": gcfg.rope_scaling_factor})
         scored[str(step)] = evaluated(out / f"step{step}.json", lambda: scores(lab, load_model(where, lab.rt, **changes),
                                                                                 lengths))
-    return scored
+    return scored, summary["train_s"]  # the clock of a resumed run runs on
 
 
 def scores(lab, model, lengths):
@@ -230,7 +231,7 @@ def run_lab(lab):
     with RunLock(lab.out, "context-extension lab"):
         seeds = {"base": list(lab.seeds), "finetune": list(lab.seeds)}
         while True:
-            done, train_s = run_jobs(lab, seeds)
+            done, train_s = run_all(lab, seeds)
             results = extend_report.lab_results(lab, done, seeds) | {"train_s": train_s}
             flagged = [c for c in results["claims"] if c["more_seeds"]]
             if not flagged or len(seeds["finetune"]) >= len(lab.seeds) + lab.ec.more_seeds:
@@ -248,23 +249,33 @@ def run_lab(lab):
     print(f"results: {lab.out / 'results.md'}, results.json" + "".join(f", {f}" for f, _ in plots.written))
 
 
-def run_jobs(lab, seeds):
-    """{(kind, name, s, seed): figures} of every run: base models (other schemes on the first seeds only), then
-    the fine-tunes."""
+def run_all(lab, seeds):
+    """({(kind, name, s, seed): figures} of every run, the training seconds they took): base models (other schemes
+    on the first seeds only), then the fine-tunes, each after its base model."""
     jobs = [("base", name, None, seed) for seed in seeds["base"] for name in lab.models()
             if name.startswith("rope") or seed in lab.seeds[:lab.ec.scheme_seeds]]
     jobs += [("finetune", (b, sc), s, seed) for seed in seeds["finetune"] for b in lab.bases for s in lab.factors
              for sc in lab.scalings]
-    done, train_s = {}, 0.0
-    with tqdm(jobs, desc="extend", unit="run", dynamic_ncols=True, disable=not lab.tc.progress) as bar:
-        for kind, name, s, seed in bar:
-            label = name if kind == "base" else f"rope-b{name[0]:g} {name[1]} x{s:g}"
-            bar.set_postfix_str(f"{kind} {label} seed {seed}")
-            done[kind, name, s, seed] = (base_run(lab, name, seed) if kind == "base"
-                                         else finetune_run(lab, *name, s, seed))
-            out = lab.base(name, seed)[0] if kind == "base" else lab.finetune(*name, s, seed)[0]
-            train_s += read_log(out / "metrics.jsonl")[-1]["elapsed_s"]  # the clock of a resumed run runs on
-    return done, train_s
+    done = run_jobs(jobs, run_job, lab, (make_lab, (lab.ec, lab.gcfg, lab.tc)), lab.ec.workers, needs=base_of,
+                    label=job_label, desc="extend", progress=lab.tc.progress)
+    return {job: figures for job, (figures, _) in done.items()}, sum(train_s for _, train_s in done.values())
+
+
+def run_job(lab, job):
+    """(figures, training seconds) of one run."""
+    kind, name, s, seed = job
+    return base_run(lab, name, seed) if kind == "base" else finetune_run(lab, *name, s, seed)
+
+
+def base_of(job):
+    """The base run a fine-tune starts from; None for a base run."""
+    kind, name, _, seed = job
+    return ("base", f"rope-b{name[0]:g}", None, seed) if kind == "finetune" else None
+
+
+def job_label(job):
+    kind, name, s, seed = job
+    return f"{name} seed {seed}" if kind == "base" else f"rope-b{name[0]:g} {name[1]} x{s:g} seed {seed}"
 
 
 def main(argv=None):

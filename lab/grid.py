@@ -2,18 +2,22 @@
 evaluation sets, JSON results written atomically, and the command-line frame.
 
 A run is one train.py training in its own folder, resumed where an interrupted one stopped; its settings are
-checked against the folder's before anything trains, so a rerun never mixes two grids. The lab's tools (ablate,
-extend, recipe) build on this module and never on each other.
+checked against the folder's before anything trains, so a rerun never mixes two grids; independent runs may train
+side by side in worker processes (run_jobs). The lab's tools (ablate, extend, recipe) build on this module and
+never on each other.
 """
 
 import contextlib
 import json
+import multiprocessing
 import statistics
 import sys
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 import config
 import train
@@ -98,6 +102,50 @@ def train_run(name, gcfg, tc, out):
             # the scheduled evaluations only: a stop and its resume add one at the stop
             "val_curve": [[it, m["val_loss"]] for it, m in sorted(metrics.items())
                           if it % tc.eval_interval == 0 or it == tc.max_iters]}
+
+
+_worker = None  # (run, context) in a worker process of run_jobs
+
+
+def _start_worker(run, make, settings, threads):
+    global _worker
+    torch.set_num_threads(threads)
+    _worker = run, make(*settings)
+
+
+def _in_worker(job):
+    run, context = _worker
+    return run(context, job)
+
+
+def run_jobs(jobs, run, context, rebuild, workers=1, needs=lambda job: None, label=str, desc="runs", progress=True):
+    """{job: run(context, job)} for every job, in list order as far as needs(job) (the job it waits for, earlier in
+    jobs; None: none) allows. workers > 1 runs that many at a time, each in a process of its own with its own
+    context, make(*settings) for rebuild = (make, settings), and an equal share of this process's CPU threads: a
+    small model's matmuls leave cores idle that a second run fills."""
+    done = {}
+    with tqdm(total=len(jobs), desc=desc, unit="run", dynamic_ncols=True, disable=not progress) as bar:
+        if workers == 1:
+            for job in jobs:
+                bar.set_postfix_str(label(job))
+                done[job] = run(context, job)
+                bar.update()
+            return done
+        waiting, running = list(jobs), {}
+        threads = max(1, torch.get_num_threads() // workers)
+        # spawn, not fork: a forked copy of a process whose OpenMP threads have started can hang
+        with ProcessPoolExecutor(workers, multiprocessing.get_context("spawn"), _start_worker,
+                                 (run, *rebuild, threads)) as pool:
+            while waiting or running:
+                for job in [j for j in waiting if needs(j) is None or needs(j) in done][:workers - len(running)]:
+                    waiting.remove(job)
+                    running[pool.submit(_in_worker, job)] = job
+                bar.set_postfix_str(", ".join(map(label, running.values())))
+                finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    done[running.pop(future)] = future.result()
+                    bar.update()
+    return done
 
 
 def eval_sets(dataset_dir, meta, lengths, n_tokens, tokens_per_forward, device):

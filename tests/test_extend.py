@@ -19,7 +19,7 @@ LAB = [*TINY, "--schemes=rope,learned", "--rope_bases=200", "--seeds=2", "--more
 def test_the_lab_fine_tunes_each_scaling_and_reports_and_a_rerun_trains_nothing(data_dir, tmp_path):
     out = tmp_path / "ext"
     args = [*LAB, f"--data_dir={data_dir}", f"--out_dir={out}"]
-    run("lab/extend.py", *args)
+    run("lab/extend.py", *args, "--workers=2")  # two runs at a time, each in a process of its own
     finetuned = sorted(p.name for p in (out / "finetune").iterdir())
     assert finetuned == [f"rope-b200-{sc}-x2-seed{s}" for sc in ("linear", "none", "yarn") for s in (1337, 1338)]
     for name in finetuned:  # the scaling is the run's own, saved where sampling, evaluation and resume read it
@@ -80,7 +80,8 @@ def test_an_unsettled_claim_brings_more_seeds(data_dir, tmp_path, monkeypatch, c
 def test_bad_lab_settings_give_one_line_errors(data_dir, tmp_path, capsys):
     for bad, named in (("--schemes=alibi", "lacks rope"), ("--scalings=pi", "'pi' is unknown"),
                        ("--finetune_steps=10,20", "must start at 0"), ("--factors=0.5", "factors='0.5'"),
-                       ("--recall_share=0", "recall_share=0"), ("--base_stages=2,3", "must end at max_iters=4")):
+                       ("--recall_share=0", "recall_share=0"), ("--base_stages=2,3", "must end at max_iters=4"),
+                       ("--workers=0", "workers=0 must be a positive integer")):
         try:
             extend.main([*LAB, f"--data_dir={data_dir}", f"--out_dir={tmp_path}", bad])
             code = 0
