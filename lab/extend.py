@@ -183,7 +183,7 @@ def check_settings(out, gcfg, tc):
 
 def base_run(lab, name, seed):
     """Train a base model; RoPE's in stages, probed at L0 after each (the learning curve); then its retrieval
-    grid, RoPE's also with each scaling past L0."""
+    grid, RoPE's also with each scaling past L0. (figures, training seconds)."""
     out, gcfg, tc = lab.base(name, seed)
     check_settings(out, gcfg, tc)
     is_rope = name.startswith("rope")
@@ -204,7 +204,7 @@ def base_run(lab, name, seed):
 
 def finetune_run(lab, b, scaling, s, seed):
     """Fine-tune in stages up to each scored step (a resume is exact, so the stages add up to one run), scoring
-    the loss at L0, s*L0 and 2s*L0 and the retrieval grid after each."""
+    the loss at L0, s*L0 and 2s*L0 and the retrieval grid after each. ({step: scores}, training seconds)."""
     out, gcfg, tc = lab.finetune(b, scaling, s, seed)
     check_settings(out, gcfg, tc)
     L0 = lab.gcfg.block_size

@@ -106,11 +106,13 @@ def answer(by_depth):
 
 def markdown(r, plots):
     L0, steps, th = r["block_size"], r["steps"], r["threshold"]
-    others = r["settings"]["extend"]["scheme_seeds"]
+    ec = r["settings"]["extend"]
+    others = f" (the other schemes: the first {ec['scheme_seeds']})" if any(
+        not m.startswith("rope") for m in r["base"]) else ""
     parts = [f"# Context extension\n\nTrained at L0 = {L0} tokens; seeds {', '.join(map(str, r['seeds']['finetune']))} "
-             f"for RoPE (the other schemes: the first {others}); mean ± std over seeds. "
-             f"Compute: {r['train_s'] / 60:.1f} min training summed over the runs, evaluation besides; this "
-             f"command's wall time {r['wall_s'] / 60:.1f} min (runs finished earlier are reused). Device "
+             f"for RoPE{others}; mean ± std over seeds. Compute: {r['train_s'] / 60:.1f} min training summed over "
+             f"the runs ({ec['workers']} at a time), evaluation besides; this command's wall time "
+             f"{r['wall_s'] / 60:.1f} min (runs finished earlier are reused). Device "
              f"{r['device']} ({r['settings']['train']['dtype']}), torch {r['environment']['torch']}, code "
              f"{r['environment']['code_version']}."]
     parts.append("## The regime: RoPE's wavelengths against the context\n\nA small model stands in for a large one "
