@@ -1,8 +1,9 @@
 """The decoding engine: how the next token is drawn (Sampling), the KV caches (dynamic, or static for CUDA graphs),
 the three ways of decoding (Recompute, Cached, Static), the sliding window, the compiled step.
 
-It works on token ids and knows nothing of tokenizers; the model knows nothing of it beyond a cache's span, update
-and advance. sample.py, the lab and bench.py decode through generate().
+It works on token ids and knows nothing of tokenizers; the model knows nothing of it beyond a cache's span and
+update (the decoder advances the cache after each forward). sample.py, the lab and bench.py decode through
+generate().
 """
 
 from dataclasses import dataclass
@@ -89,7 +90,7 @@ class KVCache:
 
 class StaticKVCache:
     """A KV cache whose shapes never change, for a decoding step that CUDA graphs can replay: max_len slots per
-    layer, and the position `length` as a 0-dim tensor on the device that the model advances in place.
+    layer, and the position `length` as a 0-dim tensor on the device, which the step advances in place.
 
     Each step writes its keys and values at `length` and attends over every slot; its positions.Span (a tensor
     start) tells the attention and the positional schemes that the slots past the query are not written yet, so
@@ -159,6 +160,8 @@ class Decoder:
     def forward_pick(self, tokens, cache, noise):
         """Read tokens (after the cached ones) and pick the next one; compiled, the pick runs in the graph."""
         logits, _ = self.model(tokens, cache=cache)
+        if cache is not None:
+            cache.advance(tokens.shape[1])
         return self.sampling.pick(logits[:, -1, :], noise)
 
     def step(self, token, noise):

@@ -217,16 +217,14 @@ class GPT(nn.Module):
         reduction="none" each position's (B, T).
 
         idx holds tokens at positions start_pos onwards; with a cache, only the new tokens, which
-        sit after the cached ones. Without targets only the last position's logits are computed
-        (all that generation needs).
+        sit after the cached ones (the cache stores their keys and values; the decoder advances it).
+        Without targets only the last position's logits are computed (all that generation needs).
         """
         T = idx.shape[1]
         span = cache.span(T) if cache is not None else positions.Span(start_pos, T, T, idx.device)
         x = self.drop(self.pos.embed(self.wte(idx), span))  # (B, T, C)
         for block in self.blocks:
             x = block(x, self.pos, span, cache)
-        if cache is not None:
-            cache.advance(T)
         x = self.ln_f(x)
         if targets is None:
             return self.head(x[:, -1:, :]), None  # (B, 1, vocab)

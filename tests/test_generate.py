@@ -12,14 +12,21 @@ from conftest import tiny_model as tiny
 from generate import GREEDY, KVCache, Sampling, StaticKVCache, generate
 
 
+def read(model, tokens, cache):
+    """The logits of a forward through the cache, which then holds the tokens (as a decoder advances it)."""
+    logits, _ = model(tokens, cache=cache)
+    cache.advance(tokens.shape[1])
+    return logits
+
+
 @pytest.mark.parametrize("pos_emb", positions.SCHEMES)
 def test_cached_logits_equal_full_recompute(pos_emb):
     model = tiny(pos_emb)
     idx = torch.randint(0, 11, (2, 14))
     full = all_logits(model, idx)
     cache = KVCache(model.config, 2, 16, "cpu", torch.float32)
-    prefill, _ = model(idx[:, :9], cache=cache)  # last position only
-    steps = [model(idx[:, t:t + 1], cache=cache)[0] for t in range(9, 14)]
+    prefill = read(model, idx[:, :9], cache)  # last position only
+    steps = [read(model, idx[:, t:t + 1], cache) for t in range(9, 14)]
     torch.testing.assert_close(prefill[:, -1], full[:, 8], atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(torch.cat(steps, 1), full[:, 9:], atol=1e-5, rtol=1e-4)
 
@@ -35,8 +42,8 @@ def test_static_cache_logits_equal_full_recompute(pos_emb):
     cache = StaticKVCache(model.config, 2, 16, "cpu", torch.float32)
     for k in (*cache.k, *cache.v):
         k.normal_()  # stale values from an earlier window
-    prefill, _ = model(idx[:, :9], cache=cache)
-    steps = [model(idx[:, t:t + 1], cache=cache)[0] for t in range(9, 14)]
+    prefill = read(model, idx[:, :9], cache)
+    steps = [read(model, idx[:, t:t + 1], cache) for t in range(9, 14)]
     assert cache.length.item() == 14 and cache.k[0].shape[2] == 16
     torch.testing.assert_close(prefill[:, -1], full[:, 8], atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(torch.cat(steps, 1), full[:, 9:], atol=1e-5, rtol=1e-4)
