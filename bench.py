@@ -11,7 +11,6 @@ are timed in turn within each repeat, so load from other processes falls on all 
 and their ratios stay fair on a shared machine.
 """
 
-import argparse
 import itertools
 import json
 import os
@@ -21,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -28,6 +28,7 @@ from tqdm import tqdm
 
 import config
 import rope
+from config import POSITIVE, opt
 from files import read_log
 from generate import Sampling, generate
 from model import GPT, GPTConfig
@@ -44,24 +45,24 @@ QUICK = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, dropout=0.0, vocab_s
 ROPE_SHAPE, ROPE_SHAPE_QUICK = (8, 6, 256, 64), (2, 2, 32, 16)  # (B, H, T, d): six 64-wide heads at context 256
 
 
-def arg_parser():
-    p = config.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--json", action="store_true", help="print one JSON object a line instead of a table")
-    p.add_argument("--device", default=None, help="auto, cpu, cuda, cuda:N or mps (default: the config's, auto)")
-    p.add_argument("--config", default=None, metavar="TOML",
-                   help="a run config giving the model and batch shape (default: configs/shakespeare_char_cpu.toml, "
-                        "nanoGPT's CPU recipe shape; --quick: a tiny model)")
-    p.add_argument("--only", default=",".join(DEFAULT_BENCHES), metavar="NAME[,NAME]",
-                   help=f"benches to run: {', '.join(BENCHES)} (default: all but to_loss)")
-    p.add_argument("--quick", action="store_true", help="a tiny model, few repeats and no torch.compile: seconds, for CI")
-    p.add_argument("--repeats", type=config.positive_int, default=None, help="timed repeats per variant (default per bench)")
-    p.add_argument("--threads", type=config.positive_int, default=None,
-                   help="CPU threads for torch (default: torch's choice; 1 with --quick, which on a busy machine "
-                        "is faster than threads waiting on each other)")
-    p.add_argument("--new_tokens", type=config.positive_int, default=None, help="tokens per generation (default 500; 16 quick)")
-    p.add_argument("--nanogpt", default=None, metavar="DIR",
-                   help="to_loss: a nanoGPT checkout (github.com/karpathy/nanoGPT) with data/shakespeare_char prepared")
-    return p
+@dataclass
+class BenchConfig:
+    json: bool = opt(False, "print one JSON object a line instead of a table")
+    device: str | None = opt(None, "auto, cpu, cuda, cuda:N or mps (default: the config's, auto)")
+    config: str | None = opt(None, "a run config (TOML) giving the model and batch shape (default: "
+                                   "configs/shakespeare_char_cpu.toml, nanoGPT's CPU recipe shape; quick: a tiny model)")
+    only: str = opt("", "benches to run, comma-separated: matmul_peak, train_step, generate, rope_apply, to_loss "
+                        "(default: all but to_loss, which takes minutes and needs nanoGPT)")
+    quick: bool = opt(False, "a tiny model, few repeats and no torch.compile: seconds, for CI")
+    repeats: int | None = opt(None, "timed repeats per variant (default per bench)", check=POSITIVE)
+    threads: int | None = opt(None, "CPU threads for torch (default: torch's choice; 1 with quick, which on a busy "
+                                    "machine is faster than threads waiting on each other)", check=POSITIVE)
+    new_tokens: int | None = opt(None, "tokens per generation (default 500; 16 quick)", check=POSITIVE)
+    nanogpt: str | None = opt(None, "to_loss: a nanoGPT checkout (github.com/karpathy/nanoGPT) with "
+                                    "data/shakespeare_char prepared")
+
+    def __post_init__(self):
+        config.validate(self)
 
 
 # ----------------------------------------------------------------------------- timing
@@ -372,10 +373,10 @@ class Run:
 
 
 def parse_only(text):
-    names = [n.strip() for n in text.split(",") if n.strip()]
+    names = [n.strip() for n in text.split(",") if n.strip()] or DEFAULT_BENCHES
     bad = [n for n in names if n not in BENCHES]
-    if bad or not names:
-        raise ValueError(f"--only={text!r}: unknown bench {', '.join(bad) or '(none given)'}; "
+    if bad:
+        raise ValueError(f"only={text!r}: unknown bench {', '.join(bad)}; "
                          f"choose from {', '.join(BENCHES)}")
     return names
 
@@ -410,23 +411,22 @@ def table_header(run, only):
     return "\n".join(lines)
 
 
+def bench(args):
+    only = parse_only(args.only)
+    run = Run(args)
+    if not args.json:
+        print(table_header(run, only), flush=True)
+    for name in BENCHES:
+        if name not in only:
+            continue
+        for variant, figures in BENCHES[name](run):
+            line = json.dumps({"bench": name, "device": run.rt.device, **variant, **figures}) if args.json \
+                else table_row(name, variant, figures)
+            print(line, flush=True)
+
+
 def main(argv=None):
-    args = arg_parser().parse_args(argv)
-    try:
-        only = parse_only(args.only)
-        run = Run(args)
-        if not args.json:
-            print(table_header(run, only), flush=True)
-        for name in BENCHES:
-            if name not in only:
-                continue
-            for variant, figures in BENCHES[name](run):
-                line = json.dumps({"bench": name, "device": run.rt.device, **variant, **figures}) if args.json \
-                    else table_row(name, variant, figures)
-                print(line, flush=True)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
+    config.main(argv, __doc__, (BenchConfig,), bench)
 
 
 if __name__ == "__main__":

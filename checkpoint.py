@@ -1,4 +1,5 @@
-"""Checkpoints: atomic writes, safe (weights_only) loads, the RNG state a resume needs, a model from a file.
+"""Checkpoints: the format (written and read here alone), safe (weights_only) loads, the checks a resume needs, and
+`load_source`: a model and its tokenizer from a run folder, a checkpoint file or a transformers checkpoint.
 
 A checkpoint is a plain dict of tensors, numbers and strings, so torch.load(weights_only=True) reads
 it; model weights are saved from the unwrapped module, without any compile prefix.
@@ -6,18 +7,27 @@ it; model weights are saved from the unwrapped module, without any compile prefi
 
 import random
 import re
+import time
 import warnings
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
 
+import positions
+from config import weightless
 from files import atomic_write
 from model import GPT, GPTConfig
 
 RESUME_KEYS = ("model", "optimizer", "scaler", "iter", "best_val_loss", "rng", "tokenizer")
 CHECKPOINTS = {"best": ("best.pt", "ckpt.pt"), "latest": ("ckpt.pt",)}  # a run's file names tried, in order
+RENAMED = {"rope_original_len": "original_len"}  # model settings of older checkpoints, by their name now
+TOKENIZER_KEYS = ("tokenizer", "chars", "eot", "bpe_ranks", "hf_tokenizer")  # what tells two vocabularies apart
 
+
+# ----------------------------------------------------------------------------- the format
 
 def rng_state():
     np_state = np.random.get_state()
@@ -34,6 +44,27 @@ def set_rng_state(state):
         torch.cuda.set_rng_state_all(state["cuda"])
     name, keys, *rest = state["numpy"]
     np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))
+
+
+def pack(state, info):
+    """A training checkpoint of state (train.TrainState: the unwrapped model, optimizer, loss scaler, progress) and
+    the run's info (its settings, tokenizer and record), with the RNG states a resume restores."""
+    return {"model": state.model.state_dict(), "model_config": state.model.config.asdict(),
+            "optimizer": state.optimizer.state_dict(),
+            "scaler": state.scaler.state_dict() if state.scaler.is_enabled() else {}, "iter": state.iter,
+            "best_val_loss": state.best_val, "rng": rng_state(), "elapsed_s": state.elapsed(), **info}
+
+
+def unpack(state, ckpt):
+    """Restore state from a checkpoint pack wrote (resumable_checkpoint has checked it)."""
+    state.model.load_state_dict(ckpt["model"])
+    state.optimizer.load_state_dict(ckpt["optimizer"])
+    if ckpt["scaler"]:
+        state.scaler.load_state_dict(ckpt["scaler"])
+    state.iter = state.saved_at = ckpt["iter"]
+    state.best_val = ckpt["best_val_loss"]
+    state.started = time.perf_counter() - ckpt.get("elapsed_s", 0.0)  # the clock runs on from the checkpoint's
+    set_rng_state(ckpt["rng"])
 
 
 def save_checkpoint(obj, path):
@@ -59,29 +90,13 @@ def load_checkpoint(path, device="cpu"):
                          f"({type(e).__name__}: {why[:120]})") from None
     if not isinstance(ckpt, dict) or not {"model", "model_config"} <= ckpt.keys():
         raise ValueError(f"{str(path)!r} is not a nanorope checkpoint (it lacks the model and model_config entries)")
+    ckpt["model_config"] = {RENAMED.get(k, k): v for k, v in ckpt["model_config"].items()}
     return ckpt
 
 
 def checkpoint_in(out_dir, which):
     """The checkpoint file in the run folder out_dir that `which` (best, latest) names, or None."""
     return next((Path(out_dir) / n for n in CHECKPOINTS[which] if (Path(out_dir) / n).is_file()), None)
-
-
-def load_run(path, which="latest", device="cpu"):
-    """(file, checkpoint) of a training run: path is a checkpoint file, or a run folder whose `which` checkpoint is
-    taken. One without the tokenizer train.py saves (weights alone) is refused: sampling, export and fine-tuning
-    all need it."""
-    path = Path(path)
-    if not path.is_file():  # a run folder, or a missing one
-        found = checkpoint_in(path, which)
-        if found is None:
-            raise ValueError(f"no checkpoint in {str(path)!r} (looked for {' or '.join(CHECKPOINTS[which])}); train "
-                             f"first (python train.py --out_dir={path}) or pass the run's folder")
-        path = found
-    ckpt = load_checkpoint(path, device)
-    if "tokenizer" not in ckpt:
-        raise ValueError(f"{str(path)!r} is not a nanorope checkpoint (it lacks the tokenizer entry)")
-    return path, ckpt
 
 
 def model_from_checkpoint(ckpt, device="cpu", path="the checkpoint"):
@@ -94,37 +109,99 @@ def model_from_checkpoint(ckpt, device="cpu", path="the checkpoint"):
     return model.to(device)
 
 
-def config_diff(ckpt, config, meta, may_differ, saved=None):
-    """['key: checkpoint X, now Y', ...] for each model setting outside may_differ in which the checkpoint's (or the
-    saved config given) differs from config, and for a vocabulary that differs from the dataset's (meta)."""
-    saved = GPTConfig().asdict() | (saved or ckpt["model_config"])  # a setting newer than the checkpoint: its default
-    diff = [f"{k}: checkpoint {saved[k]!r}, now {v!r}" for k, v in config.asdict().items()
-            if saved[k] != v and k not in may_differ]
-    if any(ckpt["tokenizer"].get(k) != meta.get(k) for k in ("tokenizer", "chars", "eot", "bpe_ranks")):
-        diff.append(f"tokenizer: dataset {meta['dataset']!r} has another vocabulary")
-    return diff
+# ----------------------------------------------------------------------------- sources: what a model comes from
+
+@dataclass
+class Source:
+    """A model to sample, export or fine-tune: its config, its tokenizer (meta), what it is (label, e.g. the
+    checkpoint's path), its run's figures (iter, best_val_loss) and how its weights go into a model."""
+    config: GPTConfig
+    meta: dict
+    label: str
+    info: dict
+    load_into: Callable  # a GPT of a config fine_tune_config allows -> the same GPT holding the source's weights
+
+    def model(self, device="cpu"):
+        return self.load_into(GPT(self.config)).to(device)
 
 
-def init_from_checkpoint(model, path, meta):
-    """Fine-tuning's start: model's weights from the checkpoint at path (a file, or a run folder holding ckpt.pt).
-    Only what no weight depends on may differ: the context length, the RoPE scaling, dropout."""
-    path, ckpt = load_run(path)
-    diff = config_diff(ckpt, model.config, meta, may_differ=("block_size", "dropout", "rope_scaling",
-                                                            "rope_scaling_factor", "rope_original_len"))
-    if diff:
-        raise ValueError(f"init_from={str(path)!r} is another model (" + "; ".join(diff) + "); only block_size, "
-                         "dropout and the RoPE scaling may change when fine-tuning")
+def load_source(spec, flag, which="latest"):
+    """The Source spec names: a run folder (its `which` checkpoint), a checkpoint file, or hf:NAME_OR_PATH (a
+    transformers GPT-2 or GPT-NeoX checkpoint, with its own tokenizer). Every error is one line naming the setting
+    the user typed, flag=spec."""
+    import hf  # transformers is imported where it is used
+    where = f"{flag}={spec}"
+    if spec.startswith(hf.PREFIX):
+        return hf.source(spec.removeprefix(hf.PREFIX), where)
+    path = Path(spec)
+    if not path.exists():
+        raise ValueError(f"{where}: no such run folder or checkpoint file")
+    if path.is_dir():
+        found = checkpoint_in(path, which)
+        if found is None:
+            raise ValueError(f"{where}: no checkpoint in that folder (looked for {' or '.join(CHECKPOINTS[which])}); "
+                             f"train first (python train.py --out_dir={spec}) or name the run's folder")
+        path = found
     try:
-        model.load_state_dict(ckpt["model"])
-    except RuntimeError as e:  # e.g. learned positions: their table's size is block_size
-        raise ValueError(f"init_from={str(path)!r}: its weights do not fit this model "
-                         f"({str(e).splitlines()[-1].strip()[:200]})") from None
+        ckpt = load_checkpoint(path)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
+    if "tokenizer" not in ckpt:
+        raise ValueError(f"{where}: {str(path)!r} holds weights alone, without the tokenizer train.py saves")
+
+    def load_into(model):
+        try:
+            model.load_state_dict(ckpt["model"])
+        except RuntimeError as e:  # e.g. learned positions: their table's size is block_size
+            raise ValueError(f"{where}: its weights do not fit this model "
+                             f"({str(e).splitlines()[-1].strip()[:200]})") from None
+        return model
+    try:
+        config = GPTConfig(**ckpt["model_config"])
+    except TypeError as e:  # settings of another program or version
+        raise ValueError(f"{where}: {str(path)!r} does not fit nanorope's model ({e})") from None
+    return Source(config, ckpt["tokenizer"], str(path), {k: ckpt.get(k) for k in ("iter", "best_val_loss")},
+                  load_into)
+
+
+def same_tokenizer(meta, other):
+    return all(meta.get(k) == other.get(k) for k in TOKENIZER_KEYS)
+
+
+def tokenizer_name(meta):
+    return f"the {meta['tokenizer']} tokenizer" + (f" of {meta['hf_name']}" if meta["tokenizer"] == "hf" else "")
+
+
+def fine_tune_config(source, config, meta, where):
+    """The model config of a fine-tune from source on a dataset (its meta): the source's architecture with config's
+    settings that no weight depends on (config.weightless: context, dropout, RoPE scaling), and L0 the source's own
+    wherever block_size grows past it. Any other setting of config that is not at its default must equal the
+    source's, and the dataset must be tokenized as the source was."""
+    if not same_tokenizer(source.meta, meta):
+        hint = (f"; prepare it with python data/prepare.py --tokenizer hf:{source.meta['hf_name']} --input CORPUS "
+                "--dataset NAME" if source.meta["tokenizer"] == "hf" else "")
+        raise ValueError(f"{where} reads the ids of {tokenizer_name(source.meta)}, but dataset {meta['dataset']!r} was "
+                         f"prepared with {tokenizer_name(meta)}{hint}")
+    defaults, kept = GPTConfig(), weightless(GPTConfig)
+    clash = [f"{k}: {where} has {v!r}, this run {getattr(config, k)!r}" for k, v in source.config.asdict().items()
+             if k not in kept and k != "vocab_size" and getattr(config, k) not in (v, getattr(defaults, k))]
+    if clash:
+        raise ValueError(f"{where} is another model ({'; '.join(clash)}); a fine-tune keeps its architecture and may "
+                         f"change only {', '.join(kept)}")
+    if not positions.scheme(source.config.pos_emb).extrapolates and config.block_size > source.config.block_size:
+        raise ValueError(f"block_size={config.block_size} is past {where}'s learned position table "
+                         f"({source.config.block_size} positions); use block_size <= {source.config.block_size}")
+    L0 = min(source.config.original_len, config.block_size)
+    if config.original_len not in (config.block_size, L0):
+        raise ValueError(f"original_len={config.original_len} contradicts {where}, which learned L0 = "
+                         f"{source.config.original_len}: a fine-tune keeps the length its model first learned")
+    return replace(source.config, **{k: getattr(config, k) for k in kept} | {"original_len": L0})
 
 
 def resumable_checkpoint(path, config, meta, max_iters, optimizer="adamw"):
     """ckpt.pt, loaded to the CPU (RNG states must stay there), or a refusal naming every field in which config
-    differs from the run's model config as it started (its record: a DroPE run's model has lost RoPE by its later
-    checkpoints), or its other optimizer."""
+    differs from the run's model config as it started (its record: a schedule may change the model's config later,
+    as DroPE's drop does), or its other optimizer."""
     ckpt = load_checkpoint(path)
     missing = [k for k in RESUME_KEYS if k not in ckpt]
     if missing:
@@ -135,8 +212,12 @@ def resumable_checkpoint(path, config, meta, max_iters, optimizer="adamw"):
         raise ValueError(f"cannot resume: the checkpoint was trained with optimizer={saved!r}, this run asks for "
                          f"optimizer={optimizer!r}, whose state it does not hold; pass --optimizer={saved} or use a "
                          "new out_dir")
-    started = ckpt.get("record", {}).get("model")  # checkpoints from before the record: the model's own config
-    diff = config_diff(ckpt, config, meta, may_differ=("dropout",), saved=started)
+    started = ckpt.get("record", {}).get("model", ckpt["model_config"])  # before the record: the model's own
+    started = GPTConfig(**{RENAMED.get(k, k): v for k, v in started.items()}).asdict()  # a newer setting: its default
+    diff = [f"{k}: checkpoint {started[k]!r}, now {v!r}" for k, v in config.asdict().items()
+            if started[k] != v and k != "dropout"]
+    if not same_tokenizer(ckpt["tokenizer"], meta):
+        diff.append(f"tokenizer: dataset {meta['dataset']!r} has another vocabulary")
     if diff:
         raise ValueError("cannot resume: this run's model differs from the checkpoint's (" + "; ".join(diff) +
                          f"); pass the settings in {str(path.parent / 'config.json')!r} or use a new out_dir")

@@ -1,8 +1,8 @@
 """Export a trained run to a Hugging Face transformers model folder that loads with no custom code.
 
-    python export.py out hf-out                          best.pt of out/ (else ckpt.pt) into hf-out/
-    python export.py out hf-out --checkpoint=latest      ckpt.pt
-    python export.py out hf-out --rope_scaling=dynamic --rope_scaling_factor=4    set up for 4x the context
+    python export.py --out_dir=out --hf_dir=hf-out            best.pt of out/ (else ckpt.pt) into hf-out/
+    python export.py --out_dir=out --hf_dir=hf-out --checkpoint=latest      ckpt.pt
+    python export.py --out_dir=out --hf_dir=hf-out --rope_scaling=dynamic --rope_scaling_factor=4    for 4x the context
 
 then, in Python:
 
@@ -30,15 +30,15 @@ checked against nanorope's on a probe and the largest difference printed. transf
 block_size without nanorope's window slide (and GPT-2 cannot: its positions stop at block_size).
 """
 
-import argparse
-import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import config
 import hf
-import rope
-from checkpoint import CHECKPOINTS, load_run, model_from_checkpoint
+from checkpoint import CHECKPOINTS, load_source
+from config import one_of, opt
 from data.tokenizer import tokenizer_from_meta
+from model import GPTConfig
 
 RUN_FILES = ("ckpt.pt", "best.pt", "metrics.jsonl")  # a folder holding one is a run: its config.json is not ours
 PROBE_TOLERANCE = 1e-3  # largest logit difference, relative to the largest logit, that float32 rounding explains
@@ -82,53 +82,52 @@ def ranks_converter(tf):
 
 # ----------------------------------------------------------------------------- the command
 
-def export(out_dir, hf_dir, which="best", rope_scaling=None, rope_scaling_factor=None):
-    """Write hf_dir from out_dir's checkpoint; returns the largest logit difference of the check."""
-    hf_dir = Path(hf_dir)
+@dataclass
+class ExportConfig:
+    out_dir: str = opt("out", "the training run's folder (best.pt / ckpt.pt) or a checkpoint file")
+    hf_dir: str = opt("", "the transformers model folder to write (created; files of an earlier export there are "
+                          "replaced)")
+    checkpoint: str = opt("best", "best.pt or ckpt.pt (latest)", check=one_of(tuple(CHECKPOINTS)))
+    rope_scaling: str | None = opt(None, "a RoPE scaling to export the model with (RoPE models)",
+                                   check=config.check_of(GPTConfig, "rope_scaling"))
+    rope_scaling_factor: float | None = opt(None, "its factor s: the model is set up for s times block_size",
+                                            check=config.check_of(GPTConfig, "rope_scaling_factor"))
+
+    def __post_init__(self):
+        config.validate(self)
+        if not self.hf_dir:
+            raise ValueError("hf_dir is empty; name the folder to write, e.g. --hf_dir=hf-out")
+        if (self.rope_scaling is None) != (self.rope_scaling_factor is None):
+            raise ValueError("rope_scaling and rope_scaling_factor go together: name the scaling and its factor")
+
+
+def export(ec):
+    """Write ec.hf_dir from the checkpoint of ec.out_dir; returns the largest logit difference of the check."""
+    hf_dir = Path(ec.hf_dir)
     if hf_dir.is_file() or any((hf_dir / name).exists() for name in RUN_FILES):
-        raise ValueError(f"{str(hf_dir)!r} is a file or a training run's folder; name a new folder for the export")
-    if (rope_scaling is None) != (rope_scaling_factor is None):
-        raise ValueError("--rope_scaling and --rope_scaling_factor go together: name the scaling and its factor")
-    path, ckpt = load_run(out_dir, which)
-    model = model_from_checkpoint(ckpt, path=path).float().eval()  # written, and checked, in float32
-    if rope_scaling is not None:
-        model.reconfigure(rope_scaling=rope_scaling, rope_scaling_factor=rope_scaling_factor)
+        raise ValueError(f"hf_dir={ec.hf_dir}: a file or a training run's folder; name a new folder for the export")
+    source = load_source(ec.out_dir, "out_dir", ec.checkpoint)
+    model = source.model().float().eval()  # written, and checked, in float32
+    if ec.rope_scaling is not None:
+        model.reconfigure(rope_scaling=ec.rope_scaling, rope_scaling_factor=ec.rope_scaling_factor)
     try:
-        model_hf = hf.exported(model, ckpt["tokenizer"])
+        model_hf = hf.exported(model, source.meta)
     except ValueError as e:
-        raise ValueError(f"cannot export {str(path)!r}: {e}") from None
-    tok = hf_tokenizer(ckpt["tokenizer"], model_hf.config.max_position_embeddings)
+        raise ValueError(f"cannot export {source.label}: {e}") from None
+    tok = hf_tokenizer(source.meta, model_hf.config.max_position_embeddings)
     diff, scale = hf.max_logit_difference(model, model_hf)
     assert diff <= PROBE_TOLERANCE * max(1.0, scale), f"exported logits differ from nanorope's by {diff:.3g}"
     model_hf.save_pretrained(hf_dir)
     tok.save_pretrained(hf_dir)
     c = model.config
-    print(f"{path} -> {hf_dir}/ as {type(model_hf).__name__} ({c.pos_emb}"
+    print(f"{source.label} -> {hf_dir}/ as {type(model_hf).__name__} ({c.pos_emb}"
           + (f", {c.rope_scaling} x{c.rope_scaling_factor:g}" if c.scaled else "")
-          + f"; tokenizer {ckpt['tokenizer']['tokenizer']}): logits agree with nanorope's to {diff:.2g}")
+          + f"; tokenizer {source.meta['tokenizer']}): logits agree with nanorope's to {diff:.2g}")
     return diff
 
 
-def arg_parser():
-    p = config.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("out_dir", help="the training run's folder (best.pt / ckpt.pt)")
-    p.add_argument("hf_dir", help="the transformers model folder to write (created; files of an earlier export "
-                                  "there are replaced)")
-    p.add_argument("--checkpoint", choices=tuple(CHECKPOINTS), default="best", help="best.pt or ckpt.pt (latest)")
-    p.add_argument("--rope_scaling", choices=tuple(rope.SCALINGS), default=None,
-                   help="a RoPE scaling to export the model with (RoPE models)")
-    p.add_argument("--rope_scaling_factor", type=config.checked(float, lambda v: v >= 1, "a factor >= 1"),
-                   default=None, help="its factor s: the model is set up for s times block_size")
-    return p
-
-
 def main(argv=None):
-    args = arg_parser().parse_args(argv)
-    try:
-        export(args.out_dir, args.hf_dir, args.checkpoint, args.rope_scaling, args.rope_scaling_factor)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
+    config.main(argv, __doc__, (ExportConfig,), export)
 
 
 if __name__ == "__main__":

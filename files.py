@@ -184,6 +184,12 @@ def read_log(path):
     return lines
 
 
+def trim_log(path, upto):
+    """Keep the log lines of iterations up to upto (torn ones dropped): the resumed run logs the later ones again."""
+    kept = "".join(json.dumps(m) + "\n" for m in read_log(path) if m["iter"] <= upto)
+    atomic_write(path, lambda f: f.write(kept.encode()))
+
+
 def append_line(f, line):
     """Append one text line to the open log f and flush it; a torn line is what a crash leaves (readers skip
     it). A failed write raises WriteError."""

@@ -14,10 +14,8 @@ import torch
 
 import positions
 import rope
-from data.tokenizer import hf_tokenizer_fields
-from model import GPT, GPTConfig
-
-PREFIX = "hf:"  # init_from=hf:NAME_OR_PATH names a transformers checkpoint, anything else a nanorope run
+from data.tokenizer import HF_PREFIX as PREFIX, hf_checkpoint, hf_tokenizer_fields  # hf:NAME_OR_PATH
+from model import GPTConfig
 # what GPT-NeoX, Persimmon and GPT-2 lack for each scheme that export refuses; a scheme not named here is refused too
 LACKS = {
     "sinusoidal": "a fixed sinusoidal table added to sqrt(n_embd)-scaled token embeddings",
@@ -262,74 +260,65 @@ def max_logit_difference(model, model_hf):
 
 # ----------------------------------------------------------------------------- in: a transformers checkpoint as ours
 
-def pretrained_config(name):
+def pretrained_config(name, where):
     """The transformers config of NAME_OR_PATH (downloaded and cached by transformers as usual), or one line."""
-    tf = transformers()
+    tf, found = transformers(), hf_checkpoint(name, where)
     try:
-        return tf.AutoConfig.from_pretrained(name)
-    except (OSError, ValueError) as e:  # not found locally or on the hub, offline, or not a model folder
-        raise ValueError(f"init_from=hf:{name}: no transformers model of that name or path could be loaded "
+        return tf.AutoConfig.from_pretrained(found)
+    except (OSError, ValueError) as e:  # not a model folder, or a name the hub does not know
+        raise ValueError(f"{where}: no transformers model of that name or path could be loaded "
                          f"({str(e).splitlines()[0][:160]})") from None
 
 
-def require(name, what, value, wanted):
+def require(where, what, value, wanted):
     if value != wanted:
-        raise ValueError(f"init_from=hf:{name}: {what}={value!r} has no nanorope equivalent (it needs {wanted!r})")
+        raise ValueError(f"{where}: {what}={value!r} has no nanorope equivalent (it needs {wanted!r})")
 
 
-def activation(name, hidden_act):
+def activation(where, hidden_act):
     acts = {v: k for k, v in HIDDEN_ACTS.items()} | {"gelu_pytorch_tanh": "gelu_tanh"}
     if hidden_act not in acts:
-        raise ValueError(f"init_from=hf:{name}: activation {hidden_act!r} has no nanorope equivalent; "
-                         f"supported: {', '.join(acts)}")
+        raise ValueError(f"{where}: activation {hidden_act!r} has no nanorope equivalent; supported: {', '.join(acts)}")
     return acts[hidden_act]
 
 
-def imported_config(name, hf):
-    """GPTConfig fields of the architecture hf (a transformers config) describes; one line for anything that does
-    not map."""
+def import_config(where, hf):
+    """The GPTConfig of the architecture hf (a transformers config) describes, at its own context; one line for
+    anything that does not map."""
     arch = (hf.architectures or [type(hf).__name__])[0]
     if hf.model_type == "gpt2":
-        require(name, "n_inner", hf.n_inner or 4 * hf.n_embd, 4 * hf.n_embd)
-        require(name, "scale_attn_by_inverse_layer_idx", hf.scale_attn_by_inverse_layer_idx, False)
-        require(name, "layer_norm_epsilon", hf.layer_norm_epsilon, 1e-5)
-        return dict(vocab_size=hf.vocab_size, block_size=hf.n_positions, n_layer=hf.n_layer, n_head=hf.n_head,
-                    n_embd=hf.n_embd, bias=True, pos_emb=positions.Learned.name, mlp_act=activation(name, hf.activation_function),
-                    tie_embeddings=hf.tie_word_embeddings)
+        require(where, "n_inner", hf.n_inner or 4 * hf.n_embd, 4 * hf.n_embd)
+        require(where, "scale_attn_by_inverse_layer_idx", hf.scale_attn_by_inverse_layer_idx, False)
+        require(where, "layer_norm_epsilon", hf.layer_norm_epsilon, 1e-5)
+        return GPTConfig(vocab_size=hf.vocab_size, block_size=hf.n_positions, n_layer=hf.n_layer, n_head=hf.n_head,
+                         n_embd=hf.n_embd, bias=True, pos_emb=positions.Learned.name,
+                         mlp_act=activation(where, hf.activation_function), tie_embeddings=hf.tie_word_embeddings)
     if hf.model_type == "gpt_neox":
-        require(name, "intermediate_size", hf.intermediate_size, 4 * hf.hidden_size)
-        require(name, "layer_norm_eps", hf.layer_norm_eps, 1e-5)
-        require(name, "attention_bias", hf.attention_bias, True)
+        require(where, "intermediate_size", hf.intermediate_size, 4 * hf.hidden_size)
+        require(where, "layer_norm_eps", hf.layer_norm_eps, 1e-5)
+        require(where, "attention_bias", hf.attention_bias, True)
         rp = hf.rope_parameters
-        require(name, "rope_type", rp.get("rope_type", "default"), "default")
-        return dict(vocab_size=hf.vocab_size, block_size=hf.max_position_embeddings, n_layer=hf.num_hidden_layers,
-                    n_head=hf.num_attention_heads, n_embd=hf.hidden_size, bias=True, pos_emb=positions.RoPE.name,
-                    rope_base=float(rp["rope_theta"]), rope_fraction=float(rp.get("partial_rotary_factor", 1.0)),
-                    rope_layout="half", mlp_act=activation(name, hf.hidden_act),
-                    parallel_residual=hf.use_parallel_residual, tie_embeddings=hf.tie_word_embeddings)
-    raise ValueError(f"init_from=hf:{name} is a {arch} ({hf.model_type}); nanorope imports GPT-2 (gpt2) and the "
-                     "GPT-NeoX family (gpt_neox: Pythia)")
+        require(where, "rope_type", rp.get("rope_type", "default"), "default")
+        return GPTConfig(vocab_size=hf.vocab_size, block_size=hf.max_position_embeddings,
+                         n_layer=hf.num_hidden_layers, n_head=hf.num_attention_heads, n_embd=hf.hidden_size,
+                         bias=True, pos_emb=positions.RoPE.name, rope_base=float(rp["rope_theta"]),
+                         rope_fraction=float(rp.get("partial_rotary_factor", 1.0)), rope_layout="half",
+                         mlp_act=activation(where, hf.hidden_act), parallel_residual=hf.use_parallel_residual,
+                         tie_embeddings=hf.tie_word_embeddings)
+    raise ValueError(f"{where} is a {arch} ({hf.model_type}); nanorope imports GPT-2 (gpt2) and the GPT-NeoX family "
+                     "(gpt_neox: Pythia)")
 
 
-def import_config(name, gcfg=None):
-    """The model config of init_from=hf:name: the checkpoint's architecture, with gcfg's context length
-    (block_size), dropout and RoPE scaling, the settings that no weight depends on (without gcfg: its own)."""
-    fields = imported_config(name, pretrained_config(name))
-    if gcfg is None:
-        return GPTConfig(**fields)
-    if not positions.scheme(fields["pos_emb"]).extrapolates and gcfg.block_size > fields["block_size"]:
-        raise ValueError(f"block_size={gcfg.block_size} is past init_from=hf:{name}'s learned position table "
-                         f"({fields['block_size']} positions); use block_size <= {fields['block_size']}")
-    kept = {k: getattr(gcfg, k) for k in ("block_size", "dropout", "rope_scaling", "rope_scaling_factor",
-                                          "rope_original_len")}
-    return GPTConfig(**(fields | kept))
-
-
-def load_pretrained(model, name):
-    """model (built from import_config(name, ...)) with the checkpoint's weights; a learned position table is cut
-    to the model's block_size."""
+def load_pretrained(model, name, where):
+    """model (of a config checkpoint.fine_tune_config allows) with the checkpoint's weights; a learned position
+    table is cut to the model's block_size. A damaged weights file is one line naming it."""
+    from safetensors import SafetensorError  # installed with transformers
     tf = transformers()
-    hf = tf.AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32)
+    try:
+        hf = tf.AutoModelForCausalLM.from_pretrained(hf_checkpoint(name, where), dtype=torch.float32)
+    except (SafetensorError, OSError, RuntimeError) as e:
+        raise ValueError(f"{where}: its weights cannot be read ({str(e).splitlines()[0][:200]}); the file is damaged "
+                         "or incomplete: download it again") from None
     theirs, c = hf.state_dict(), model.config
     if ARCHITECTURES[positions.scheme(c.pos_emb)] is gpt2:
         names = gpt2_names(c)
@@ -345,7 +334,9 @@ def load_pretrained(model, name):
     return model
 
 
-def pretrained(name, device="cpu"):
-    """(model, tokenizer meta) of hf:name for sampling: the checkpoint at its own context, with its own tokenizer."""
-    model = load_pretrained(GPT(import_config(name)), name).to(device).eval()
-    return model, hf_tokenizer_fields(name)
+def source(name, where):
+    """checkpoint.Source of hf:name: its architecture at its own context, with its own tokenizer."""
+    from checkpoint import Source
+    config = import_config(where, pretrained_config(name, where))
+    return Source(config, hf_tokenizer_fields(name, where), PREFIX + name, {},
+                  lambda model: load_pretrained(model, name, where))

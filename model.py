@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 import positions
 import rope
-from config import opt, require_positive
+from config import FRACTION, NON_NEGATIVE, POSITIVE, SHARE, one_of, opt, validate, weightless
 
 
 ACTIVATIONS = {  # mlp_act -> the MLP's nonlinearity
@@ -23,50 +23,73 @@ ACTIVATIONS = {  # mlp_act -> the MLP's nonlinearity
 }
 
 
+RoPE_ONLY, XPOS_ONLY, RNOPE_ONLY = positions.RoPE, positions.XPos, positions.RNoPE  # what a setting applies to
+FIXED_ON_BUILT = ("block_size", "dropout")  # no weight depends on them, but modules are built with them
+
+
 @dataclass
 class GPTConfig:
-    block_size: int = opt(256, "context length the model is trained at (L0)")
-    vocab_size: int = opt(65, "vocabulary size; set from the dataset's meta.json")
-    n_layer: int = opt(6, "number of transformer blocks")
-    n_head: int = opt(6, "attention heads per block")
-    n_embd: int = opt(384, "model width")
-    dropout: float = opt(0.0, "dropout probability (0 for pretraining small models)")
+    block_size: int = opt(256, "context length the model is trained at", weights=False, check=POSITIVE)
+    vocab_size: int = opt(65, "vocabulary size; set from the dataset's meta.json", check=POSITIVE)
+    n_layer: int = opt(6, "number of transformer blocks", check=POSITIVE)
+    n_head: int = opt(6, "attention heads per block", check=POSITIVE)
+    n_embd: int = opt(384, "model width", check=POSITIVE)
+    dropout: float = opt(0.0, "dropout probability (0 for pretraining small models)", weights=False,
+                           check=FRACTION)
     bias: bool = opt(False, "biases in linear layers and layer norms")
     pos_emb: str = opt("rope", "positional scheme: " + ", ".join(positions.SCHEMES))
-    rope_base: float = opt(10000.0, "RoPE base b in theta_i = b^(-2(i-1)/d)")
-    rope_fraction: float = opt(1.0, "fraction of each head's dims that RoPE rotates")
-    rope_layout: str = opt("interleaved", "RoPE pairing: " + ", ".join(rope.LAYOUTS))
-    rope_scaling: str = opt(rope.NO_SCALING, "RoPE context scaling: " + ", ".join(rope.SCALINGS))
-    rope_scaling_factor: float = opt(1.0, "RoPE scaling factor s (1 = plain RoPE)")
-    rope_original_len: int | None = opt(None, "context L0 the RoPE scaling extends (default block_size); a model "
-                                              "fine-tuned at a longer block_size keeps the length it first learned")
-    rope_p: float = opt(1.0, "p-RoPE: fraction of RoPE's frequencies that rotate, the highest (1 = all)")
-    xpos_scale_base: float | None = opt(None, "xpos: B in the decay zeta^((m - n)/B) of its scores (default "
-                                                "block_size / 2, the paper's ratio)")
-    nope_every: int = opt(4, "rnope: every this many layers, the last has no positional information")
+    original_len: int | None = opt(None, "L0, the context the model first learned (default block_size): every "
+                                         "length-relative default reads it, and a fine-tune at a longer block_size "
+                                         "keeps its checkpoint's", weights=False, check=POSITIVE)
+    rope_base: float = opt(10000.0, "RoPE base b in theta_i = b^(-2(i-1)/d)", RoPE_ONLY)
+    rope_fraction: float = opt(1.0, "fraction of each head's dims that RoPE rotates", RoPE_ONLY)
+    rope_layout: str = opt("interleaved", "RoPE pairing: " + ", ".join(rope.LAYOUTS), RoPE_ONLY,
+                           check=one_of(rope.LAYOUTS))
+    rope_scaling: str = opt(rope.NO_SCALING, "RoPE context scaling: " + ", ".join(rope.SCALINGS), RoPE_ONLY,
+                            weights=False, check=one_of(tuple(rope.SCALINGS)))
+    rope_scaling_factor: float = opt(1.0, "RoPE scaling factor s (1: plain RoPE)", RoPE_ONLY, weights=False,
+                                     check=("be a finite number >= 1", lambda v: 1 <= v < math.inf))
+    rope_p: float = opt(1.0, "p-RoPE: fraction of RoPE's frequencies that rotate, the highest (1 = all)", RoPE_ONLY,
+                        check=SHARE)
+    xpos_scale_base: float | None = opt(None, "xpos: B in the decay zeta^((m - n)/B) of its scores (default L0 / 2, "
+                                              "the paper's ratio)", XPOS_ONLY)
+    nope_every: int = opt(4, "rnope: every this many layers, the last has no positional information", RNOPE_ONLY,
+                          check=POSITIVE)
     rnope_window: int | None = opt(None, "rnope: keys a RoPE layer's query sees, sliding-window attention (default "
-                                         "block_size / 2, the paper's ratio)")
+                                         "L0 / 2, the paper's ratio)", RNOPE_ONLY, check=POSITIVE)
     qk_norm: bool = opt(False, "layer-normalise each head's queries and keys (learned gain) before positions and scores")
-    mlp_act: str = opt("gelu", "MLP activation: " + ", ".join(ACTIVATIONS))
+    mlp_act: str = opt("gelu", "MLP activation: " + ", ".join(ACTIVATIONS), check=one_of(tuple(ACTIVATIONS)))
     tie_embeddings: bool = opt(True, "the head reuses the token embedding (false: a head of its own)")
-    logit_softcap: float = opt(0.0, "c > 0 squashes logits to c * tanh(logits / c), in training and sampling (0: off)")
+    logit_softcap: float = opt(0.0, "c > 0 squashes logits to c * tanh(logits / c), in training and sampling (0: off)",
+                               check=NON_NEGATIVE)
     zero_init_proj: bool = opt(False, "the attention and MLP output projections start at zero")
     parallel_residual: bool = opt(False, "attention and MLP read the same input, x + attn(ln_1(x)) + mlp(ln_2(x)), "
                                          "as GPT-NeoX and Pythia (false: one after the other, as GPT-2)")
 
     def __post_init__(self):
         scheme = positions.scheme(self.pos_emb)  # an unknown name fails first
-        require_positive(self, "block_size", "vocab_size", "n_layer", "n_head", "n_embd", "rope_original_len",
-                         "rnope_window")
+        validate(self)
+        if self.original_len is None:  # the config's own default rule, resolved once: a replace() then keeps it
+            self.original_len = self.block_size
+        if self.original_len > self.block_size:
+            raise ValueError(f"original_len={self.original_len} (L0) exceeds block_size={self.block_size}; L0 is the "
+                             "length first trained, at most the context now")
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout={self.dropout} must lie in [0, 1)")
-        if self.mlp_act not in ACTIVATIONS:
-            raise ValueError(f"mlp_act={self.mlp_act!r} is unknown; choose one of {', '.join(ACTIVATIONS)}")
-        if not 0.0 <= self.logit_softcap < math.inf:
-            raise ValueError(f"logit_softcap={self.logit_softcap} must be a finite number >= 0 (0 is off)")
+        if self.rope_scaling == rope.NO_SCALING and self.rope_scaling_factor != 1:
+            raise ValueError(f"rope_scaling_factor={self.rope_scaling_factor:g} does nothing without a rope_scaling "
+                             f"({', '.join(s for s in rope.SCALINGS if s != rope.NO_SCALING)})")
+        for f in fields(self):
+            if getattr(self, f.name) != f.default and not self.takes(f.name):
+                users = ", ".join(name for name in positions.SCHEMES if self.takes(f.name, name))
+                raise ValueError(f"{f.name}={getattr(self, f.name)!r} does nothing for pos_emb={self.pos_emb!r}; it "
+                                 f"applies to pos_emb {users}")
         scheme.check(self)
+
+    def takes(self, name, pos_emb=None):
+        """Whether setting name acts on pos_emb (default this config's scheme), as its field declares."""
+        applies = GPTConfig.__dataclass_fields__[name].metadata["applies"]
+        return applies is None or issubclass(positions.scheme(pos_emb or self.pos_emb), applies)
 
     @property
     def head_dim(self):
@@ -74,23 +97,22 @@ class GPTConfig:
 
     @property
     def xpos_scale(self):
-        """xPos's B: xpos_scale_base, else block_size / 2 (the paper's 512 at a training length of 1,024)."""
-        return self.xpos_scale_base or self.block_size / 2
+        """xPos's B: xpos_scale_base, else L0 / 2 (the paper's 512 at a training length of 1,024)."""
+        return self.xpos_scale_base or self.original_len / 2
 
     @property
     def swa_window(self):
-        """rnope's sliding window: rnope_window, else block_size / 2 (the paper's 4,096 at 8,192)."""
-        return self.rnope_window or max(1, self.block_size // 2)
+        """rnope's sliding window: rnope_window, else L0 / 2 (the paper's 4,096 at 8,192)."""
+        return self.rnope_window or max(1, self.original_len // 2)
 
     @property
     def scaled(self):
         """Whether a RoPE scaling changes anything: every scaling is plain RoPE at factor 1."""
         return self.rope_scaling != rope.NO_SCALING and self.rope_scaling_factor != 1
 
-    @property
-    def original_len(self):
-        """L0, the context a RoPE scaling extends: rope_original_len once fine-tuned past it, else block_size."""
-        return self.rope_original_len or self.block_size
+    def with_scheme(self, name):
+        """This config with pos_emb=name, the settings that do not apply to that scheme back at their defaults."""
+        return replace(self, pos_emb=name, **{f.name: f.default for f in fields(self) if not self.takes(f.name, name)})
 
     def asdict(self):
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -242,19 +264,17 @@ class GPT(nn.Module):
         return c * torch.tanh(logits.float() / c) if c else logits
 
     def reconfigure(self, **changes):
-        """Change settings that no weight depends on: the RoPE scaling (to evaluate or sample past block_size), or
-        the scheme itself between schemes with the same parameters (DroPE's drop of RoPE). The config is replaced
-        and the scheme rebuilt from it, keeping its trained parameters, so model.config always tells the truth."""
-        fixed = [k for k in changes if k not in ("rope_scaling", "rope_scaling_factor", "pos_emb")]
+        """Change settings that no weight depends on (config.weightless: the RoPE scaling to evaluate or sample past
+        block_size, L0), or the scheme itself between schemes with the same parameters (DroPE's drop of RoPE: the
+        settings the new scheme does not take return to their defaults). The config is replaced and the scheme
+        rebuilt from it, keeping its trained parameters, so model.config always tells the truth."""
+        allowed = [k for k in weightless(GPTConfig) if k not in FIXED_ON_BUILT] + ["pos_emb"]
+        fixed = [k for k in changes if k not in allowed]
         if fixed:
-            raise ValueError(f"{', '.join(fixed)} cannot change on a built model; only rope_scaling, "
-                             "rope_scaling_factor and pos_emb can")
-        config = replace(self.config, **changes)
-        scheme = positions.scheme(config.pos_emb)
-        if config.rope_scaling not in (rope.NO_SCALING, *scheme.scalings):
-            raise ValueError(f"rope_scaling={config.rope_scaling!r} does not apply to pos_emb={config.pos_emb!r}, "
-                             f"which takes {', '.join(scheme.scalings) or 'no scaling'}")
-        pos = scheme(config).to(self.wte.weight.device)
+            raise ValueError(f"{', '.join(fixed)} cannot change on a built model; only {', '.join(allowed)} can")
+        config = self.config.with_scheme(changes.pop("pos_emb")) if "pos_emb" in changes else self.config
+        config = replace(config, **changes)
+        pos = positions.scheme(config.pos_emb)(config).to(self.wte.weight.device)
         try:
             pos.load_state_dict(self.pos.state_dict())  # a scheme's trained parameters are kept
         except RuntimeError:  # missing or unexpected keys: the two schemes have different parameters

@@ -1,19 +1,19 @@
 """Loss curves of one or several runs, side by side: train and val loss against steps and against wall seconds.
 
-    python plot.py out-shakespeare-char-cpu                 out-shakespeare-char-cpu/loss.png
-    python plot.py out-rope out-sinusoidal --out=loss.png   several runs in one picture
+    python plot.py --runs=out-shakespeare-char-cpu                  out-shakespeare-char-cpu/loss.png
+    python plot.py --runs=out-rope,out-sinusoidal --out=loss.png    several runs in one picture
 
 Reads each run's metrics.jsonl (train.py writes it); the train loss is the step's, at every logged
 step, and the val loss the evaluations'. Needs matplotlib (`pip install -e ".[plots]"`).
 """
 
-import argparse
 import contextlib
 import json
-import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import config
+from config import opt
 from files import atomic_write, read_log
 
 STYLE = {"train_loss": ("-", 1.0, "train"), "val_loss": ("o-", 2.0, "val")}  # line, width, legend word
@@ -61,18 +61,28 @@ def plot(runs, out):
     plt.close(fig)
 
 
-def main(argv=None):
-    p = config.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("runs", nargs="+", metavar="RUN", help="out_dir of a train.py run")
-    p.add_argument("--out", default=None, help="the PNG to write (default: RUN/loss.png for one run, else loss.png)")
-    args = p.parse_args(argv)
-    out = Path(args.out or (Path(args.runs[0]) / "loss.png" if len(args.runs) == 1 else "loss.png"))
-    try:
-        plot([read_run(r) for r in args.runs], out)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
+@dataclass
+class PlotConfig:
+    runs: str = opt("", "out_dir of each train.py run to draw, comma-separated")
+    out: str = opt("", "the PNG to write (default: RUN/loss.png for one run, else loss.png)")
+
+    def __post_init__(self):
+        if not self.folders:
+            raise ValueError("runs is empty; name the runs' out_dirs, e.g. --runs=out-rope,out-sinusoidal")
+
+    @property
+    def folders(self):
+        return [r.strip() for r in self.runs.split(",") if r.strip()]
+
+
+def plot_runs(pc):
+    out = Path(pc.out or (Path(pc.folders[0]) / "loss.png" if len(pc.folders) == 1 else "loss.png"))
+    plot([read_run(r) for r in pc.folders], out)
     print(f"wrote {out}")
+
+
+def main(argv=None):
+    config.main(argv, __doc__, (PlotConfig,), plot_runs)
 
 
 if __name__ == "__main__":

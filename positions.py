@@ -11,9 +11,9 @@ The last two get the block's index, so a scheme may differ from layer to layer (
 tokens, or in a static-shape decoding step; schemes read positions from it and never ask which.
 
 Class attributes say the rest: `relative` (scores depend on m - n alone), `extrapolates` (whether it runs
-past block_size at all), `scalings` (the `rope_scaling` values it takes at evaluation or sampling time,
-which `GPT.reconfigure` switches through the config); `check(config)` says what the config must satisfy and
-`init_parameter` how the scheme's own parameters start. Adding a scheme is one class here plus its tests:
+past block_size at all); `check(config)` says what the config must satisfy and `init_parameter` how the scheme's
+own parameters start. Which settings act on which schemes (RoPE's scalings on RoPE and its subclasses) each
+GPTConfig field declares. Adding a scheme is one class here plus its tests:
 the config's choices, the ablation grid and every generic test read `SCHEMES`.
 
 RoPE's maths is in rope.py (p-RoPE's too: it is a RoPE option); the other schemes' maths is here.
@@ -95,7 +95,6 @@ class Scheme(nn.Module):
     name = None  # set by register
     relative = True  # scores depend on m - n alone: shifting every position changes nothing
     extrapolates = True  # it can read positions past block_size
-    scalings = ()  # the values rope_scaling may take on a built model (GPT.reconfigure); () if it has none
     attn_factor = 1.0  # multiplier of the softmax scale
 
     def __init__(self, config):
@@ -141,8 +140,6 @@ class RoPE(Scheme):
     """Rotary position embedding (Su et al., RoFormer, eq. 14-15): queries and keys turned by R(m), never values;
     the maths, tables and context-extension scalings are rope.py's."""
 
-    scalings = tuple(rope.SCALINGS)
-
     def __init__(self, config):
         super().__init__(config)
         self.rotary = rope.Rotary(config.head_dim, config.rope_base, config.rope_fraction, config.rope_layout,
@@ -151,8 +148,6 @@ class RoPE(Scheme):
 
     @classmethod
     def check(cls, config):
-        if not 0.0 <= config.rope_p <= 1.0:
-            raise ValueError(f"rope_p={config.rope_p} must lie in [0, 1]: the fraction of RoPE's frequencies kept")
         rotated = int(config.head_dim * config.rope_fraction)
         if rotated % 2:
             raise ValueError(f"RoPE rotates pairs of dims, but head size n_embd/n_head={config.head_dim} times "
@@ -386,12 +381,6 @@ class RNoPE(RoPE):
     Strategy"): the last layer of every nope_every has no positional information and full attention, the others
     RoPE with sliding-window attention (RNoPE-SWA, the paper's proposal). The rule relative to L0: the window is
     rnope_window keys, by default L0 / 2 (the paper's 4,096 at its 8,192-token training length)."""
-
-    @classmethod
-    def check(cls, config):
-        super().check(config)
-        if config.nope_every < 1:
-            raise ValueError(f"nope_every={config.nope_every} must be a positive integer (1: every layer NoPE)")
 
     def nope(self, layer):
         return (layer + 1) % self.config.nope_every == 0

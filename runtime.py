@@ -1,4 +1,4 @@
-"""Where and how a process computes: device, precision, autocast, torch.compile and DDP.
+"""Where and how a process computes: device, precision, autocast, torch.compile and DDP, and the stop signals it obeys.
 
 Each choice is made here once, auto-detected unless set, and printed with its reason; train.py,
 sample.py, ablate.py and bench.py all take theirs from this module.
@@ -9,6 +9,7 @@ import functools
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import time
 from dataclasses import dataclass
@@ -46,6 +47,35 @@ class Runtime:
         if self.dtype == torch.float32:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device_type, dtype=self.dtype)
+
+    def peak_flops(self):
+        """Dense bf16 peak of the GPU, for MFU; an assumed H100/A100-class figure when the name is unknown."""
+        name = torch.cuda.get_device_name(self.device)
+        table = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L4": 121e12, "4090": 165e12, "3090": 71e12}
+        return next((v for k, v in table.items() if k in name), 312e12)
+
+
+class StopFlag:
+    """While entered, SIGINT/SIGTERM ask the loop to finish its step, checkpoint and exit; a second
+    Ctrl-C exits at once. Under torchrun a worker gets each Ctrl-C twice (from the terminal, and
+    forwarded by torchrun), so there a repeat only asks again: torchrun's own timeout is the hard stop."""
+
+    def __init__(self, quit_on_repeat=True):
+        self.requested, self.quit_on_repeat, self.previous = False, quit_on_repeat, {}
+
+    def __enter__(self):
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self.previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum, frame):
+        if self.requested and signum == signal.SIGINT and self.quit_on_repeat:
+            raise KeyboardInterrupt
+        self.requested = True
 
 
 def pick_device(requested, local_rank=0):
@@ -163,6 +193,17 @@ def any_rank(flag, rt):
     if rt.world_size > 1:
         dist.all_reduce(t)
     return t.item() > 0
+
+
+def mean_and_any(loss_sum, stop_requested, rt):
+    """(the step's loss averaged over the processes, whether any asked to stop): one collective under DDP carries
+    both, so every rank stops together."""
+    if rt.world_size == 1:
+        return loss_sum.item(), stop_requested
+    status = torch.stack([loss_sum, torch.tensor(float(stop_requested), device=rt.device)])
+    dist.all_reduce(status)
+    loss_total, requests = status.tolist()
+    return loss_total / rt.world_size, requests > 0
 
 
 def run_record():

@@ -3,14 +3,14 @@
     python sample.py                                       the run in out/ (else the newest out*/ here)
     python sample.py --out_dir=out-rope --start="ROMEO:" --max_new_tokens=500 --seed=1
     python sample.py --start=FILE:prompt.txt --temperature=0      greedy, the prompt read from a file
-    python sample.py --compare out-rope out-sinusoidal --seed=1 [--format=markdown]
+    python sample.py --compare=out-rope,out-sinusoidal --seed=1 [--format=markdown]
 
 One model: the text streams to stdout as it is drawn; the model and the speed go to stderr.
 --compare: the same prompt and seed through each model, then a table of each model's positional
 scheme, parameters, best val loss, loss on the prompt and tokens/s, and the samples side by side.
+A model is a run folder, a checkpoint file or hf:NAME_OR_PATH (a transformers GPT-2 or GPT-NeoX).
 """
 
-import argparse
 import math
 import os
 import shutil
@@ -18,6 +18,7 @@ import statistics
 import sys
 import textwrap
 import time
+from dataclasses import dataclass
 from itertools import zip_longest
 from pathlib import Path
 
@@ -25,11 +26,11 @@ import torch
 from tqdm import tqdm
 
 import config
-import hf
-import rope
-from checkpoint import CHECKPOINTS, checkpoint_in, load_run, model_from_checkpoint
+from checkpoint import CHECKPOINTS, checkpoint_in, load_source
+from config import NON_NEGATIVE, POSITIVE, one_of, opt
 from data.tokenizer import tokenizer_from_meta
 from generate import Sampling, context_length, generate
+from model import GPTConfig
 from runtime import check_compile, decode_autocast, pick_device
 
 FORMATS = ("columns", "text", "markdown")
@@ -37,50 +38,48 @@ MIN_COLUMN = 24  # narrower columns wrap the text into confetti: print blocks in
 SEPARATOR = "-" * 40  # between samples of one model
 
 
-# ----------------------------------------------------------------------------- arguments
+# ----------------------------------------------------------------------------- settings
 
-non_negative_float = config.checked(float, lambda v: math.isfinite(v) and v >= 0, "a temperature >= 0 (0 is greedy)")
-unit_mass = config.checked(float, lambda v: 0 < v <= 1, "a probability mass in (0, 1]")
-true_false = config.checked(lambda t: config.coerce("", t, bool), lambda v: True, "true or false")
+@dataclass
+class SampleConfig:
+    out_dir: str = opt("", "the model: a run folder (best.pt, else ckpt.pt), a checkpoint file, or hf:NAME_OR_PATH; "
+                           "default out/, else the newest out*/ folder here with a checkpoint")
+    compare: str = opt("", "models to sample side by side, comma-separated (run folders, files or hf:NAME_OR_PATH)")
+    checkpoint: str = opt("best", "best.pt or ckpt.pt (latest) of a run folder", check=one_of(tuple(CHECKPOINTS)))
+    start: str = opt("\n", "prompt text, or FILE:path; empty starts from the start token")
+    num_samples: int = opt(1, "samples per model", check=POSITIVE)
+    max_new_tokens: int = opt(500, "tokens to generate per sample", check=POSITIVE)
+    temperature: float = opt(0.8, "0 is greedy; higher is more random", check=NON_NEGATIVE)
+    top_k: int | None = opt(None, "sample among the k most likely tokens", check=POSITIVE)
+    top_p: float | None = opt(None, "nucleus sampling: the smallest set of tokens with this much probability",
+                              check=("lie in (0, 1]", lambda v: 0 < v <= 1))
+    seed: int = opt(1337, "same seed, same text")
+    max_context: int | None = opt(None, "tokens attended to (default block_size; more lets rope, alibi, none, "
+                                        "sinusoidal run past the trained length)", check=POSITIVE)
+    rope_scaling: str | None = opt(None, "a RoPE scaling at sampling time, for the models that take one "
+                                         "(default: each model's own)", check=config.check_of(GPTConfig, "rope_scaling"))
+    rope_scaling_factor: float | None = opt(None, "its factor (default max_context / block_size, at least 1)",
+                                            check=config.check_of(GPTConfig, "rope_scaling_factor"))
+    kv_cache: bool = opt(True, "reuse keys and values across steps")
+    compile: bool = opt(False, "torch.compile the cached decoding: several times the tokens/s of a small model on "
+                               "CPU after a compile of seconds to a minute (docs/benchmarks.md), so worth it for "
+                               "long or many samples")
+    static_cache: bool = opt(False, "decode over a fixed-size KV cache, one static-shape step: with compile on CUDA "
+                                    "that step is replayed as a CUDA graph (torch.compile's reduce-overhead)")
+    device: str = opt("auto", "auto, cpu, cuda, cuda:N or mps")
+    format: str = opt("columns", "how --compare prints: samples side by side, one block per model, or a markdown "
+                                 "table", check=one_of(FORMATS))
 
-
-def arg_parser():
-    p = config.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    where = p.add_mutually_exclusive_group()
-    where.add_argument("--out_dir", help="run folder holding best.pt / ckpt.pt (default: out, else the newest "
-                                         "out*/ folder here with a checkpoint), or hf:NAME_OR_PATH, a transformers "
-                                         "GPT-2 or GPT-NeoX checkpoint")
-    where.add_argument("--compare", nargs="+", metavar="DIR", help="run folders (or hf:NAME_OR_PATH) to sample side "
-                                                                   "by side")
-    p.add_argument("--checkpoint", choices=tuple(CHECKPOINTS), default="best", help="best.pt or ckpt.pt (latest)")
-    p.add_argument("--start", default="\n", help="prompt text, or FILE:path; empty starts from the start token")
-    p.add_argument("--num_samples", type=config.positive_int, default=1, help="samples per model")
-    p.add_argument("--max_new_tokens", type=config.positive_int, default=500, help="tokens to generate per sample")
-    p.add_argument("--temperature", type=non_negative_float, default=0.8, help="0 is greedy; higher is more random")
-    p.add_argument("--top_k", type=config.positive_int, default=None, help="sample among the k most likely tokens")
-    p.add_argument("--top_p", type=unit_mass, default=None,
-                   help="nucleus sampling: the smallest set of tokens with this much probability, in (0, 1]")
-    p.add_argument("--seed", type=int, default=1337, help="same seed, same text")
-    p.add_argument("--max_context", type=config.positive_int, default=None,
-                   help="tokens attended to (default block_size; more lets rope, alibi, none, sinusoidal "
-                        "run past the trained length)")
-    p.add_argument("--rope_scaling", choices=tuple(rope.SCALINGS), default=None,
-                   help="RoPE scaling at sampling time (RoPE models only)")
-    p.add_argument("--rope_scaling_factor", type=float, default=None,
-                   help="its factor (default max_context / block_size, at least 1)")
-    p.add_argument("--kv_cache", type=true_false, nargs="?", const=True, default=True,
-                   help="reuse keys and values across steps (true/false)")
-    p.add_argument("--compile", type=true_false, nargs="?", const=True, default=False,
-                   help="torch.compile the cached decoding (true/false): several times the tokens/s of a small "
-                        "model on CPU after a compile of seconds to a minute (README: Benchmarks), so worth it for "
-                        "long or many samples")
-    p.add_argument("--static_cache", type=true_false, nargs="?", const=True, default=False,
-                   help="decode over a fixed-size KV cache, one static-shape step (true/false): with --compile on "
-                        "CUDA that step is replayed as a CUDA graph (torch.compile's reduce-overhead)")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
-    p.add_argument("--format", choices=FORMATS, default="columns",
-                   help="how --compare prints: samples side by side, one block per model, or a markdown table")
-    return p
+    def __post_init__(self):
+        config.validate(self)
+        if self.out_dir and self.compare:
+            raise ValueError("out_dir and compare exclude each other: sample one model, or compare several")
+        if self.rope_scaling_factor is not None and self.rope_scaling is None:
+            raise ValueError(f"rope_scaling_factor={self.rope_scaling_factor} needs a rope_scaling")
+        if self.compile and not self.kv_cache:
+            raise ValueError("compile=true compiles the cached decoding; it needs kv_cache=true")
+        if self.static_cache and not self.kv_cache:
+            raise ValueError("static_cache=true is a kind of KV cache; it needs kv_cache=true")
 
 
 def read_prompt(start):
@@ -108,28 +107,26 @@ def default_run(which):
 
 
 class Sampler:
-    """One checkpoint ready to sample: the model (with any sampling-time RoPE scaling), tokenizer and prompt ids."""
+    """One model ready to sample: the model (with any sampling-time RoPE scaling), tokenizer and prompt ids."""
 
-    def __init__(self, out_dir, prompt, args, device):
-        self.name = str(out_dir)
-        if self.name.startswith(hf.PREFIX):  # a transformers checkpoint, with its own tokenizer
-            self.path = self.name
-            self.model, meta = hf.pretrained(self.name.removeprefix(hf.PREFIX), device)
-            self.ckpt = {"tokenizer": meta}
-        else:
-            self.path, self.ckpt = load_run(out_dir, args.checkpoint, device)
-            self.model = model_from_checkpoint(self.ckpt, device, self.path).eval()
-        self.tok = tokenizer_from_meta(self.ckpt["tokenizer"])
+    def __init__(self, spec, flag, prompt, sc, device):
+        self.name = spec
+        source = load_source(spec, flag, sc.checkpoint)
+        self.path, self.info, meta = source.label, source.info, source.meta
+        self.model = source.model(device).eval()
+        self.tok = tokenizer_from_meta(meta)
         cfg = self.model.config
         try:
-            self.max_context = context_length(cfg, args.max_context)
-            if args.rope_scaling in self.model.pos.scalings:
-                factor = args.rope_scaling_factor or max(1.0, self.max_context / cfg.block_size)
-                self.model.reconfigure(rope_scaling=args.rope_scaling, rope_scaling_factor=factor)
+            self.max_context = context_length(cfg, sc.max_context)
+            if sc.rope_scaling is not None and cfg.takes("rope_scaling"):
+                factor = sc.rope_scaling_factor
+                if factor is None:
+                    factor = max(1.0, self.max_context / cfg.block_size)
+                self.model.reconfigure(rope_scaling=sc.rope_scaling, rope_scaling_factor=factor)
             ids = self.tok.encode(prompt) if prompt else []
         except ValueError as e:
-            raise ValueError(f"{self.name}: {e}") from None
-        self.start_id = self.ckpt["tokenizer"]["start_id"]
+            raise ValueError(f"{flag}={spec}: {e}") from None
+        self.start_id = meta["start_id"]
         self.prompt_ids = ids
         self.ids = torch.tensor([ids or [self.start_id]], dtype=torch.long, device=device)  # (1, T)
 
@@ -143,7 +140,7 @@ class Sampler:
 
     def describe(self):
         return (f"{self.path}: pos_emb={self.scheme}, {count(self.model.num_params())} params, "
-                f"iter {self.ckpt.get('iter', '?')}, best val loss {fmt(self.ckpt.get('best_val_loss'))}")
+                f"iter {self.info.get('iter') or '?'}, best val loss {fmt(self.info.get('best_val_loss'))}")
 
     @torch.inference_mode()
     def prompt_loss(self):
@@ -155,13 +152,13 @@ class Sampler:
         ids = torch.tensor([[self.start_id, *self.prompt_ids]], device=self.ids.device)[:, -self.max_context - 1:]
         return self.model(ids[:, :-1], ids[:, 1:])[1].item()
 
-    def sample(self, args, generator, on_token=None, write=None):
+    def sample(self, sc, generator, on_token=None, write=None):
         """Draw one sample, passing text to write as it becomes whole; returns (text, tokens per second)."""
         out, pending = [], []  # pending: drawn but not yet written, only the tail is ever decoded
         t0 = time.perf_counter()
-        sampling = Sampling(args.temperature, args.top_k, args.top_p)
-        cache = "static" if args.static_cache else "dynamic" if args.kv_cache else "none"
-        for nxt in generate(self.model, self.ids, args.max_new_tokens, sampling, cache, args.compile, args.max_context,
+        sampling = Sampling(sc.temperature, sc.top_k, sc.top_p)
+        cache = "static" if sc.static_cache else "dynamic" if sc.kv_cache else "none"
+        for nxt in generate(self.model, self.ids, sc.max_new_tokens, sampling, cache, sc.compile, sc.max_context,
                             generator):
             out.append(nxt.item())
             if on_token:
@@ -178,12 +175,12 @@ class Sampler:
         return self.tok.decode(out), rate
 
 
-def decoding(args):
+def decoding(sc):
     """How tokens are drawn, for the speed reports: a compiled decoding's first sample includes the compile."""
-    if not args.kv_cache:
+    if not sc.kv_cache:
         return "kv cache off"
-    cache = "static kv cache" if args.static_cache else "kv cache on"
-    return f"{cache}, compiled: the first sample's rate includes compiling" if args.compile else cache
+    cache = "static kv cache" if sc.static_cache else "kv cache on"
+    return f"{cache}, compiled: the first sample's rate includes compiling" if sc.compile else cache
 
 
 def generator_for(seed, device):
@@ -191,66 +188,63 @@ def generator_for(seed, device):
     return torch.Generator(device=device).manual_seed(seed)
 
 
-def load_all(dirs, prompt, args, device):
-    if args.rope_scaling_factor is not None and not args.rope_scaling:
-        raise ValueError(f"--rope_scaling_factor={args.rope_scaling_factor} needs --rope_scaling "
-                         f"({', '.join(rope.SCALINGS)})")
-    samplers = [Sampler(d, prompt, args, device) for d in dirs]
-    if args.rope_scaling and not any(args.rope_scaling in s.model.pos.scalings for s in samplers):
+def load_all(specs, flag, prompt, sc, device):
+    samplers = [Sampler(spec, flag, prompt, sc, device) for spec in specs]
+    if sc.rope_scaling and not any(s.model.config.takes("rope_scaling") for s in samplers):
         schemes = ", ".join(f"{s.name} uses pos_emb={s.model.config.pos_emb}" for s in samplers)
-        raise ValueError(f"--rope_scaling={args.rope_scaling} needs a RoPE model; {schemes}")
+        raise ValueError(f"rope_scaling={sc.rope_scaling} needs a RoPE model; {schemes}")
     return samplers
 
 
 # ----------------------------------------------------------------------------- one model, streamed
 
-def sample_one(args, prompt, device, reason):
-    (m,) = load_all([args.out_dir or default_run(args.checkpoint)], prompt, args, device)
+def sample_one(sc, prompt, device, reason):
+    (m,) = load_all([sc.out_dir or str(default_run(sc.checkpoint))], "out_dir", prompt, sc, device)
     print(f"{m.describe()}; device {device} ({reason})", file=sys.stderr)
-    g = generator_for(args.seed, device)
+    g = generator_for(sc.seed, device)
 
     def write(s):
         sys.stdout.write(s)
         sys.stdout.flush()
 
     rates = []
-    for i in range(args.num_samples):
+    for i in range(sc.num_samples):
         if i:
             write(SEPARATOR + "\n")
         write(prompt)
-        rates.append(m.sample(args, g, write=write)[1])
+        rates.append(m.sample(sc, g, write=write)[1])
         write("\n")
-    print(f"{args.max_new_tokens} new tokens per sample at {statistics.median(rates):,.0f} tokens/s "
-          f"({decoding(args)})", file=sys.stderr)
+    print(f"{sc.max_new_tokens} new tokens per sample at {statistics.median(rates):,.0f} tokens/s "
+          f"({decoding(sc)})", file=sys.stderr)
 
 
 # ----------------------------------------------------------------------------- several models, compared
 
-def compare(args, prompt, device, reason):
-    samplers = load_all(args.compare, prompt, args, device)
+def compare(sc, prompt, device, reason):
+    samplers = load_all([c.strip() for c in sc.compare.split(",") if c.strip()], "compare", prompt, sc, device)
     print(f"device {device} ({reason})", file=sys.stderr)
-    total = len(samplers) * args.num_samples * args.max_new_tokens
+    total = len(samplers) * sc.num_samples * sc.max_new_tokens
     rows = []
     with tqdm(total=total, desc="sampling", unit="tok", leave=False, disable=None) as bar:
         for m in samplers:
-            g = generator_for(args.seed, device)
-            texts, rates = zip(*(m.sample(args, g, on_token=bar.update) for _ in range(args.num_samples)))
+            g = generator_for(sc.seed, device)
+            texts, rates = zip(*(m.sample(sc, g, on_token=bar.update) for _ in range(sc.num_samples)))
             rows.append({"model": m.name, "pos_emb": m.scheme, "params": count(m.model.num_params()),
-                         "iters": str(m.ckpt.get("iter", "?")), "best val loss": fmt(m.ckpt.get("best_val_loss")),
+                         "iters": str(m.info.get("iter") or "?"), "best val loss": fmt(m.info.get("best_val_loss")),
                          "prompt loss": fmt(m.prompt_loss()), "tokens/s": f"{statistics.median(rates):,.0f}",
                          "samples": [prompt + t for t in texts]})
-    show = {"markdown": as_markdown, "text": as_blocks, "columns": as_columns}[args.format]
-    print(show(rows, settings(args, prompt)))
+    show = {"markdown": as_markdown, "text": as_blocks, "columns": as_columns}[sc.format]
+    print(show(rows, settings(sc, prompt)))
 
 
 STATS = ("model", "pos_emb", "params", "iters", "best val loss", "prompt loss", "tokens/s")
 
 
-def settings(args, prompt):
+def settings(sc, prompt):
     shown = repr(prompt if len(prompt) <= 60 else prompt[:57] + "...")
-    return (f"prompt {shown} ({len(prompt)} chars)\nseed {args.seed}, temperature {args.temperature:g}, "
-            f"top_k {args.top_k or '-'}, top_p {args.top_p or '-'}, {args.max_new_tokens} new tokens, "
-            f"context {args.max_context or 'block_size'}, {decoding(args)}; "
+    return (f"prompt {shown} ({len(prompt)} chars)\nseed {sc.seed}, temperature {sc.temperature:g}, "
+            f"top_k {sc.top_k or '-'}, top_p {sc.top_p or '-'}, {sc.max_new_tokens} new tokens, "
+            f"context {sc.max_context or 'block_size'}, {decoding(sc)}; "
             f"prompt loss in nats/token")
 
 
@@ -314,25 +308,17 @@ def fmt(x):
 
 # ----------------------------------------------------------------------------- main
 
+def sample(sc):
+    prompt = read_prompt(sc.start)
+    device, reason = pick_device(sc.device)
+    check_compile(sc.compile, device.split(":")[0])
+    with decode_autocast(device.split(":")[0]):
+        (compare if sc.compare else sample_one)(sc, prompt, device, reason)
+
+
 def main(argv=None):
-    args = arg_parser().parse_args(argv)
     try:
-        prompt = read_prompt(args.start)
-        device, reason = pick_device(args.device)
-        device_type = device.split(":")[0]
-        if args.compile and not args.kv_cache:
-            raise ValueError("--compile=true compiles the cached decoding; it needs --kv_cache=true")
-        if args.static_cache and not args.kv_cache:
-            raise ValueError("--static_cache=true is a kind of KV cache; it needs --kv_cache=true")
-        check_compile(args.compile, device_type)
-        with decode_autocast(device_type):
-            (compare if args.compare else sample_one)(args, prompt, device, reason)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
-    except KeyboardInterrupt:
-        print(file=sys.stderr)
-        sys.exit(130)
+        config.main(argv, __doc__, (SampleConfig,), sample)
     except BrokenPipeError:  # the reader (e.g. `| head`) left: stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush cannot fail again
         sys.exit(0)

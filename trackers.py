@@ -1,12 +1,17 @@
-"""Where a run's metrics go beside out_dir/metrics.jsonl, for people who watch runs there: Weights & Biases or
-TensorBoard (train.py's --log). Each gets every line metrics.jsonl gets, at its iteration; each package is
-optional and imported here alone.
+"""Where a training run's metrics go: the progress bar, out_dir/metrics.jsonl and, for people who watch runs there,
+Weights & Biases or TensorBoard (train.py's --log). Each tracker gets every line metrics.jsonl gets, at its
+iteration; each package is optional and imported here alone, and one that cannot start fails before a run writes
+anything.
 """
 
+import json
+import os
 import uuid
 from pathlib import Path
 
-from files import atomic_write
+from tqdm import tqdm
+
+from files import append_line, atomic_write, open_log
 
 TRACKERS = ("none", "wandb", "tensorboard")
 
@@ -67,12 +72,52 @@ class NoTracker:
 
 
 def check(log):
-    """Refuse an unknown tracker, or one whose package is missing, before a run starts."""
+    """Refuse an unknown tracker, one whose package is missing, or W&B without credentials (outside its offline
+    modes), before a run writes anything."""
     if log not in TRACKERS:
         raise ValueError(f"log={log!r} is unknown; choose one of {', '.join(TRACKERS)}")
     if log != "none":
         package(log, log)
+    if log == "wandb" and os.environ.get("WANDB_MODE") not in ("offline", "disabled", "dryrun"):
+        if not package(log, "wandb").login(prompt=False):  # False at once when no API key is set up: no network
+            raise ValueError("log=wandb: not logged in to Weights & Biases; run `wandb login`, or set "
+                             "WANDB_MODE=offline to keep the run on this machine")
 
 
 def open_tracker(log, out, config, resume):
     return {"wandb": WandB, "tensorboard": TensorBoard}[log](out, config, resume) if log != "none" else NoTracker()
+
+
+class Progress:
+    """The progress bar, out_dir/metrics.jsonl and any tracker (--log; the master process alone writes), and
+    tokens/s, measured afresh over each logging window."""
+
+    def __init__(self, out, tc, rt, start_iter, tokens_per_step, record):
+        self.bar = tqdm(total=tc.max_iters, initial=start_iter, disable=not (rt.master and tc.progress),
+                        dynamic_ncols=True)
+        self.metrics = open_log(out / "metrics.jsonl") if rt.master else None
+        self.tracker = open_tracker(tc.log if rt.master else "none", out, record, tc.resume)
+        self.tokens_per_step, self.seconds, self.steps = tokens_per_step, 0.0, 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.bar.close()
+        self.tracker.close()
+        if self.metrics:
+            self.metrics.close()
+
+    def step(self, seconds, train_loss):
+        """Count a step that took seconds (evaluation excluded); the window's tokens/s."""
+        self.seconds += seconds
+        self.steps += 1
+        tokens_per_s = self.tokens_per_step * self.steps / self.seconds
+        self.bar.update(1)
+        self.bar.set_postfix(loss=f"{train_loss:.4f}", tok_s=f"{tokens_per_s:,.0f}", refresh=False)
+        return tokens_per_s
+
+    def log(self, line):
+        append_line(self.metrics, json.dumps(line))
+        self.tracker.log(line)
+        self.seconds, self.steps = 0.0, 0

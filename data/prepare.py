@@ -20,7 +20,6 @@ raw, uint16 when the vocabulary fits, else uint32 (meta.json says which).
 
 from __future__ import annotations
 
-import argparse
 import codecs
 import collections
 import glob
@@ -47,6 +46,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
+import config  # noqa: E402
+from config import POSITIVE, opt, validate  # noqa: E402
 from files import Stream, atomic_write, staged_folder  # noqa: E402
 from data.tokenizer import (  # noqa: E402
     DATA_DIR,
@@ -90,49 +91,40 @@ def default_num_proc() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--dataset", help="output folder name under --data_dir (default: shakespeare_<tokenizer>)")
-    p.add_argument("--data_dir", default=str(DATA_DIR), help="root folder of the datasets (default: data/)")
-    p.add_argument("--input", help="local UTF-8 corpus: a file, a folder (its *.txt and *.jsonl files, recursively) "
-                                   "or a quoted glob; .jsonl: one JSON object a line, the document in its \"text\" "
-                                   "(default: download tiny Shakespeare)")
-    p.add_argument("--tokenizer", default="char",
-                   help="char, gpt2 (tiktoken's; needs its files), bpe (trained here on the train split, at most "
-                        f"{BPE_TRAIN_CHARS:,} characters of it, evenly spread) or hf:NAME_OR_PATH (a transformers "
-                        "checkpoint's, for a model imported with train.py --init_from=hf:NAME_OR_PATH)")
-    p.add_argument("--vocab_size", type=int,
-                   help=f"bpe vocabulary size, 257..{MAX_BPE_VOCAB} (default {DEFAULT_BPE_VOCAB}); with several "
-                        f"documents it includes the end-of-text token")
-    p.add_argument("--val_fraction", type=float, default=0.1,
-                   help="held out for validation: of a single document, this fraction of its characters, from the "
-                        "end; of several, this fraction of the documents, evenly spread")
-    p.add_argument("--num_proc", type=int,
-                   help="processes that encode (default: the cores this process may use, fewer for a small corpus)")
-    args = p.parse_args(argv)
-    args.dataset = args.dataset or f"shakespeare_{args.tokenizer.removeprefix(HF_PREFIX).replace('/', '_')}"
-    return args
+@dataclass
+class PrepareConfig:
+    dataset: str = opt("", "output folder name under data_dir (default: shakespeare_<tokenizer>)")
+    data_dir: str = opt(str(DATA_DIR), "root folder of the datasets")
+    input: str = opt("", "local UTF-8 corpus: a file, a folder (its *.txt and *.jsonl files, recursively) or a quoted "
+                         "glob; .jsonl: one JSON object a line, the document in its \"text\" (default: download tiny "
+                         "Shakespeare)")
+    tokenizer: str = opt("char", "char, gpt2 (tiktoken's; needs its files), bpe (trained here on the train split, at "
+                                 f"most {BPE_TRAIN_CHARS:,} characters of it, evenly spread) or hf:NAME_OR_PATH (a "
+                                 "transformers checkpoint's, for a model imported with train.py "
+                                 "--init_from=hf:NAME_OR_PATH)")
+    vocab_size: int | None = opt(None, f"bpe vocabulary size, 257..{MAX_BPE_VOCAB} (default {DEFAULT_BPE_VOCAB}); "
+                                       "with several documents it includes the end-of-text token")
+    val_fraction: float = opt(0.1, "held out for validation: of a single document, this fraction of its characters, "
+                                   "from the end; of several, this fraction of the documents, evenly spread",
+                              check=("lie strictly between 0 and 1", lambda v: 0 < v < 1))
+    num_proc: int | None = opt(None, "processes that encode (default: the cores this process may use, fewer for a "
+                                     "small corpus)", check=POSITIVE)
 
-
-def check_args(args: argparse.Namespace) -> None:
-    if args.tokenizer not in TOKENIZERS[:-1] and not args.tokenizer.startswith(HF_PREFIX):
-        raise ValueError(f"--tokenizer {args.tokenizer!r} is unknown; choose one of {', '.join(TOKENIZERS)}")
-    if args.tokenizer == "bpe":
-        args.vocab_size = DEFAULT_BPE_VOCAB if args.vocab_size is None else args.vocab_size
-        if not 256 < args.vocab_size <= MAX_BPE_VOCAB:
-            raise ValueError(f"--vocab_size {args.vocab_size} is out of range: a byte-level bpe needs "
-                             f"257..{MAX_BPE_VOCAB} (the 256 byte tokens plus at least one merge)")
-    elif args.vocab_size is not None:
-        raise ValueError(f"--vocab_size applies only to --tokenizer bpe; "
-                         f"the {args.tokenizer} vocabulary is fixed")
-    if not 0 < args.val_fraction < 1:
-        raise ValueError(f"--val_fraction {args.val_fraction} is out of range: "
-                         f"it must lie strictly between 0 and 1")
-    if args.num_proc is not None and args.num_proc < 1:
-        raise ValueError(f"--num_proc {args.num_proc} is out of range: it must be at least 1")
-    if Path(args.dataset).name != args.dataset or args.dataset in (".", ".."):
-        raise ValueError(f"--dataset {args.dataset!r} must be a plain folder name, "
-                         f"not a path (the root is --data_dir)")
+    def __post_init__(self):
+        validate(self)
+        if self.tokenizer not in TOKENIZERS[:-1] and not self.tokenizer.startswith(HF_PREFIX):
+            raise ValueError(f"tokenizer={self.tokenizer!r} is unknown; choose one of {', '.join(TOKENIZERS)}")
+        if self.tokenizer != "bpe" and self.vocab_size is not None:
+            raise ValueError(f"vocab_size applies only to tokenizer=bpe; the {self.tokenizer} vocabulary is fixed")
+        if self.tokenizer == "bpe":  # the defaults' own rules, resolved once
+            self.vocab_size = DEFAULT_BPE_VOCAB if self.vocab_size is None else self.vocab_size
+            if not 256 < self.vocab_size <= MAX_BPE_VOCAB:
+                raise ValueError(f"vocab_size={self.vocab_size} is out of range: a byte-level bpe needs "
+                                 f"257..{MAX_BPE_VOCAB} (the 256 byte tokens plus at least one merge)")
+        self.dataset = self.dataset or f"shakespeare_{self.tokenizer.removeprefix(HF_PREFIX).replace('/', '_')}"
+        if Path(self.dataset).name != self.dataset or self.dataset in (".", ".."):
+            raise ValueError(f"dataset={self.dataset!r} must be a plain folder name, not a path (the root is "
+                             "data_dir)")
 
 
 def download(url: str, dest: Path) -> None:
@@ -493,7 +485,7 @@ def encode(tasks, fields: dict, dtype: str, num_proc: int, write) -> None:
 # ----------------------------------------------------------------------------- the tokenizer
 
 
-def tokenizer_fields(args: argparse.Namespace, corpus: Corpus, found: Scan, split: Split) -> dict:
+def tokenizer_fields(args: PrepareConfig, corpus: Corpus, found: Scan, split: Split) -> dict:
     """The tokenizer's meta fields, its name included (for bpe, 'bpe_ranks' holds the ranks file's text). The
     tokenizer is rebuilt from them, exactly as train.py and sample.py will rebuild it."""
     several = split.documents > 1
@@ -505,7 +497,7 @@ def tokenizer_fields(args: argparse.Namespace, corpus: Corpus, found: Scan, spli
         eot = gpt2_encoding().eot_token
         return {"tokenizer": "gpt2", "eot": eot, "start_id": eot}
     if args.tokenizer.startswith(HF_PREFIX):
-        fields = hf_tokenizer_fields(args.tokenizer.removeprefix(HF_PREFIX))
+        fields = hf_tokenizer_fields(args.tokenizer.removeprefix(HF_PREFIX), f"tokenizer={args.tokenizer}")
         if several and "eot" not in fields:
             raise ValueError(f"--tokenizer {args.tokenizer} has no end-of-text token to separate documents; "
                              "give a single text, or another tokenizer")
@@ -574,7 +566,7 @@ def write_splits(stage: Path, corpus: Corpus, split: Split, fields: dict, dtype:
     return sizes
 
 
-def prepare(args: argparse.Namespace) -> dict:
+def prepare(args: PrepareConfig) -> dict:
     t0 = time.time()
     out_dir = Path(args.data_dir) / args.dataset
     if args.input:
@@ -588,7 +580,7 @@ def prepare(args: argparse.Namespace) -> dict:
     if args.tokenizer == "gpt2":
         gpt2_encoding()  # its files are there (or the one-line error), before reading a large corpus
     if args.tokenizer.startswith(HF_PREFIX):
-        hf_tokenizer_fields(args.tokenizer.removeprefix(HF_PREFIX))  # likewise
+        hf_tokenizer_fields(args.tokenizer.removeprefix(HF_PREFIX), f"tokenizer={args.tokenizer}")  # likewise
     found = scan(corpus, charset=args.tokenizer == "char")  # every file read and checked before anything is written
     split = Split.plan(found, args.val_fraction)
     fields = tokenizer_fields(args, corpus, found, split)
@@ -626,16 +618,13 @@ def prepare(args: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    """The exit status: 0; 1 for bad input or an unreachable resource (one line); 130 for a stop (Ctrl-C, SIGTERM)."""
     try:
-        check_args(args)
-        prepare(args)
-    except ValueError as e:  # bad input or an unreachable resource: one line, no traceback
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("stopped: no dataset was written, and one prepared before is as it was", file=sys.stderr)
-        return 130  # as a shell reports a Ctrl-C
+        config.main(argv, __doc__, (PrepareConfig,), prepare)
+    except SystemExit as e:
+        if e.code == 130:
+            print("stopped: no dataset was written, and one prepared before is as it was", file=sys.stderr)
+        return e.code
     return 0
 
 

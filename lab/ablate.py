@@ -22,6 +22,7 @@ the TOML file may set any of them. `python lab/ablate.py --help` lists them all.
 """
 
 import json
+import math
 import statistics
 import sys
 import time
@@ -42,32 +43,72 @@ from data.tokenizer import load_meta, tokenizer_from_meta  # noqa: E402
 from files import RunLock, atomic_write  # noqa: E402
 from generate import Sampling, generate  # noqa: E402
 from lab import ablate_report, diagnostics  # noqa: E402
-from lab.grid import (check_same_settings, command, eval_runtime, eval_sets, numbers, parse_changes,  # noqa: E402
-                      position_losses, run_dir, split_list, train_run, train_settings, write_json)
+from lab.grid import (check_same_settings, command, eval_runtime, eval_sets, field_types, numbers,  # noqa: E402
+                      parse_changes, position_losses, run_dir, split_list, train_run, train_settings, write_json)
 from lab.report import NO_PLOTS  # noqa: E402
 from lab.retrieval import Probe, ProbeSettings  # noqa: E402
+from data.batches import BatchConfig  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from optim import make_optimizer  # noqa: E402
 from runtime import Runtime, decode_autocast, run_record  # noqa: E402
 
 REFERENCE = "rope"  # the scheme every other one is compared against, seed by seed
 VARIANT_KEYS = ("rope_base", "rope_fraction", "rope_layout", "rope_p")  # what a RoPE variant may change
-# and of its training: DroPE is RoPE with a schedule
-TRAIN_VARIANT_KEYS = ("drop_rope_at", "recalibration_lr", "recalibration_warmup")
+
+
+@dataclass(frozen=True)
+class DroPE:
+    """DroPE (Gelberg et al. 2025): RoPE dropped at a step, training going on without positions (a
+    recalibration), with a schedule of its own when recalibration_lr is set; a variant's training keys."""
+    drop_rope_at: int
+    recalibration_lr: float | None = None  # the recalibration's peak, reached again by a warmup after the drop
+    recalibration_warmup: int = 20
+
+    def check(self, tc):
+        if not 0 < self.drop_rope_at < tc.max_iters:
+            raise ValueError(f"drop_rope_at={self.drop_rope_at} must lie between 0 and max_iters={tc.max_iters}, "
+                             "leaving steps to recalibrate without RoPE")
+        if self.recalibration_lr is not None and not 0 < self.recalibration_lr < math.inf:
+            raise ValueError(f"recalibration_lr={self.recalibration_lr} must be a finite rate > 0")
+
+
+class DropSchedule(train.Schedule):
+    """train.Schedule until DroPE's drop; from it pos_emb none, and with a recalibration_lr a warmup to that peak
+    and a cosine to a tenth of it at max_iters."""
+
+    def __init__(self, tc, drope):
+        super().__init__(tc)
+        self.drope = drope
+
+    def lr(self, it):
+        d = self.drope
+        if d.recalibration_lr is None or it < d.drop_rope_at:
+            return super().lr(it)
+        return train.warmup_cosine(it - d.drop_rope_at, d.recalibration_lr, d.recalibration_warmup,
+                                   self.tc.max_iters - d.drop_rope_at, d.recalibration_lr / 10)
+
+    def model_config(self, it, gcfg):
+        return gcfg.with_scheme(positions.NoPE.name) if it >= self.drope.drop_rope_at else gcfg
+
+    def settings(self):
+        return asdict(self.drope)
+
+
+TRAIN_VARIANT_KEYS = tuple(DroPE.__dataclass_fields__)  # what a variant may change of its training
 
 
 @dataclass
 class AblateConfig(ProbeSettings):
     schemes: str = opt(",".join(positions.SCHEMES), "positional schemes to compare (pos_emb values), comma-separated")
     variants: str = opt("", "RoPE variants to add: 'name: key=value, ...; name: ...', keys " + ", ".join(VARIANT_KEYS))
-    seeds: int = opt(3, "seeds per scheme: seed, seed+1, ...")
+    seeds: int = opt(3, "seeds per scheme: seed, seed+1, ...", check=config.POSITIVE)
     more_seeds: int = opt(2, "seeds added to a scheme and the reference where their paired p lies in [0.01, 0.1]")
     lr_scales: str = opt("1", "multiples of the learning rates (learning_rate, min_lr, muon_lr together) each scheme "
                               "tries on the first seed; its best takes every seed (1 alone: one shared rate)")
     equivalence_margin: float = opt(0.01, "nats: a scheme and the reference show no difference when an equivalence "
                                           "test puts their paired difference within this")
     eval_lengths: str = opt("0.5,1,2,4,8", "context lengths to evaluate at, as multiples of block_size")
-    eval_tokens: int = opt(16384, "validation tokens per context length, in fixed windows of that length")
+    eval_tokens: int = opt(16384, "validation tokens per context length, in fixed windows of that length", check=config.POSITIVE)
     rope_scalings: str = opt("linear,ntk,yarn", "inference-time RoPE scalings scored beyond block_size (factor L/L0)")
     sample_prompt: str = opt("ROMEO:", "prompt of the one sample per scheme")
     sample_tokens: int = opt(200, "tokens per sample (0: no samples)")
@@ -76,7 +117,7 @@ class AblateConfig(ProbeSettings):
 
     def __post_init__(self):
         super().__post_init__()
-        config.require_positive(self, "seeds", "eval_tokens")
+        config.validate(self)
         if self.more_seeds < 0 or not self.equivalence_margin > 0:
             raise ValueError(f"more_seeds={self.more_seeds} must be >= 0 and equivalence_margin="
                              f"{self.equivalence_margin} > 0")
@@ -89,26 +130,30 @@ class AblateConfig(ProbeSettings):
 # ----------------------------------------------------------------------------- the grid
 
 def make_grid(ac, gcfg):
-    """({scheme name: its GPTConfig}, in the order of the tables; {variant name: its TrainConfig changes})."""
+    """({scheme name: its GPTConfig}, in the order of the tables; {name: its DroPE, or None})."""
     for s in split_list(ac.schemes):
         if s not in positions.SCHEMES:
             raise ValueError(f"schemes: {s!r} is not a positional scheme; choose from {', '.join(positions.SCHEMES)}")
     entries = [(s, {"pos_emb": s}) for s in split_list(ac.schemes)]
-    entries += [(name, {"pos_emb": "rope", **o}) for name, o in parse_changes(ac.variants, VARIANT_KEYS, TRAIN_VARIANT_KEYS)]
+    types = field_types(GPTConfig, VARIANT_KEYS) | field_types(DroPE, TRAIN_VARIANT_KEYS)
+    entries += [(name, {"pos_emb": "rope", **o}) for name, o in parse_changes(ac.variants, types)]
     names = [name for name, _ in entries]
     if not names:
         raise ValueError("schemes and variants are both empty; name at least one scheme, e.g. schemes=rope")
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
         raise ValueError(f"each scheme and variant needs its own name; repeated: {', '.join(repeated)}")
-    grid, train_changes = {}, {}
+    grid, drops = {}, {}
     for name, o in entries:
-        train_changes[name] = {k: o.pop(k) for k in TRAIN_VARIANT_KEYS if k in o}
+        drop = {k: o.pop(k) for k in TRAIN_VARIANT_KEYS if k in o}
         try:
-            grid[name] = replace(gcfg, **o)
+            drops[name] = DroPE(**drop) if drop else None
+            grid[name] = replace(gcfg.with_scheme(o.pop("pos_emb")), **o)
+        except TypeError:
+            raise ValueError(f"variant {name!r}: DroPE's {', '.join(drop)} needs drop_rope_at, the step of the drop") from None
         except ValueError as e:
             raise ValueError(f"scheme {name!r}: {e}") from None
-    return grid, train_changes
+    return grid, drops
 
 
 def param_counts(grid):
@@ -145,8 +190,9 @@ def rope_scalings(ac):
 def changes(plan, name):
     """What a scheme or variant changes beyond its pos_emb, in its model or its training, {key: value}."""
     cfg = plan.grid[name]
-    plain = replace(plan.gcfg, pos_emb=cfg.pos_emb)
-    return {k: v for k, v in cfg.asdict().items() if getattr(plain, k) != v} | plan.train_changes[name]
+    plain = plan.gcfg.with_scheme(cfg.pos_emb)
+    drop = plan.drops[name]
+    return {k: v for k, v in cfg.asdict().items() if getattr(plain, k) != v} | (asdict(drop) if drop else {})
 
 
 # ----------------------------------------------------------------------------- one run
@@ -158,7 +204,7 @@ def extrapolate(model, windows, scalings, rt):
     scheme = positions.scheme(cfg.pos_emb)
     L0, longest = cfg.block_size, max(windows)
     loss, position = {}, {}
-    for scaling in [rope.NO_SCALING] + [s for s in scalings if s in scheme.scalings]:
+    for scaling in [rope.NO_SCALING] + (scalings if cfg.takes("rope_scaling") else []):
         loss[scaling] = {}
         for L, batches in windows.items():
             if scaling != rope.NO_SCALING and L <= L0:
@@ -196,7 +242,7 @@ def finish_run(name, scale, seed, plan):
     if (out / "summary.json").is_file():  # status() checked its settings
         summary = json.loads((out / "summary.json").read_text())
     else:
-        summary = train_run(name, gcfg, tc, out)
+        summary = train_run(name, gcfg, tc, out, plan.bc, plan.schedule(name, tc))
         write_json(out / "summary.json", summary)
     ac, device, first = plan.ac, plan.rt.device, seed == plan.seeds[0]
     sampled = ac.sample_tokens > 0 and first  # one sample per scheme
@@ -240,7 +286,7 @@ def summarize(plan, done, arms):
             "seeds": plan.seeds, "scales": plan.scales, "tokens_per_run": tokens_per_run(plan.gcfg, plan.tc),
             "learning_rates": {"learning_rate": plan.tc.learning_rate, "muon_lr": plan.tc.muon_lr,
                                "optimizer": plan.tc.optimizer},
-            "settings": {"ablate": asdict(plan.ac), **train_settings(plan.gcfg, plan.tc)},
+            "settings": {"ablate": asdict(plan.ac), **train_settings(plan.gcfg, plan.tc, plan.bc)},
             "device": plan.rt.device, "environment": run_record(), "schemes": schemes,
             "verdicts": {ranking: ablate_report.verdicts_against(schemes, REFERENCE, ranking, plan.ac.equivalence_margin)
                          for ranking in ("shared", "tuned")}}
@@ -263,7 +309,8 @@ class Plan:
     gcfg: GPTConfig
     tc: train.TrainConfig
     grid: dict
-    train_changes: dict  # {scheme: the TrainConfig fields its runs change, e.g. DroPE's drop_rope_at}
+    bc: BatchConfig
+    drops: dict  # {scheme: its DroPE, or None}
     seeds: list
     lengths: list
     scalings: list
@@ -277,16 +324,20 @@ class Plan:
     def scales_of(self, name):
         """The rate multiples scheme name tries: DroPE's variants keep the shared rate, RoPE's until the drop,
         their recalibration rate (recalibration_lr) being the variants' own axis."""
-        return [1] if self.train_changes[name].get("drop_rope_at") is not None else self.scales
+        return [1] if self.drops[name] else self.scales
 
     def run_tc(self, name, seed, scale=1):
         """The TrainConfig of scheme name's run with seed, its learning rates scaled by scale."""
         rates = {"learning_rate": self.tc.learning_rate * scale, "muon_lr": self.tc.muon_lr * scale,
                  "min_lr": None if self.tc.min_lr is None else self.tc.min_lr * scale}
-        return replace(self.tc, seed=seed, **rates, **self.train_changes[name])
+        return replace(self.tc, seed=seed, **rates)
+
+    def schedule(self, name, tc):
+        """The schedule of scheme name's runs: DroPE's, or train.train's default (None)."""
+        return DropSchedule(tc, self.drops[name]) if self.drops[name] else None
 
 
-def make_plan(ac, gcfg, tc):
+def make_plan(ac, gcfg, tc, bc):
     dataset_dir = Path(tc.data_dir) / tc.dataset
     meta = load_meta(dataset_dir)
     gcfg = replace(gcfg, vocab_size=meta["vocab_size"])
@@ -297,17 +348,18 @@ def make_plan(ac, gcfg, tc):
     rt = eval_runtime(tc)
     lengths = eval_lengths(ac, gcfg.block_size)
     windows = eval_sets(dataset_dir, meta, lengths, ac.eval_tokens, tc.batch_size * gcfg.block_size, rt.device)
-    grid, train_changes = make_grid(ac, gcfg)
+    grid, drops = make_grid(ac, gcfg)
     scales = numbers("lr_scales", ac.lr_scales, float, 1e-9, "0.5,1,2")
     if 1 not in scales:
         raise ValueError(f"lr_scales={ac.lr_scales!r} must include 1, the shared rate every scheme is ranked at")
-    probe = (Probe(dataset_dir, meta, gcfg.block_size, ac, tc.recall_pairs, tc.batch_size * gcfg.block_size, rt.device)
-             if tc.recall_share else None)
-    plan = Plan(ac, gcfg, tc, grid, train_changes, [tc.seed + i for i in range(ac.seeds)], lengths, rope_scalings(ac),
+    probe = (Probe(dataset_dir, meta, gcfg.block_size, ac, bc.recall_pairs, tc.batch_size * gcfg.block_size, rt.device)
+             if bc.recall_share else None)
+    plan = Plan(ac, gcfg, tc, grid, bc, drops, [tc.seed + i for i in range(ac.seeds)], lengths, rope_scalings(ac),
                 meta, rt, windows, param_counts(grid), scales, probe)
-    for name in grid:
+    for name, drop in drops.items():
         try:
-            plan.run_tc(name, tc.seed)  # a bad training change fails now, not after other runs trained
+            if drop:
+                drop.check(tc)  # a bad training change fails now, not after other runs trained
         except ValueError as e:
             raise ValueError(f"scheme {name!r}: {e}") from None
     return plan
@@ -335,7 +387,7 @@ def run_flops(cfg, plan):
     scheme = positions.scheme(cfg.pos_emb)
     n_evals = len({*range(tc.eval_interval, tc.max_iters + 1, tc.eval_interval), tc.max_iters})
     in_training = n_evals * 2 * tc.eval_iters * tc.batch_size * L0 * fpt(L0) / 3  # train and val splits
-    rescaled = [s for s in plan.scalings if s in scheme.scalings]
+    rescaled = plan.scalings if cfg.takes("rope_scaling") else []
     scored = [(L, 1 + len(rescaled) if L > L0 else 1) for L in plan.lengths if scheme.extrapolates or L <= L0]
     extrapolation = sum(n * n_windows(plan.windows[L]) * L * fpt(L) / 3 for L, n in scored)
     return tokens_per_run(cfg, tc) * fpt(L0), in_training + extrapolation
@@ -344,7 +396,8 @@ def run_flops(cfg, plan):
 def status(plan, name, scale, seed):
     """finished, resume or new; a run folder made with other settings is refused before anything runs."""
     out = run_dir(plan.tc, arm_name(name, scale), seed)
-    settings = train_settings(plan.grid[name], plan.run_tc(name, seed, scale))
+    tc = plan.run_tc(name, seed, scale)
+    settings = train_settings(plan.grid[name], tc, plan.bc, plan.schedule(name, tc))
     for marker, st in (("summary.json", "finished"), ("config.json", "resume")):
         if (out / marker).is_file():
             saved = json.loads((out / marker).read_text())

@@ -105,7 +105,8 @@ def md_setup(r):
     m, t, env, schemes = r["settings"]["model"], r["settings"]["train"], r["environment"], r["schemes"]
     ranked = [x[rk] for x in schemes.values() for rk in ("shared", "tuned") if rk == "shared" or x["best_scale"] != 1]
     train_min, eval_min = (sum(f[k] for f in ranked) / 60 for k in ("train_s", "eval_s"))
-    task = f", the recall task in {t['recall_share']:.0%} of the sequences" if t["recall_share"] else ""
+    b = r["settings"]["batches"]
+    task = f", the recall task in {b['recall_share']:.0%} of the sequences" if b["recall_share"] else ""
     return (f"# Positional-scheme ablation\n\n{len(schemes)} schemes on `{t['dataset']}`, seeds "
             f"{', '.join(map(str, r['seeds']))} (more where a comparison asked for them): {m['n_layer']} layers, "
             f"{m['n_head']} heads, width {m['n_embd']}, trained at context L0 = {r['block_size']}. Each run: "

@@ -44,6 +44,7 @@ from lab import extend_report  # noqa: E402
 from lab.grid import (check_same_settings, command, eval_runtime, eval_sets, evaluated, numbers,  # noqa: E402
                       position_losses, run_jobs, split_list, train_run, train_settings, write_json)
 from lab.retrieval import Probe, ProbeSettings  # noqa: E402
+from data.batches import BatchConfig  # noqa: E402
 from model import GPTConfig  # noqa: E402
 from runtime import Runtime, run_record  # noqa: E402
 
@@ -53,8 +54,8 @@ class ExtendConfig(ProbeSettings):
     schemes: str = opt("rope,alibi,sinusoidal,learned,none", "schemes trained at L0 and probed (rope is fine-tuned)")
     rope_bases: str = opt("200,10000", "RoPE's bases: base models and fine-tunes for each (200 puts L0 = 64 at "
                                        "LLaMA-2's longest-wavelength-to-context ratio with head size 32)")
-    seeds: int = opt(3, "RoPE's seeds: seed, seed+1, ... (its fine-tunes are what the claims compare)")
-    scheme_seeds: int = opt(3, "seeds of the other schemes' base models, which are probed but not tested")
+    seeds: int = opt(3, "RoPE's seeds: seed, seed+1, ... (its fine-tunes are what the claims compare)", check=config.POSITIVE)
+    scheme_seeds: int = opt(3, "seeds of the other schemes' base models, which are probed but not tested", check=config.POSITIVE)
     more_seeds: int = opt(2, "seeds added to the runs of a claim whose p lies between 0.01 and 0.1")
     scalings: str = opt("none,linear,ntk,yarn", "RoPE scalings to fine-tune with (none: direct fine-tuning)")
     factors: str = opt("2,4", "extension factors s: fine-tune at s x block_size, comma-separated")
@@ -64,13 +65,13 @@ class ExtendConfig(ProbeSettings):
     finetune_lr: float = opt(5e-4, "peak learning rate of fine-tuning (cosine decay to a tenth of it); Muon's, where "
                                     "it trains, scaled alike from its pre-training peak")
     finetune_warmup: int = opt(10, "fine-tuning's warmup steps")
-    eval_tokens: int = opt(16384, "validation tokens per length in the loss curves, in fixed windows of that length")
+    eval_tokens: int = opt(16384, "validation tokens per length in the loss curves, in fixed windows of that length", check=config.POSITIVE)
     workers: int = opt(1, "runs trained at a time, each in a process with an equal share of the CPU threads (2 on 2 "
-                          "CPU cores, which one small model's run leaves partly idle; 1 on a GPU)")
+                          "CPU cores, which one small model's run leaves partly idle; 1 on a GPU)", check=config.POSITIVE)
 
     def __post_init__(self):
         super().__post_init__()
-        config.require_positive(self, "seeds", "scheme_seeds", "eval_tokens", "workers")
+        config.validate(self)
         if not 0 < self.finetune_lr < math.inf or self.finetune_warmup < 0 or self.more_seeds < 0:
             raise ValueError(f"finetune_lr={self.finetune_lr} must be > 0, finetune_warmup={self.finetune_warmup} "
                              f">= 0 and more_seeds={self.more_seeds} >= 0")
@@ -90,6 +91,7 @@ class Lab:
     steps: list
     seeds: list
     rt: Runtime
+    bc: BatchConfig
     probe: Probe  # the recall probe's windows and depths
     windows: dict  # {L: Batches holding the fixed validation windows of L tokens}, L in s*L0 multiples
 
@@ -104,7 +106,7 @@ class Lab:
     def base(self, name, seed, max_iters=None):
         """(out, model config, train config) of a base run (up to max_iters, its stage; default its end)."""
         scheme, _, b = name.partition("-b")
-        gcfg = replace(self.gcfg, pos_emb=scheme, **({"rope_base": float(b)} if b else {}))
+        gcfg = replace(self.gcfg.with_scheme(scheme), **({"rope_base": float(b)} if b else {}))
         tc = replace(self.tc, seed=seed, max_iters=max_iters or self.tc.max_iters, lr_decay_iters=self.tc.max_iters)
         return self.out / "base" / f"{name}-seed{seed}", gcfg, tc
 
@@ -113,7 +115,7 @@ class Lab:
         L0 = self.gcfg.block_size
         base_out, base_cfg, _ = self.base(f"rope-b{b:g}", seed)
         gcfg = replace(base_cfg, block_size=round(s * L0), rope_scaling=scaling,
-                       rope_scaling_factor=float(s) if scaling != rope.NO_SCALING else 1.0, rope_original_len=L0)
+                       rope_scaling_factor=float(s) if scaling != rope.NO_SCALING else 1.0, original_len=L0)
         scale = self.ec.finetune_lr / self.tc.learning_rate  # Muon's rate, where it trains, scaled alike
         tc = replace(self.tc, seed=seed, init_from=str(base_out), learning_rate=self.ec.finetune_lr,
                      muon_lr=self.tc.muon_lr * scale, min_lr=self.ec.finetune_lr / 10,
@@ -123,7 +125,7 @@ class Lab:
         return self.out / "finetune" / f"rope-b{b:g}-{scaling}-x{s:g}-seed{seed}", gcfg, tc
 
 
-def make_lab(ec, gcfg, tc):
+def make_lab(ec, gcfg, tc, bc):
     dataset_dir = Path(tc.data_dir) / tc.dataset
     meta = load_meta(dataset_dir)
     gcfg, L0 = replace(gcfg, vocab_size=meta["vocab_size"]), gcfg.block_size
@@ -137,7 +139,7 @@ def make_lab(ec, gcfg, tc):
     for s in scalings:
         if s not in rope.SCALINGS:
             raise ValueError(f"scalings: {s!r} is unknown; choose from {', '.join(rope.SCALINGS)}")
-    if not tc.recall_share:
+    if not bc.recall_share:
         raise ValueError("recall_share=0: the lab's retrieval probe needs the task in training; set recall_share, "
                          "e.g. 0.5")
     stages = numbers("base_stages", ec.base_stages, int, 1, "250,500,1000")
@@ -152,8 +154,8 @@ def make_lab(ec, gcfg, tc):
     lengths = sorted({L0} | {round(m * L0) for s in factors for m in (s, 2 * s)})
     windows = eval_sets(dataset_dir, meta, lengths, ec.eval_tokens, per_forward, rt.device)
     lab = Lab(ec, gcfg, tc, schemes, numbers("rope_bases", ec.rope_bases, float, 1.0, "200,10000"), scalings,
-              factors, stages, steps, [tc.seed + i for i in range(ec.seeds)], rt,
-              Probe(dataset_dir, meta, L0, ec, tc.recall_pairs, per_forward, rt.device), windows)
+              factors, stages, steps, [tc.seed + i for i in range(ec.seeds)], rt, bc,
+              Probe(dataset_dir, meta, L0, ec, bc.recall_pairs, per_forward, rt.device), windows)
     for scaling in scalings:  # a bad setting fails now, not after the base models trained
         lab.finetune(lab.bases[0], scaling, factors[0], tc.seed)
     return lab
@@ -173,24 +175,24 @@ def losses(model, lab, lengths):
 
 # ----------------------------------------------------------------------------- runs
 
-def check_settings(out, gcfg, tc):
+def check_settings(out, gcfg, tc, bc):
     """A run folder made with other settings is refused (max_iters aside: runs grow stage by stage)."""
     if (out / "config.json").is_file():
         saved = json.loads((out / "config.json").read_text())
         saved["train"]["max_iters"] = tc.max_iters
-        check_same_settings(out, train_settings(gcfg, tc), saved)
+        check_same_settings(out, train_settings(gcfg, tc, bc), saved)
 
 
 def base_run(lab, name, seed):
     """Train a base model; RoPE's in stages, probed at L0 after each (the learning curve); then its retrieval
     grid, RoPE's also with each scaling past L0. (figures, training seconds)."""
     out, gcfg, tc = lab.base(name, seed)
-    check_settings(out, gcfg, tc)
+    check_settings(out, gcfg, tc, lab.bc)
     is_rope = name.startswith("rope")
     curve = {}
     for stage in lab.stages if is_rope else [tc.max_iters]:
         _, _, staged = lab.base(name, seed, stage)
-        train_run(name, gcfg, staged, out)
+        train_run(name, gcfg, staged, out, lab.bc)
         if is_rope:  # retrieval at L0 alone
             curve[str(stage)] = evaluated(out / f"curve{stage}.json", lambda: {str(gcfg.block_size): {
                 str(d): lab.probe.recall.scores(load_model(out, lab.rt), lab.probe.windows[gcfg.block_size], d, lab.rt)
@@ -198,7 +200,7 @@ def base_run(lab, name, seed):
     scalings = [rope.NO_SCALING] + [s for s in lab.scalings if s != rope.NO_SCALING and is_rope]
     probe = evaluated(out / "eval.json", lambda: {"retrieval": {s: lab.probe.grid(load_model(out, lab.rt), lab.rt, s)
                                                                 for s in scalings}})
-    summary = evaluated(out / "summary.json", lambda: train_run(name, gcfg, tc, out))
+    summary = evaluated(out / "summary.json", lambda: train_run(name, gcfg, tc, out, lab.bc))
     return {"final_val_loss": summary["final_val_loss"], "curve": curve, **probe}, summary["train_s"]
 
 
@@ -206,14 +208,14 @@ def finetune_run(lab, b, scaling, s, seed):
     """Fine-tune in stages up to each scored step (a resume is exact, so the stages add up to one run), scoring
     the loss at L0, s*L0 and 2s*L0 and the retrieval grid after each. ({step: scores}, training seconds)."""
     out, gcfg, tc = lab.finetune(b, scaling, s, seed)
-    check_settings(out, gcfg, tc)
+    check_settings(out, gcfg, tc, lab.bc)
     L0 = lab.gcfg.block_size
     lengths = [L0, round(s * L0), round(2 * s * L0)]
     base_out = lab.base(f"rope-b{b:g}", seed)[0]
     scored = {}
     for step in lab.steps:
         if step:
-            summary = train_run(f"rope-b{b:g}-{scaling}-x{s:g}", gcfg, replace(tc, max_iters=step), out)
+            summary = train_run(f"rope-b{b:g}-{scaling}-x{s:g}", gcfg, replace(tc, max_iters=step), out, lab.bc)
         # step 0: the base model with the scaling alone
         where, changes = (out, {}) if step else (base_out, {"rope_scaling": scaling,
                                                             "rope_scaling_factor": gcfg.rope_scaling_factor})
@@ -240,7 +242,7 @@ def run_lab(lab):
             extra = [lab.seeds[-1] + i for i in range(1, lab.ec.more_seeds + 1)]
             print(f"{len(flagged)} claim(s) with p in [0.01, 0.1]: adding seeds {', '.join(map(str, extra))}")
             seeds = {k: v + extra for k, v in seeds.items()}
-        results |= {"settings": {"extend": asdict(lab.ec), **train_settings(lab.gcfg, lab.tc)},
+        results |= {"settings": {"extend": asdict(lab.ec), **train_settings(lab.gcfg, lab.tc, lab.bc)},
                     "device": lab.rt.device, "environment": run_record()}
         plots = extend_report.write_plots(results, lab.out)
         results["wall_s"] = time.perf_counter() - t0
@@ -256,7 +258,7 @@ def run_all(lab, seeds):
             if name.startswith("rope") or seed in lab.seeds[:lab.ec.scheme_seeds]]
     jobs += [("finetune", (b, sc), s, seed) for seed in seeds["finetune"] for b in lab.bases for s in lab.factors
              for sc in lab.scalings]
-    done = run_jobs(jobs, run_job, lab, (make_lab, (lab.ec, lab.gcfg, lab.tc)), lab.ec.workers, needs=base_of,
+    done = run_jobs(jobs, run_job, lab, (make_lab, (lab.ec, lab.gcfg, lab.tc, lab.bc)), lab.ec.workers, needs=base_of,
                     label=job_label, desc="extend", progress=lab.tc.progress)
     return {job: figures for job, (figures, _) in done.items()}, sum(train_s for _, train_s in done.values())
 

@@ -12,6 +12,7 @@ import json
 import multiprocessing
 import statistics
 import sys
+import typing
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -22,6 +23,7 @@ from tqdm import tqdm
 import config
 import train
 from checkpoint import load_checkpoint
+from data.batches import BatchConfig
 from data.loader import Batches
 from files import atomic_write, open_log, read_log
 from model import GPTConfig
@@ -38,11 +40,15 @@ def split_list(text):
     return [s.strip() for s in text.split(",") if s.strip()]
 
 
-def parse_changes(text, model_keys, train_keys, what="variant"):
-    """'name: key=value, key=value; name: ...' -> [(name, {key: value})], the keys among model_keys (typed as
-    GPTConfig's fields) and train_keys (TrainConfig's); what names an entry in errors (a variant, a recipe)."""
-    types = {f: GPTConfig.__dataclass_fields__[f].type for f in model_keys}
-    types |= {f: train.TrainConfig.__dataclass_fields__[f].type for f in train_keys}
+def field_types(cls, names):
+    """{name: its type} of the named fields of dataclass cls."""
+    hints = typing.get_type_hints(cls)
+    return {f: hints[f] for f in names}
+
+
+def parse_changes(text, types, what="variant"):
+    """'name: key=value, key=value; name: ...' -> [(name, {key: value})], the keys those of types ({key: type},
+    e.g. field_types of GPTConfig's); what names an entry in errors (a variant, a recipe)."""
     out = []
     for part in filter(str.strip, text.split(";")):
         name, colon, body = (s.strip() for s in part.partition(":"))
@@ -66,9 +72,10 @@ def run_dir(tc, name, seed):
     return Path(tc.out_dir) / "runs" / f"{name}-seed{seed}"
 
 
-def train_settings(gcfg, tc):
-    """What determines a run's result: the resolved model and training settings."""
-    return {"model": gcfg.asdict(), "train": {k: v for k, v in asdict(tc).items() if k not in NOT_SETTINGS}}
+def train_settings(gcfg, tc, bc=None, schedule=None):
+    """What determines a run's result: the resolved model, training and batch settings and the schedule's."""
+    return {"model": gcfg.asdict(), "train": {k: v for k, v in asdict(tc).items() if k not in NOT_SETTINGS},
+            "batches": asdict(bc or BatchConfig()), "schedule": schedule.settings() if schedule else {}}
 
 
 def check_same_settings(path, settings, saved):
@@ -82,21 +89,23 @@ def check_same_settings(path, settings, saved):
                          f"or delete that run folder to redo it")
 
 
-def train_run(name, gcfg, tc, out):
-    """Train (or resume) one run into out; its summary. Raises Interrupted when training stopped early."""
+def train_run(name, gcfg, tc, out, bc=None, schedule=None):
+    """Train (or resume) one run into out, its batches as bc says and on schedule (train.train's defaults: plain
+    text, train.Schedule); its summary. Raises Interrupted when training stopped early."""
     ckpt_path = out / "ckpt.pt"
     at = load_checkpoint(ckpt_path)["iter"] if ckpt_path.is_file() else 0
     if at < tc.max_iters:  # else training ended and only the summary is missing
         out.mkdir(parents=True, exist_ok=True)
         with open_log(out / "train.log") as log, contextlib.redirect_stdout(log):
-            train.train(gcfg, replace(tc, out_dir=str(out), resume=at > 0, progress=False))
+            train.train(gcfg, replace(tc, out_dir=str(out), resume=at > 0, progress=False), bc, schedule)
         at = load_checkpoint(ckpt_path)["iter"]
     if at < tc.max_iters:
         raise Interrupted(f"run {out.name} stopped at iteration {at} of {tc.max_iters}")
     # a resumed run's log was trimmed back to its checkpoint and its elapsed_s continues: one line per iteration
     metrics = {m["iter"]: m for m in read_log(out / "metrics.jsonl")}
     final = metrics[tc.max_iters]
-    return {"scheme": name, "seed": tc.seed, "settings": train_settings(gcfg, tc), "final_val_loss": final["val_loss"],
+    return {"scheme": name, "seed": tc.seed, "settings": train_settings(gcfg, tc, bc, schedule),
+            "final_val_loss": final["val_loss"],
             "val_bpb": final["val_bpb"], "train_s": final["elapsed_s"],
             "tokens_per_s": statistics.median(m["tokens_per_s"] for m in metrics.values()),
             # the scheduled evaluations only: a stop and its resume add one at the stop
@@ -180,10 +189,10 @@ def write_json(path, obj):
 
 def command(argv, doc, settings, run):
     """The main of a tool that trains many runs (ablate.py, extend.py): --help from doc and the settings classes
-    (its own, GPTConfig, TrainConfig), else run(*their parsed values); a bad setting or a diverging run is one
-    line and exit 1, an interruption exit 130 with the hint that rerunning resumes."""
+    (its own, GPTConfig, TrainConfig, BatchConfig), else run(*their parsed values); a bad setting or a diverging
+    run is one line and exit 1, an interruption exit 130 with the hint that rerunning resumes."""
     argv = sys.argv[1:] if argv is None else argv
-    classes = (settings, GPTConfig, train.TrainConfig)
+    classes = (settings, GPTConfig, train.TrainConfig, BatchConfig)
     if "-h" in argv or "--help" in argv:
         print(doc + config.help_text(*classes))
         return

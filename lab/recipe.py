@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script,
 import train  # noqa: E402
 from config import opt  # noqa: E402
 from files import atomic_write, read_log  # noqa: E402
-from lab.grid import (NOT_SETTINGS, check_same_settings, command, evaluated, parse_changes, run_dir,  # noqa: E402
-                      train_run, train_settings, write_json)
+from lab.grid import (NOT_SETTINGS, check_same_settings, command, evaluated, field_types, parse_changes,  # noqa: E402
+                      run_dir, train_run, train_settings, write_json)
 from lab.report import Plots, dress, md_table, palette, pm  # noqa: E402
 from lab.stats import mean_std  # noqa: E402
 from model import GPTConfig  # noqa: E402
@@ -51,8 +51,9 @@ def reached(out, target):
     return next((e for e in evals if e[2] <= target), None), evals
 
 
-def run_recipes(rc, gcfg, tc):
-    recipes = {"base": {}} | dict(parse_changes(rc.recipes, MODEL_KEYS, TRAIN_KEYS, "recipe"))
+def run_recipes(rc, gcfg, tc, bc):
+    types = field_types(GPTConfig, MODEL_KEYS) | field_types(train.TrainConfig, TRAIN_KEYS)
+    recipes = {"base": {}} | dict(parse_changes(rc.recipes, types, "recipe"))
     grid = []  # (name, model config, train config, run folder), every folder checked before anything trains
     for name, changes in recipes.items():
         g = replace(gcfg, **{k: v for k, v in changes.items() if k in MODEL_KEYS})
@@ -60,12 +61,12 @@ def run_recipes(rc, gcfg, tc):
             t = replace(tc, seed=seed, **{k: v for k, v in changes.items() if k in TRAIN_KEYS})
             out = run_dir(t, name, seed)
             if (out / "config.json").is_file():  # a run folder made with other settings is refused
-                check_same_settings(out, train_settings(g, t), json.loads((out / "config.json").read_text()))
+                check_same_settings(out, train_settings(g, t, bc), json.loads((out / "config.json").read_text()))
             grid.append((name, g, t, out))
     runs = {name: [] for name in recipes}  # name -> [per seed: {"seed", "reached", "evals"}]
     for name, g, t, out in (bar := tqdm(grid, desc="recipe", unit="run")):
         bar.set_postfix_str(f"{name} seed {t.seed}")
-        evaluated(out / "summary.json", lambda: train_run(name, g, t, out))
+        evaluated(out / "summary.json", lambda: train_run(name, g, t, out, bc))
         hit, evals = reached(out, rc.target_loss)
         runs[name].append({"seed": t.seed, "reached": hit, "evals": evals})
     results = {"settings": {"recipe": asdict(rc), **train_settings(gcfg, tc)}, "recipes": {

@@ -5,14 +5,18 @@ import importlib.util
 import json
 import os
 import signal
+from dataclasses import replace
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 import files
 import train
-from conftest import TINY, run
+from conftest import TINY, run, same_tensors
 from lab import ablate, ablate_report
+import positions
+from checkpoint import load_checkpoint, model_from_checkpoint
 from model import GPTConfig
 
 # 2 schemes x 2 seeds of a tiny model, a few steps; L0 = 32, scored at 16, 32 and 64 tokens
@@ -97,14 +101,14 @@ def test_an_interrupted_run_resumes_to_the_uninterrupted_result(data_dir, tmp_pa
     one = [*GRID, "--schemes=rope", "--seeds=1", "--max_iters=6", "--sample_tokens=0", f"--data_dir={data_dir}"]
     assert ablate_main(capsys, *one, f"--out_dir={tmp_path / 'straight'}")[0] == 0
 
-    real_lr_at = train.lr_at
+    real_lr = train.Schedule.lr
 
-    def ctrl_c_at_step_2(it, tc):  # a real SIGINT, handled by train's own stop flag
+    def ctrl_c_at_step_2(self, it):  # a real SIGINT, handled by train's own stop flag
         if it == 2:
             os.kill(os.getpid(), signal.SIGINT)
-        return real_lr_at(it, tc)
+        return real_lr(self, it)
 
-    monkeypatch.setattr(train, "lr_at", ctrl_c_at_step_2)
+    monkeypatch.setattr(train.Schedule, "lr", ctrl_c_at_step_2)
     code, _, err = ablate_main(capsys, *one, f"--out_dir={tmp_path / 'cut'}")
     assert code == 130 and "stopped at iteration 3 of 6" in err and "rerun the same command" in err
     assert not (tmp_path / "cut" / "runs" / "rope-seed1337" / "summary.json").exists()
@@ -131,7 +135,8 @@ def test_dry_run_prints_the_grid_and_an_estimate_and_trains_nothing(data_dir, tm
 
 @pytest.mark.parametrize("arg, named", [
     ("--schemes=rope,zpos", "'zpos'"), ("--variants=b: rope_bse=5", "rope_bse"),
-    ("--variants=d: drop_rope_at=5000", "scheme 'd': drop_rope_at=5000 must come before max_iters"),
+    ("--variants=d: drop_rope_at=5000", "scheme 'd': drop_rope_at=5000 must lie between 0 and max_iters=4"),
+    ("--variants=d: recalibration_lr=1e-3", "variant 'd': DroPE's recalibration_lr needs drop_rope_at, the step of the drop"),
     ("--variants=b: rope_fraction=0.1", "'b': "), ("--schemes=rope,rope", "repeated: rope"), ("--eval_lengths=1,abc", "abc"), ("--rope_scalings=ntk,nope", "'nope'"),
     ("--eval_lengths=8000", "does not fit"), ("--sample_prompt=ROMEO€", "€"), ("--seeds=0", "seeds=0"),
     ("--lr_scales=0.5,2", "must include 1"), ("--probe_lengths=0.25", "a window of 8 tokens cannot hold 2 needles")])
@@ -170,11 +175,43 @@ def test_each_scheme_sweeps_its_learning_rate_on_the_first_seed_and_ranks_at_its
     assert lr == pytest.approx(0.001)
 
 
-def test_a_variants_training_change_goes_to_its_runs_not_its_model():  # DroPE's drop
+def test_a_variants_training_change_goes_to_its_schedule_not_its_model():  # DroPE's drop
     ac = ablate.AblateConfig(schemes="rope", variants="p: rope_p=0.75; drope: drop_rope_at=800")
-    grid, train_changes = ablate.make_grid(ac, GPTConfig())
+    grid, drops = ablate.make_grid(ac, GPTConfig())
     assert grid["p"].rope_p == 0.75 and grid["drope"] == GPTConfig(pos_emb="rope")
-    assert train_changes == {"rope": {}, "p": {}, "drope": {"drop_rope_at": 800}}
+    assert drops == {"rope": None, "p": None, "drope": ablate.DroPE(drop_rope_at=800)}
+
+
+def test_drope_drops_rope_mid_run_and_resumes_after_the_drop_exactly(data_dir, tmp_path, capsys):
+    gcfg = GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=32)
+    tc = train.TrainConfig(data_dir=str(data_dir), batch_size=4, eval_iters=2, progress=False, compile=False,
+                           dtype="float32", max_iters=6, lr_decay_iters=6, eval_interval=2, log_interval=1)
+    schedule = ablate.DropSchedule(tc, ablate.DroPE(drop_rope_at=3))
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    train.train(gcfg, replace(tc, out_dir=str(straight)), schedule=schedule)
+    assert "iteration 3: the schedule changes the model's pos_emb 'rope' -> 'none'" in capsys.readouterr().out
+    ckpt = load_checkpoint(straight / "ckpt.pt")
+    assert ckpt["model_config"]["pos_emb"] == "none"  # the checkpoint after the drop has no rotation
+    assert type(model_from_checkpoint(ckpt).pos) is positions.NoPE
+    assert json.loads((straight / "config.json").read_text())["schedule"] == {
+        "drop_rope_at": 3, "recalibration_lr": None, "recalibration_warmup": 20}
+    train.train(gcfg, replace(tc, out_dir=str(split), max_iters=4), schedule=schedule)  # stops after the drop
+    train.train(gcfg, replace(tc, out_dir=str(split), resume=True), schedule=schedule)  # resumed past the drop
+    a, b = load_checkpoint(straight / "ckpt.pt"), load_checkpoint(split / "ckpt.pt")
+    assert same_tensors(a["model"], b["model"]) and same_tensors(a["optimizer"], b["optimizer"])
+    logs = [[json.loads(line)["train_loss"] for line in (d / "metrics.jsonl").read_text().splitlines()]
+            for d in (straight, split)]
+    assert logs[0] == logs[1]
+
+
+def test_drope_recalibrates_on_a_schedule_of_its_own_when_given_a_peak():
+    tc = train.TrainConfig(learning_rate=1.0, min_lr=0.1, warmup_iters=2, max_iters=20)
+    lrs = [ablate.DropSchedule(tc, ablate.DroPE(10, 0.5, 3)).lr(it) for it in range(20)]
+    assert lrs[:10] == [train.Schedule(tc).lr(it) for it in range(10)]  # before the drop: the run's own schedule
+    assert lrs[10:13] == pytest.approx([0.125, 0.25, 0.375]) and lrs[13] == pytest.approx(0.5)  # re-warmed to 0.5
+    assert lrs[19] == pytest.approx(0.05 + 0.5 * (1 + np.cos(np.pi * 6 / 7)) * 0.45)  # cosine to a tenth of it
+    assert [ablate.DropSchedule(tc, ablate.DroPE(10)).lr(it) for it in range(20)] == [
+        train.Schedule(tc).lr(it) for it in range(20)]  # without a peak of its own: the run's schedule goes on
 
 
 def test_an_unsettled_comparison_brings_more_seeds_to_both_schemes(data_dir, tmp_path, capsys, monkeypatch):
@@ -196,8 +233,8 @@ def test_an_unsettled_comparison_brings_more_seeds_to_both_schemes(data_dir, tmp
 
 def test_drope_variants_keep_the_shared_rate_while_the_other_schemes_sweep():
     ac = ablate.AblateConfig(schemes="rope", variants="drope: drop_rope_at=800, recalibration_lr=1e-3")
-    grid, train_changes = ablate.make_grid(ac, GPTConfig())
-    plan = SimpleNamespace(grid=grid, train_changes=train_changes, scales=[0.5, 1, 2], seeds=[1, 2, 3])
+    grid, drops = ablate.make_grid(ac, GPTConfig())
+    plan = SimpleNamespace(grid=grid, drops=drops, scales=[0.5, 1, 2], seeds=[1, 2, 3])
     plan.scales_of = lambda name: ablate.Plan.scales_of(plan, name)
     assert ablate.first_arms(plan) == {("rope", 0.5): [1], ("rope", 1): [1, 2, 3], ("rope", 2): [1],
                                        ("drope", 1): [1, 2, 3]}

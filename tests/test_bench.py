@@ -87,7 +87,8 @@ def test_reference_formulations_match_the_rotation_matrix(layout):
     (["--only", "train_step,nope"], "unknown bench nope; choose from matmul_peak, train_step, generate, rope_apply"),
     (["--config", "no/such.toml"], "does not exist"),
     (["--device", "tpu"], "device='tpu' is unknown"),
-    (["--repeats", "0"], "argument --repeats: '0' is not a positive integer"),
+    (["--repeats", "0"], "repeats=0 must be a positive integer"),
+    (["--repeat=3"], "unknown config key 'repeat'; did you mean 'repeats'?"),
 ])
 def test_bad_flags_give_a_one_line_error(argv, message, capsys):
     with pytest.raises(SystemExit) as exc:

@@ -1,6 +1,6 @@
 """config.py: defaults < TOML < --key=value, types checked, every mistake named."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import pytest
 
@@ -119,4 +119,27 @@ def test_keys_are_unique_across_classes_and_all_have_help():
     text = config.help_text(GPTConfig, TrainConfig)
     keys = config.known_keys([GPTConfig, TrainConfig])
     assert len(text.splitlines()) == len(keys) and all(f"--{k}=" in text for k in keys)
-    assert all(f.metadata["help"] for _, f in keys.values())
+    assert all(f.metadata["help"] for cls in (GPTConfig, TrainConfig) for f in fields(cls))
+
+
+def test_a_key_may_take_its_value_as_the_next_argument_and_a_bool_its_word():
+    a, = config.parse(["--n", "7", "--flag", "--name", "x"], A)
+    assert (a.n, a.flag, a.name) == (7, True, "x")
+    a, = config.parse(["--flag", "false", "--n=-3"], A)
+    assert (a.flag, a.n) == (False, -3)
+    with pytest.raises(ValueError, match="argument 'stray' should look like --key=value"):
+        config.parse(["--flag", "stray"], A)
+
+
+def test_a_declared_check_names_the_setting_and_what_is_valid():
+    @dataclass
+    class Checked:
+        k: int = opt(1, "a count", check=config.POSITIVE)
+        c: str = opt("a", "a choice", check=config.one_of(("a", "b")))
+
+        def __post_init__(self):
+            config.validate(self)
+    with pytest.raises(ValueError, match="^k=0 must be a positive integer$"):
+        config.parse(["--k=0"], Checked)
+    with pytest.raises(ValueError, match="^c='z' must be one of a, b$"):
+        config.parse(["--c=z"], Checked)

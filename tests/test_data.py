@@ -288,7 +288,7 @@ def _bad_inputs(tmp: Path) -> list[tuple[list[str], list[str]]]:
         (["--input", str(tmp / "nul.txt")], ["nul.txt", "binary"]),
         (["--input", ok, "--tokenizer", "bpe", "--vocab_size", "256"], ["256", "257"]),
         (["--input", ok, "--tokenizer", "bpe", "--vocab_size", "10000000"], ["10000000", "257"]),
-        (["--input", ok, "--vocab_size", "300"], ["--vocab_size", "bpe"]),
+        (["--input", ok, "--vocab_size", "300"], ["vocab_size applies only to tokenizer=bpe"]),
         (["--input", ok, "--val_fraction", "1.5"], ["1.5", "between 0 and 1"]),
         (["--input", ok, "--dataset", "a/b"], ["a/b", "folder name"]),
     ]
@@ -642,7 +642,7 @@ def test_bad_corpora_are_one_line_errors(folder, tmp_path, capsys):
         assert len(err.strip().splitlines()) == 1 and err.startswith("error: "), err
         assert all(f in err for f in fragments), (fragments, err)
     (folder / "a" / "latin1.txt").unlink()
-    for argv, says in [(["--num_proc", "0"], "--num_proc 0 is out of range"),
+    for argv, says in [(["--num_proc", "0"], "num_proc=0 must be a positive integer"),
                        (["--tokenizer", "bpe", "--vocab_size", "257"], "needs 258..")]:
         assert prepare.main(["--input", str(folder), "--data_dir", str(tmp_path / "out"), *argv]) == 1
         assert says in capsys.readouterr().err

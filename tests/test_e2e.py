@@ -18,7 +18,7 @@ def test_prepare_train_sample(data_dir, tmp_path):
     out = tmp_path / "run"
     said = run("train.py", "configs/shakespeare_char_cpu.toml", *TINY, "--max_iters=30", "--eval_interval=15",
                f"--data_dir={data_dir}", f"--out_dir={out}").stdout
-    assert said.rstrip().endswith(f"loss curves: python plot.py {out}")  # the next command, for the curves
+    assert said.rstrip().endswith(f"loss curves: python plot.py --runs={out}")  # the next command, for the curves
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     evals = [m for m in lines if "val_loss" in m]
     assert [m["iter"] for m in evals] == [15, 30]

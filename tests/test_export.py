@@ -44,7 +44,7 @@ def save_run(out, pos_emb, meta=CHAR_META, noise=0.1, **kw):
 def exported(tmp_path, pos_emb, *flags, meta=CHAR_META, noise=0.1, **kw):
     """(our model, the transformers model export.py wrote, loaded by the Auto class, the folder)."""
     model = save_run(tmp_path / "out", pos_emb, meta, noise, **kw)
-    export.main([str(tmp_path / "out"), str(tmp_path / "hf"), *flags])
+    export.main([f"--out_dir={tmp_path / 'out'}", f"--hf_dir={tmp_path / 'hf'}", *flags])
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf")  # no trust_remote_code
     return model, hf.eval(), tmp_path / "hf"
 
@@ -97,7 +97,7 @@ def test_every_shipped_configs_model_exports(tmp_path, name):
     """The model each config trains (its options: qk_norm, mlp_act, positions, ...), shrunk to a tiny shape."""
     gcfg, _ = config.parse([str(ROOT / "configs" / name)], GPTConfig, TrainConfig)
     options = {k: v for k, v in gcfg.asdict().items() if v != getattr(GPTConfig(), k)
-               and k not in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "dropout")}
+               and k not in ("n_layer", "n_head", "n_embd", "block_size", "original_len", "vocab_size", "dropout")}
     model, hf_model, _ = exported(tmp_path, gcfg.pos_emb, **{k: v for k, v in options.items() if k != "pos_emb"})
     assert max_difference(model, hf_model, 32) < TOLERANCE
 
@@ -128,8 +128,8 @@ SCALINGS = {  # name: how the scaling is set (in the checkpoint, or by export's 
     "yarn": ({"rope_fraction": 1.0}, ["--rope_scaling=yarn", "--rope_scaling_factor=4"], "yarn"),  # and temperature
     # fine-tuned at 32 tokens from L0 = 16 (extend.py): transformers' original_max_position_embeddings is L0
     "yarn-finetuned": ({"rope_fraction": 1.0, "rope_scaling": "yarn", "rope_scaling_factor": 2.0,
-                        "rope_original_len": 16}, [], "yarn"),
-    "dynamic-finetuned": ({"rope_scaling": "dynamic", "rope_scaling_factor": 2.0, "rope_original_len": 16}, [],
+                        "original_len": 16}, [], "yarn"),
+    "dynamic-finetuned": ({"rope_scaling": "dynamic", "rope_scaling_factor": 2.0, "original_len": 16}, [],
                           "dynamic"),
 }
 
@@ -201,7 +201,7 @@ REFUSED = {  # name: (pos_emb, config, the arguments after OUT_DIR, the error's 
                      "temperature on the rotated dims alone"),
     "scaling-without-factor": ("rope", {}, ["hf", "--rope_scaling=linear"], "go together"),
     "scaling-of-learned": ("learned", {}, ["hf", "--rope_scaling=linear", "--rope_scaling_factor=2"],
-                           "does not apply"),
+                           "rope_scaling='linear' does nothing for pos_emb='learned'"),
     "into-the-run": ("rope", {}, ["out"], "training run's folder"),  # would overwrite the run's config.json
 }
 
@@ -211,7 +211,7 @@ def test_what_transformers_cannot_run_is_refused_in_one_line(tmp_path, capsys, c
     pos_emb, kw, args, gist = REFUSED[case]
     save_run(tmp_path / "out", pos_emb, **kw)
     with pytest.raises(SystemExit) as exit_:
-        export.main([str(tmp_path / "out"), str(tmp_path / args[0]), *args[1:]])
+        export.main([f"--out_dir={tmp_path / 'out'}", f"--hf_dir={tmp_path / args[0]}", *args[1:]])
     out, err = capsys.readouterr()
     assert exit_.value.code == 1 and out == ""
     assert err.startswith("error: ") and err.count("\n") == 1 and gist in err, err
@@ -220,7 +220,7 @@ def test_what_transformers_cannot_run_is_refused_in_one_line(tmp_path, capsys, c
 
 def test_the_export_says_what_it_wrote(tmp_path, capsys):
     save_run(tmp_path / "out", "rope", rope_layout="half")
-    export.main([str(tmp_path / "out"), str(tmp_path / "hf")])
+    export.main([f"--out_dir={tmp_path / 'out'}", f"--hf_dir={tmp_path / 'hf'}"])
     assert "as GPTNeoXForCausalLM (rope; tokenizer char): logits agree with nanorope's to" in capsys.readouterr().out
     assert {p.name for p in (tmp_path / "hf").iterdir()} == {"config.json", "generation_config.json",
                                                              "model.safetensors", "tokenizer.json",
@@ -229,6 +229,6 @@ def test_the_export_says_what_it_wrote(tmp_path, capsys):
 
 def test_the_command_refuses_with_exit_1(tmp_path):
     save_run(tmp_path / "out", "alibi")
-    proc = run("export.py", tmp_path / "out", tmp_path / "hf", check=False)
+    proc = run("export.py", f"--out_dir={tmp_path / 'out'}", f"--hf_dir={tmp_path / 'hf'}", check=False)
     assert proc.returncode == 1 and proc.stdout == ""
     assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr

@@ -25,7 +25,7 @@ def test_the_lab_fine_tunes_each_scaling_and_reports_and_a_rerun_trains_nothing(
     for name in finetuned:  # the scaling is the run's own, saved where sampling, evaluation and resume read it
         ckpt = load_checkpoint(out / "finetune" / name / "ckpt.pt")
         cfg, scaling = ckpt["model_config"], name.split("-")[2]
-        assert (cfg["block_size"], cfg["rope_original_len"], cfg["rope_scaling"], cfg["rope_base"]) == (64, 32, scaling,
+        assert (cfg["block_size"], cfg["original_len"], cfg["rope_scaling"], cfg["rope_base"]) == (64, 32, scaling,
                                                                                                     200.0)
         assert cfg["rope_scaling_factor"] == (2.0 if scaling != "none" else 1.0) and ckpt["iter"] == 4
 
@@ -55,7 +55,7 @@ def test_the_lab_fine_tunes_each_scaling_and_reports_and_a_rerun_trains_nothing(
     ft = json.loads((out / "finetune" / "rope-b200-yarn-x2-seed1337" / "config.json").read_text())
     straight = tmp_path / "straight"
     run("train.py", *TINY, f"--data_dir={data_dir}", f"--out_dir={straight}",
-        *(f"--{k}={v}" for k, v in {**ft["model"], **ft["train"]}.items()
+        *(f"--{k}={v}" for k, v in {**ft["model"], **ft["train"], **ft["batches"]}.items()
           if k not in ("out_dir", "resume", "vocab_size") and v is not None))
     assert same_tensors(load_checkpoint(straight / "ckpt.pt")["model"],
                         load_checkpoint(out / "finetune" / "rope-b200-yarn-x2-seed1337" / "ckpt.pt")["model"])

@@ -4,11 +4,12 @@ import pytest
 import torch
 
 from data.tokenizer import load_meta
-from lab import grid
+from lab import ablate, grid
 from model import GPT, GPTConfig
 from runtime import Runtime
 
-KEYS = ("rope_base", "rope_fraction", "rope_layout"), ("drop_rope_at",)
+KEYS = (grid.field_types(GPTConfig, ("rope_base", "rope_fraction", "rope_layout"))
+        | grid.field_types(ablate.DroPE, ("drop_rope_at",)),)
 
 
 def test_changes_parse_into_typed_overrides():

@@ -3,6 +3,8 @@ their logits, fine-tune through train.py --init_from=hf:PATH with their own toke
 cannot map is one line and nothing written."""
 
 import json
+import shutil
+import time
 
 import pytest
 import torch
@@ -10,8 +12,12 @@ import torch
 transformers = pytest.importorskip("transformers")  # the test extra has it; conftest keeps it offline
 
 import hf  # noqa: E402
+import sample  # noqa: E402
+import train  # noqa: E402
+from checkpoint import load_source  # noqa: E402
 from conftest import TINY, run  # noqa: E402
-from model import GPT  # noqa: E402
+from data import prepare  # noqa: E402
+from huggingface_hub import constants  # noqa: E402
 
 TOLERANCE = 1e-4  # float32
 EOT = "<|endoftext|>"
@@ -62,7 +68,7 @@ def checkpoint(request, tmp_path_factory, corpus):
 @torch.inference_mode()
 def test_imported_logits_are_the_checkpoints(checkpoint):
     folder, theirs = checkpoint
-    ours = hf.load_pretrained(GPT(hf.import_config(str(folder))), str(folder)).eval()
+    ours = load_source(f"hf:{folder}", "init_from").model().eval()
     idx = torch.randint(0, 60, (2, 64), generator=torch.Generator().manual_seed(1))
     assert (ours(idx, targets=idx)[0] - theirs(idx).logits).abs().max().item() < TOLERANCE
     c = ours.config
@@ -72,7 +78,7 @@ def test_imported_logits_are_the_checkpoints(checkpoint):
 @torch.inference_mode()
 def test_an_imported_model_exports_back_to_its_architecture(checkpoint):
     folder, theirs = checkpoint
-    ours = hf.load_pretrained(GPT(hf.import_config(str(folder))), str(folder)).eval()
+    ours = load_source(f"hf:{folder}", "init_from").model().eval()
     again = hf.exported(ours, {"start_id": 0, "eot": None})
     assert type(again) is type(theirs)
     idx = torch.randint(0, 60, (1, 48), generator=torch.Generator().manual_seed(2))
@@ -99,20 +105,42 @@ def test_fine_tune_from_a_checkpoint_resume_and_sample(checkpoint, corpus, tmp_p
     assert original.startswith("ROMEO:")
 
 
-def test_what_cannot_be_imported_is_one_line_and_nothing_is_written(corpus, data_dir, tmp_path):
+def test_what_cannot_be_imported_is_one_line_and_nothing_is_written(corpus, data_dir, tmp_path, monkeypatch, capsys):
     folder, _ = saved("gpt2", tmp_path / "gpt2", corpus)
     llama = tmp_path / "llama"
     transformers.LlamaForCausalLM(transformers.LlamaConfig(
         vocab_size=70, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)).save_pretrained(llama)
-    cases = {  # init_from, dataset, the error's gist
-        "unknown": ("hf:no-such-org/no-such-model", "shakespeare_char", "no transformers model of that name or path"),
-        "architecture": (f"hf:{llama}", "shakespeare_char", "is a LlamaForCausalLM (llama); nanorope imports GPT-2"),
-        "tokenizer": (f"hf:{folder}", "shakespeare_char", "reads the ids of its own tokenizer, but dataset "
-                                                          "'shakespeare_char' was prepared with the char tokenizer"),
+    damaged = shutil.copytree(folder, tmp_path / "damaged")
+    weights = (damaged / "model.safetensors").read_bytes()
+    (damaged / "model.safetensors").write_bytes(weights[: len(weights) // 2])  # a download cut short
+    assert prepare.main(["--input", str(corpus), "--data_dir", str(tmp_path), "--dataset", "own",
+                         "--tokenizer", f"hf:{folder}"]) == 0
+    cases = {  # flag, value, the error's gist
+        "unknown": ("init_from", "hf:no-such-org/no-such-model", "no transformers model of that name or path"),
+        "offline": ("init_from", "hf:no-such-org/no-such-model", "init_from=hf:no-such-org/no-such-model: "
+                    "no-such-org/no-such-model is not in the local Hugging Face cache and 127.0.0.1 cannot be reached"),
+        "no folder": ("init_from", f"hf:{tmp_path}/no/such/folder", f"the folder {tmp_path}/no/such/folder does not "
+                      "exist"),
+        "damaged": ("init_from", f"hf:{damaged}", f"init_from=hf:{damaged}: its weights cannot be read"),
+        "damaged, sampled": ("out_dir", f"hf:{damaged}", f"out_dir=hf:{damaged}: its weights cannot be read"),
+        "architecture": ("init_from", f"hf:{llama}", "is a LlamaForCausalLM (llama); nanorope imports GPT-2"),
+        "tokenizer": ("init_from", f"hf:{folder}", f"init_from=hf:{folder} reads the ids of the hf tokenizer of "
+                      f"{folder}, but dataset 'shakespeare_char' was prepared with the char tokenizer"),
     }
-    for name, (init_from, dataset, gist) in cases.items():
+    for name, (flag, value, gist) in cases.items():
         out = tmp_path / f"run-{name}"
-        proc = run("train.py", *TINY, f"--data_dir={data_dir}", f"--dataset={dataset}", f"--out_dir={out}",
-                   f"--init_from={init_from}", "--max_iters=2", check=False)
-        assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and gist in proc.stderr, (name, proc.stderr)
-        assert not out.exists()
+        capsys.readouterr()
+        with monkeypatch.context() as m:
+            if name == "offline":  # no network: the hub's address refuses at once, as an offline machine's does
+                m.setattr(constants, "HF_HUB_OFFLINE", False)
+                m.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")
+            t0 = time.perf_counter()
+            with pytest.raises(SystemExit) as e:
+                if flag == "init_from":  # a damaged model meets a dataset of its own tokenizer: its weights are read
+                    data = [f"--data_dir={tmp_path}", "--dataset=own"] if name == "damaged" else [f"--data_dir={data_dir}"]
+                    train.main([*TINY, *data, f"--out_dir={out}", f"--init_from={value}", "--max_iters=2"])
+                else:
+                    sample.main([f"--out_dir={value}", "--max_new_tokens=2"])
+        err = capsys.readouterr().err
+        assert e.value.code == 1 and err.count("\n") == 1 and gist in err, (name, err)
+        assert not out.exists() and time.perf_counter() - t0 < 10, name

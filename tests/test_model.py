@@ -1,5 +1,8 @@
 """The decoder, over every registered positional scheme: causality, shifts, learning, init, config checks."""
 
+import re
+from dataclasses import replace
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -7,6 +10,8 @@ import torch.nn.functional as F
 import positions
 from conftest import all_logits
 from conftest import tiny_model as tiny
+from checkpoint import Source, fine_tune_config
+from config import weightless
 from model import GPTConfig
 
 
@@ -83,13 +88,71 @@ def test_reconfigure_keeps_trained_position_parameters_and_refuses_what_weights_
     model = tiny("learned")
     torch.nn.init.normal_(model.pos.wpe.weight)
     before = model.pos.wpe.weight.clone()
-    with pytest.raises(ValueError, match="rope_scaling='linear' does not apply to pos_emb='learned'"):
+    with pytest.raises(ValueError, match="rope_scaling='linear' does nothing for pos_emb='learned'; it applies to "
+                                         "pos_emb rope, xpos, rnope"):
         model.reconfigure(rope_scaling="linear", rope_scaling_factor=2.0)
     assert model.config.rope_scaling == "none"
-    model.reconfigure(rope_scaling_factor=1.0)  # an allowed key: the scheme is rebuilt, its table kept
-    assert torch.equal(model.pos.wpe.weight, before)
-    with pytest.raises(ValueError, match="n_head cannot change on a built model"):
+    model.reconfigure(original_len=8)  # an allowed key: the scheme is rebuilt, its table kept
+    assert torch.equal(model.pos.wpe.weight, before) and model.config.original_len == 8
+    with pytest.raises(ValueError, match="n_head cannot change on a built model; only original_len, rope_scaling, "
+                                         "rope_scaling_factor, pos_emb can"):
         model.reconfigure(n_head=1)
+    with pytest.raises(ValueError, match="block_size cannot change"):  # weightless, but the modules are built with it
+        model.reconfigure(block_size=32)
+
+
+# ----------------------------------------------------------------------------- settings, each declared once
+
+def test_the_settings_no_weight_depends_on_are_declared_once_and_every_reader_asks_the_declaration():
+    assert weightless(GPTConfig) == ("block_size", "dropout", "original_len", "rope_scaling", "rope_scaling_factor")
+    source = Source(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, rope_base=500.0), {}, "run", {}, None)
+    wanted = GPTConfig(block_size=32, dropout=0.1, rope_scaling="yarn", rope_scaling_factor=2.0, rope_base=500.0)
+    tuned = fine_tune_config(source, wanted, {}, "init_from=run")
+    changed = [k for k, v in tuned.asdict().items() if v != source.config.asdict()[k]]
+    assert changed == ["block_size", "dropout", "rope_scaling", "rope_scaling_factor"]  # every one declared weightless
+    assert tuned.original_len == 16  # the source's L0, kept: the context grew past it
+    with pytest.raises(ValueError, match="init_from=run is another model \\(n_layer: init_from=run has 2, this run 3\\)"):
+        fine_tune_config(source, replace(wanted, n_layer=3), {}, "init_from=run")  # a setting at its default is taken
+
+
+@pytest.mark.parametrize("settings, says", [
+    ({"pos_emb": "sinusoidal", "rope_base": 500.0}, "rope_base=500.0 does nothing for pos_emb='sinusoidal'; it applies "
+                                                    "to pos_emb rope, xpos, rnope"),
+    ({"pos_emb": "none", "rope_fraction": 0.5}, "rope_fraction=0.5 does nothing for pos_emb='none'"),
+    ({"pos_emb": "alibi", "rope_scaling": "yarn", "rope_scaling_factor": 2.0}, "rope_scaling='yarn' does nothing for "
+                                                                              "pos_emb='alibi'"),
+    ({"pos_emb": "rope", "xpos_scale_base": 8.0}, "xpos_scale_base=8.0 does nothing for pos_emb='rope'; it applies to "
+                                                  "pos_emb xpos"),
+    ({"pos_emb": "xpos", "rnope_window": 4}, "rnope_window=4 does nothing for pos_emb='xpos'; it applies to pos_emb "
+                                             "rnope"),
+    ({"rope_scaling": "linear", "rope_scaling_factor": 0.0}, "rope_scaling_factor=0.0 must be a finite number >= 1"),
+    ({"rope_scaling_factor": 2.0}, "rope_scaling_factor=2 does nothing without a rope_scaling (linear, ntk"),
+    ({"block_size": 16, "original_len": 32}, "original_len=32 (L0) exceeds block_size=16"),
+    ({"rope_layout": "diagonal"}, "rope_layout='diagonal' must be one of interleaved, half"),
+])
+def test_a_setting_that_does_nothing_or_is_out_of_range_is_refused_where_it_is_declared(settings, says):
+    with pytest.raises(ValueError, match="^" + re.escape(says)):
+        GPTConfig(**settings)
+
+
+def test_a_change_of_scheme_returns_what_the_new_one_does_not_take_to_its_defaults():
+    rope = GPTConfig(rope_base=200.0, rope_fraction=0.5, rope_scaling="yarn", rope_scaling_factor=2.0, qk_norm=True)
+    nope = rope.with_scheme("none")
+    assert nope.pos_emb == "none" and nope.qk_norm and (nope.rope_base, nope.rope_fraction) == (10000.0, 1.0)
+    assert (nope.rope_scaling, nope.rope_scaling_factor) == ("none", 1.0)
+    assert rope.with_scheme("xpos").rope_base == 200.0  # xpos is a RoPE: it takes them
+    model = tiny("rope", rope_base=200.0)
+    assert model.reconfigure(pos_emb="none").config == tiny("rope", rope_base=200.0).config.with_scheme("none")
+
+
+def test_length_relative_defaults_read_l0_which_a_longer_block_size_keeps():
+    trained = GPTConfig(n_layer=4, n_head=2, n_embd=32, block_size=64)
+    longer = replace(trained, block_size=128)  # a fine-tune's config: L0 is resolved once, and kept
+    assert (trained.original_len, longer.original_len) == (64, 64)
+    assert trained.with_scheme("xpos").xpos_scale == longer.with_scheme("xpos").xpos_scale == 32
+    assert trained.with_scheme("rnope").swa_window == longer.with_scheme("rnope").swa_window == 32
+    fire = [positions.FIRE(c.with_scheme("fire")).init_threshold.item() for c in (trained, longer)]
+    assert fire == [16.0, 16.0]
 
 
 # ----------------------------------------------------------------------------- recipe options (each off by default)
@@ -159,7 +222,7 @@ def test_zero_init_proj_starts_every_block_as_the_identity_and_still_learns():
 
 
 def test_recipe_options_reject_bad_values():
-    with pytest.raises(ValueError, match="mlp_act='swish' is unknown; choose one of gelu, gelu_tanh, relu2"):
+    with pytest.raises(ValueError, match="mlp_act='swish' must be one of gelu, gelu_tanh, relu2"):
         GPTConfig(mlp_act="swish")
     with pytest.raises(ValueError, match="logit_softcap=-1.0 must be a finite number >= 0"):
         GPTConfig(logit_softcap=-1.0)

@@ -29,9 +29,9 @@ def test_a_run_is_labelled_with_its_scheme_and_a_torn_line_is_skipped(runs, tmp_
 
 def test_runs_are_drawn_to_a_png(runs, tmp_path, capsys):
     pytest.importorskip("matplotlib")
-    plot.main([str(runs / "rope")])
+    plot.main([f"--runs={runs / 'rope'}"])
     assert (runs / "rope" / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # the run's own folder
-    plot.main([str(runs / "rope"), str(runs / "alibi"), f"--out={tmp_path / 'both.png'}"])
+    plot.main([f"--runs={runs / 'rope'},{runs / 'alibi'}", f"--out={tmp_path / 'both.png'}"])
     assert (tmp_path / "both.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert capsys.readouterr().out.splitlines() == [f"wrote {runs / 'rope' / 'loss.png'}", f"wrote {tmp_path / 'both.png'}"]
 
@@ -42,7 +42,7 @@ def test_a_folder_without_a_run_is_one_line(tmp_path, capsys):
     (tmp_path / "fresh" / "metrics.jsonl").write_text("")
     for folder, says in (("empty", "no metrics.jsonl in"), ("fresh", "holds no logged step yet")):
         with pytest.raises(SystemExit) as e:
-            plot.main([str(tmp_path / folder)])
+            plot.main([f"--runs={tmp_path / folder}"])
         err = capsys.readouterr().err
         assert e.value.code == 1 and err.startswith("error: ") and says in err and err.count("\n") == 1
 

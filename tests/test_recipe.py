@@ -78,5 +78,6 @@ def test_the_shipped_config_parses_with_its_recipes():
     from model import GPTConfig
     rc, gcfg, tc = config.parse([str(ROOT / "configs/recipe_cpu.toml")], recipe.RecipeConfig, GPTConfig,
                                 train.TrainConfig)
-    recipes = dict(recipe.parse_changes(rc.recipes, recipe.MODEL_KEYS, recipe.TRAIN_KEYS))
+    types = recipe.field_types(GPTConfig, recipe.MODEL_KEYS) | recipe.field_types(train.TrainConfig, recipe.TRAIN_KEYS)
+    recipes = dict(recipe.parse_changes(rc.recipes, types))
     assert recipes["muon"] == {"optimizer": "muon"} and tc.dtype == "float32" and rc.seeds == 3

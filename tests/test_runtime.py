@@ -5,11 +5,15 @@ import torch
 import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import config
 import runtime
 import train
 from checkpoint import load_checkpoint, model_from_checkpoint
 from conftest import flags
+from data.batches import BatchConfig
 from generate import GREEDY, generate
+from lab import ablate
+from model import GPTConfig
 
 
 @pytest.mark.parametrize("caps, seconds, expected", [
@@ -88,16 +92,18 @@ def test_the_guard_sees_a_bf16_newton_schulz():  # torch.optim.Muon's, the cliff
 
 @pytest.mark.parametrize("settings", [
     ["--optimizer=adamw"], ["--optimizer=muon"], ["--optimizer=muon", "--qk_norm"], ["--mlp_act=relu2"],
-    ["--logit_softcap=15"], ["--tie_embeddings=false"], ["--optimizer=muon", "--drop_rope_at=1"]],
+    ["--logit_softcap=15"], ["--tie_embeddings=false"], ["--optimizer=muon", "drope"]],
     ids=lambda s: ",".join(a.removeprefix("--") for a in s))
 def test_a_float32_run_computes_no_matmul_in_reduced_precision(data_dir, tmp_path, settings):
-    """One training step with each optimizer and recipe option, its evaluation, and cached decoding of its model,
-    all in float32 on the CPU: not one matrix product may see a bf16 or float16 tensor."""
-    out = tmp_path / "run"
+    """One training step with each optimizer and recipe option (DroPE's drop at step 1 too), its evaluation, and
+    cached decoding of its model, all in float32 on the CPU: not one matrix product may see a bf16 or float16."""
+    out, drope = tmp_path / "run", "drope" in settings
+    argv = flags(data_dir, out, "--max_iters=2", "--eval_interval=2", *(s for s in settings if s != "drope"))
+    gcfg, tc, bc = config.parse(argv, GPTConfig, train.TrainConfig, BatchConfig)
     with ReducedPrecisionMatmuls() as guard:
-        train.main(flags(data_dir, out, "--max_iters=2", "--eval_interval=2", *settings))
+        train.train(gcfg, tc, bc, ablate.DropSchedule(tc, ablate.DroPE(1)) if drope else None)
         model = model_from_checkpoint(load_checkpoint(out / "ckpt.pt"))
-        assert model.config.pos_emb == ("none" if "--drop_rope_at=1" in settings else "rope")
+        assert model.config.pos_emb == ("none" if drope else "rope")
         for _ in generate(model, torch.zeros((1, 3), dtype=torch.long), 2, GREEDY):  # the prompt, one cached step
             pass
     assert not guard.seen, "reduced-precision matmuls in a float32 run:\n" + "\n".join(guard.seen[:5])

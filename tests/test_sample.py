@@ -102,7 +102,7 @@ def test_streaming_waits_for_the_rest_of_a_multi_byte_character(monkeypatch):
     sampler = object.__new__(sample.Sampler)
     sampler.model, sampler.ids = None, torch.zeros(1, 1, dtype=torch.long)
     sampler.tok = TiktokenTokenizer(bpe_encoding({bytes([i]): i for i in range(256)}), "bpe")
-    args = sample.arg_parser().parse_args(["--max_new_tokens=4"])
+    args = sample.SampleConfig(max_new_tokens=4)
     writes = []
     text, _ = sampler.sample(args, None, write=writes.append)
     assert text == "aé!" and [w for w in writes if w] == ["a", "é", "!"]
@@ -165,7 +165,7 @@ def test_compare_prints_each_model_with_its_stats_and_samples(runs, capsys, monk
     monkeypatch.setenv("COLUMNS", "120")
     dirs = [runs / f"out-{s}" for s in SCHEMES]
     args = ["--seed=1", f"--start={PROMPT}", "--max_new_tokens=40", "--device=cpu"]
-    out = cli(capsys, "--compare", *dirs, *args)[0]
+    out = cli(capsys, "--compare=" + ",".join(map(str, dirs)), *args)[0]
     for (scheme, params, best, prompt_loss), d in zip(expected_stats(runs), dirs):
         row = next(line for line in out.splitlines() if line.startswith(str(d)))
         name, pos_emb, params_, iters, best_, prompt_loss_, rate = row.split()
@@ -181,7 +181,7 @@ def test_compare_prints_each_model_with_its_stats_and_samples(runs, capsys, monk
 
 def test_compare_text_format_has_one_block_per_model(runs, capsys):
     dirs = [runs / f"out-{s}" for s in SCHEMES]
-    out = cli(capsys, "--compare", *dirs, "--format=text", "--seed=1", "--temperature=0", f"--start={PROMPT}",
+    out = cli(capsys, "--compare=" + ",".join(map(str, dirs)), "--format=text", "--seed=1", "--temperature=0", f"--start={PROMPT}",
               "--max_new_tokens=40", "--device=cpu")[0]
     for d, scheme in zip(dirs, SCHEMES):
         alone = cli(capsys, f"--out_dir={d}", "--temperature=0", f"--start={PROMPT}", "--max_new_tokens=40",
@@ -191,7 +191,7 @@ def test_compare_text_format_has_one_block_per_model(runs, capsys):
 
 def test_compare_markdown_is_a_table_of_stats_and_one_of_samples(runs, capsys):
     dirs = [runs / f"out-{s}" for s in SCHEMES]
-    out = cli(capsys, "--compare", *dirs, "--format=markdown", "--seed=1", f"--start={PROMPT}",
+    out = cli(capsys, "--compare=" + ",".join(map(str, dirs)), "--format=markdown", "--seed=1", f"--start={PROMPT}",
               "--max_new_tokens=40", "--device=cpu")[0]
     lines = out.splitlines()
     head = lines.index("| model | pos_emb | params | iters | best val loss | prompt loss | tokens/s |")
@@ -231,28 +231,33 @@ def foreign(tmp_path):
 
 @pytest.mark.parametrize("args, named", [
     (["--start=ROMEO: ✓ ü"], "outside the vocabulary: '✓', 'ü'"),
-    (["--max_new_tokens=0"], "--max_new_tokens: '0' is not a positive integer"),
-    (["--max_new_tokens=-5"], "'-5' is not a positive integer"),
-    (["--max_new_tokens=many"], "'many' is not a positive integer"),
-    (["--top_p=0"], "--top_p: '0' is not a probability mass in (0, 1]"),
-    (["--top_p=1.5"], "'1.5' is not a probability mass in (0, 1]"),
-    (["--top_k=0"], "--top_k: '0' is not a positive integer"),
-    (["--temperature=-1"], "--temperature: '-1' is not a temperature >= 0"),
-    (["--temperature=nan"], "'nan' is not a temperature >= 0"),
-    (["--kv_cache=maybe"], "--kv_cache: 'maybe' is not true or false"),
-    (["--compile", "--kv_cache=false"], "--compile=true compiles the cached decoding; it needs --kv_cache=true"),
-    (["--static_cache", "--kv_cache=false"], "--static_cache=true is a kind of KV cache; it needs --kv_cache=true"),
-    (["--max_context=0"], "--max_context: '0' is not a positive integer"),
+    (["--max_new_tokens=0"], "max_new_tokens=0 must be a positive integer"),
+    (["--max_new_tokens=-5"], "max_new_tokens=-5 must be a positive integer"),
+    (["--max_new_tokens=many"], "max_new_tokens='many' is not a valid int"),
+    (["--top_p=0"], "top_p=0.0 must lie in (0, 1]"),
+    (["--top_p=1.5"], "top_p=1.5 must lie in (0, 1]"),
+    (["--top_k=0"], "top_k=0 must be a positive integer"),
+    (["--temperature=-1"], "temperature=-1.0 must be a finite number >= 0"),
+    (["--temperature=nan"], "temperature=nan must be a finite number >= 0"),
+    (["--kv_cache=maybe"], "kv_cache='maybe' is not a valid bool; use true or false"),
+    (["--compile", "--kv_cache=false"], "compile=true compiles the cached decoding; it needs kv_cache=true"),
+    (["--static_cache", "--kv_cache=false"], "static_cache=true is a kind of KV cache; it needs kv_cache=true"),
+    (["--max_context=0"], "max_context=0 must be a positive integer"),
     (["--rope_scaling=ntk", "--max_context=64"], "needs a RoPE model; {runs}/out-sinusoidal uses pos_emb=sinusoidal"),
     (["--out_dir={runs}/out-rope", "--rope_scaling=ntk", "--rope_scaling_factor=0.5"],
-     "factor=0.5 must be a finite number >= 1"),
-    (["--rope_scaling_factor=2"], "--rope_scaling_factor=2.0 needs --rope_scaling (none, linear, ntk"),
-    (["--rope_scaling=wild"], "--rope_scaling: invalid choice: 'wild'"),
-    (["--format=html"], "--format: invalid choice: 'html'"),
+     "rope_scaling_factor=0.5 must be a finite number >= 1"),
+    (["--out_dir={runs}/out-rope", "--max_context=64", "--rope_scaling=linear", "--rope_scaling_factor=0"],
+     "rope_scaling_factor=0.0 must be a finite number >= 1"),  # not silently the default factor
+    (["--rope_scaling_factor=2"], "rope_scaling_factor=2.0 needs a rope_scaling"),
+    (["--rope_scaling=wild"], "rope_scaling='wild' must be one of none, linear, ntk, dynamic, yarn, llama3"),
+    (["--format=html"], "format='html' must be one of columns, text, markdown"),
     (["--start=FILE:{runs}/nowhere.txt"], "prompt file '{runs}/nowhere.txt' does not exist"),
     (["--device=tpu"], "device='tpu' is unknown"),
-    (["--colour=red"], "unrecognized arguments: --colour=red"),
-    (["--out_dir={runs}/out-rope", "--compare", "{runs}/out-rope"], "not allowed with argument"),
+    (["--colour=red"], "unknown config key 'colour'; --help lists every key"),
+    (["--temprature=0"], "unknown config key 'temprature'; did you mean 'temperature'?"),  # as train.py says it
+    (["--out_dir={runs}/out-rope", "--compare={runs}/out-rope"], "out_dir and compare exclude each other"),
+    (["--out_dir=hf:{runs}/no/such/folder"], "out_dir=hf:{runs}/no/such/folder: the folder {runs}/no/such/folder "
+                                             "does not exist"),
 ])
 def test_bad_input_is_one_line_naming_it(runs, capsys, args, named):
     where = any(a.startswith(("--out_dir", "--compare")) for a in args)
@@ -262,11 +267,12 @@ def test_bad_input_is_one_line_naming_it(runs, capsys, args, named):
 
 
 @pytest.mark.parametrize("folder, named", [
-    ("missing", "no checkpoint in '{d}/missing' (looked for best.pt or ckpt.pt)"),
-    ("other", "'{d}/other/best.pt' is not a nanorope checkpoint"),
-    ("junk", "'{d}/junk/best.pt' is not a readable checkpoint"),
-    ("untokenized", "'{d}/untokenized/best.pt' is not a nanorope checkpoint (it lacks the tokenizer entry)"),
-    ("misfit", "'{d}/misfit/best.pt' does not fit nanorope's model: GPTConfig.__init__() got an unexpected keyword"),
+    ("missing", "out_dir={d}/missing: no such run folder or checkpoint file"),
+    ("other", "out_dir={d}/other: '{d}/other/best.pt' is not a nanorope checkpoint"),
+    ("junk", "out_dir={d}/junk: '{d}/junk/best.pt' is not a readable checkpoint"),
+    ("untokenized", "out_dir={d}/untokenized: '{d}/untokenized/best.pt' holds weights alone, without the tokenizer"),
+    ("misfit", "out_dir={d}/misfit: '{d}/misfit/best.pt' does not fit nanorope's model (GPTConfig.__init__() got an "
+               "unexpected keyword"),
 ])
 def test_missing_or_foreign_checkpoint_is_refused(capsys, foreign, folder, named):
     err = fails(capsys, f"--out_dir={foreign / folder}", "--device=cpu")
@@ -285,8 +291,8 @@ def test_non_utf8_prompt_file_is_refused(runs, capsys, tmp_path):
 
 
 def test_the_real_command_exits_non_zero_without_a_traceback(runs, foreign):
-    proc = run("sample.py", "--compare", runs / "out-rope", foreign / "other", "--device=cpu", check=False,
+    proc = run("sample.py", f"--compare={runs / 'out-rope'},{foreign / 'other'}", "--device=cpu", check=False,
                env=os.environ | {"OMP_NUM_THREADS": "1"})
     assert proc.returncode == 1 and proc.stdout == ""
-    assert proc.stderr == f"error: '{foreign}/other/best.pt' is not a nanorope checkpoint (it lacks the model and " \
-                          f"model_config entries)\n"
+    assert proc.stderr == f"error: compare={foreign}/other: '{foreign}/other/best.pt' is not a nanorope checkpoint " \
+                          f"(it lacks the model and model_config entries)\n"

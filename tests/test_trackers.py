@@ -76,3 +76,18 @@ def test_an_unknown_tracker_or_a_missing_package_is_one_line(monkeypatch):
     monkeypatch.setattr("builtins.__import__", no_wandb)
     with pytest.raises(ValueError, match="log=wandb needs the wandb package, which is not installed: pip install wandb"):
         train.TrainConfig(log="wandb")
+
+
+def test_wandb_without_credentials_fails_before_anything_is_written(data_dir, tmp_path, monkeypatch, capsys):
+    pytest.importorskip("wandb")
+    for name in ("WANDB_MODE", "WANDB_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc holding a key
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as e:
+        train.main(flags(data_dir, out, *RUN, "--log=wandb"))
+    err = capsys.readouterr().err
+    assert e.value.code == 1 and err.count("\n") == 1
+    assert err.startswith("error: log=wandb: not logged in to Weights & Biases; run `wandb login`, or set WANDB_MODE")
+    assert not out.exists()

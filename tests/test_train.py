@@ -14,7 +14,8 @@ import pytest
 import torch
 
 import files
-import positions
+import rope
+import runtime
 import train
 from checkpoint import RESUME_KEYS, load_checkpoint, model_from_checkpoint
 from conftest import (ONE_THREAD, TINY, FullDevice, Payload, flags, last_logged, log, run, same_tensors, trainer,
@@ -46,15 +47,15 @@ def test_stopped_by_a_signal_and_resumed_is_bit_identical_to_straight(data_dir, 
     resumable = [*RESUMABLE, f"--optimizer={optimizer}"]
     train.main(flags(data_dir, straight, *resumable))
 
-    def lr_at(it, tc):  # SIGTERM arrives during the step to iteration 4
+    def lr(self, it):  # SIGTERM arrives during the step to iteration 4
         if it == 3:
             os.kill(os.getpid(), signal.SIGTERM)
-        return real_lr_at(it, tc)
-    real_lr_at = train.lr_at
-    monkeypatch.setattr(train, "lr_at", lr_at)
+        return real_lr(self, it)
+    real_lr = train.Schedule.lr
+    monkeypatch.setattr(train.Schedule, "lr", lr)
     argv = flags(data_dir, split, *resumable)
     train.main(argv)
-    monkeypatch.setattr(train, "lr_at", real_lr_at)
+    monkeypatch.setattr(train.Schedule, "lr", real_lr)
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # handlers restored after the run
     said = capsys.readouterr().out
     assert "stop requested: finishing at iteration 4" in said
@@ -113,30 +114,12 @@ def test_a_checkpoint_from_before_the_recipe_options_loads_and_resumes(data_dir,
 
 def test_lr_warms_up_linearly_then_follows_half_a_cosine_to_the_floor():
     tc = train.TrainConfig(learning_rate=1.0, min_lr=0.1, warmup_iters=4, lr_decay_iters=24, max_iters=30)
-    lrs = [train.lr_at(it, tc) for it in range(30)]
+    lrs = [train.Schedule(tc).lr(it) for it in range(30)]
     assert lrs[:4] == pytest.approx([0.2, 0.4, 0.6, 0.8])  # (it + 1) / (warmup + 1) of the peak
     assert lrs[4] == 1.0 and lrs[14] == pytest.approx(0.55) and lrs[24:] == [0.1] * 6  # peak, halfway, floor
     assert lrs[9] == pytest.approx(0.1 + 0.9 * np.cos(np.pi / 8) ** 2)  # a quarter of the way: cos^2 form
     assert all(a > b for a, b in zip(lrs[4:24], lrs[5:25]))
-    assert train.lr_at(10, train.TrainConfig(learning_rate=1.0, warmup_iters=0, max_iters=10)) == pytest.approx(0.1)
-
-
-def test_drope_drops_rope_mid_run_and_resumes_after_the_drop_exactly(data_dir, tmp_path, capsys):
-    straight, split = tmp_path / "straight", tmp_path / "split"
-    drope = ["--drop_rope_at=3", "--max_iters=6", "--lr_decay_iters=6", "--eval_interval=2", "--log_interval=1"]
-    train.main(flags(data_dir, straight, *drope))
-    assert "iteration 3: RoPE dropped (DroPE)" in capsys.readouterr().out
-    ckpt = load_checkpoint(straight / "ckpt.pt")
-    assert ckpt["model_config"]["pos_emb"] == "none"  # the checkpoint after the drop has no rotation
-    assert type(model_from_checkpoint(ckpt).pos) is positions.NoPE
-    train.main(flags(data_dir, split, *drope[:1], "--max_iters=4", *drope[2:]))  # stops after the drop
-    train.main(flags(data_dir, split, *drope, "--resume"))  # the run's own config (rope), resumed past the drop
-    a, b = load_checkpoint(straight / "ckpt.pt"), load_checkpoint(split / "ckpt.pt")
-    assert same_tensors(a["model"], b["model"]) and same_tensors(a["optimizer"], b["optimizer"])
-    assert [m["train_loss"] for m in log(straight)] == [m["train_loss"] for m in log(split)]
-    with pytest.raises(SystemExit):
-        train.main(flags(data_dir, tmp_path / "alibi", "--pos_emb=alibi", *drope))
-    assert "drop_rope_at=3 drops RoPE, but pos_emb='alibi' has none" in one_error_line(capsys)
+    assert train.Schedule(train.TrainConfig(learning_rate=1.0, warmup_iters=0, max_iters=10)).lr(10) == pytest.approx(0.1)
 
 
 # ----------------------------------------------------------------------------- signals and kills
@@ -160,16 +143,16 @@ def test_a_second_ctrl_c_quits_at_once_and_leaves_the_last_checkpoint(data_dir, 
     before = (out / "ckpt.pt").read_bytes()
     handler = signal.getsignal(signal.SIGINT)
 
-    def lr_at(it, tc):  # the first Ctrl-C, during the step to iteration 4
+    def lr(self, it):  # the first Ctrl-C, during the step to iteration 4
         if it == 3:
             os.kill(os.getpid(), signal.SIGINT)
-        return real_lr_at(it, tc)
+        return real_lr(self, it)
 
     def evaluate(*args):  # the second, while the stop's evaluation runs
         os.kill(os.getpid(), signal.SIGINT)
         return real_evaluate(*args)
-    real_lr_at, real_evaluate = train.lr_at, train.evaluate
-    monkeypatch.setattr(train, "lr_at", lr_at)
+    real_lr, real_evaluate = train.Schedule.lr, train.evaluate
+    monkeypatch.setattr(train.Schedule, "lr", lr)
     monkeypatch.setattr(train, "evaluate", evaluate)
     with pytest.raises(SystemExit) as e:
         train.main(flags(data_dir, out, "--resume", "--max_iters=100"))
@@ -181,11 +164,11 @@ def test_a_second_ctrl_c_quits_at_once_and_leaves_the_last_checkpoint(data_dir, 
 
 
 def test_a_repeated_signal_under_torchrun_only_asks_again():
-    with train.StopFlag(quit_on_repeat=False) as flag:
+    with runtime.StopFlag(quit_on_repeat=False) as flag:
         os.kill(os.getpid(), signal.SIGINT)
         os.kill(os.getpid(), signal.SIGINT)  # the terminal's Ctrl-C and torchrun's forwarded copy
         assert flag.requested
-    with pytest.raises(KeyboardInterrupt), train.StopFlag() as flag:
+    with pytest.raises(KeyboardInterrupt), runtime.StopFlag() as flag:
         os.kill(os.getpid(), signal.SIGTERM)  # SIGTERM asks; a Ctrl-C after it quits
         assert flag.requested
         os.kill(os.getpid(), signal.SIGINT)
@@ -377,7 +360,7 @@ BATTERY = [
     ("negative learning rate", ["--learning_rate=-1e-3"], "learning_rate=-0.001 must be a finite number > 0"),
     ("batch size 0", ["--batch_size=0"], "batch_size=0 must be a positive integer"),
     ("beta2 >= 1", ["--beta2=1"], "beta2=1.0 must lie in [0, 1)"),
-    ("unknown dtype", ["--dtype=float8"], "dtype='float8' is unknown; choose auto, float32, bfloat16, float16"),
+    ("unknown dtype", ["--dtype=float8"], "dtype='float8' must be one of auto, float32, bfloat16, float16"),
     ("unknown device", ["--device=tpu"], "device='tpu' is unknown; choose auto, cpu, cuda, cuda:N or mps"),
     ("cuda without CUDA", ["--device=cuda"], "device='cuda' is not available on this machine; available: cpu"),
     ("compile without compiler", ["--compile=true", "--device=cpu"], "compile=True on CPU needs a C++ compiler"),
@@ -390,7 +373,7 @@ BATTERY = [
     ("checkpoint carrying code", ["--out_dir={root}/evil"], "refused to load '{root}/evil/ckpt.pt': it asks to call"),
     ("weights-only checkpoint", ["--out_dir={root}/weights_only"], "lacks optimizer, scaler, iter, best_val_loss, rng"),
     ("resume, other model shape", ["--n_layer=3", "--n_embd=64"], "n_layer: checkpoint 2, now 3; n_embd: checkpoint 32"),
-    ("resume, other tokenizer", ["--data_dir={root}/data", "--dataset=small", "--block_size=16"],
+    ("resume, other tokenizer", ["--data_dir={root}/data", "--dataset=small"],
      "vocab_size: checkpoint 65, now 5; tokenizer: dataset 'small' has another vocabulary"),
     ("resume, nothing to do", ["--max_iters=2"], "nothing to do: the checkpoint is at iteration 2 and max_iters=2"),
     ("resume, other RoPE scaling", ["--rope_scaling=linear", "--rope_scaling_factor=2"],
@@ -398,7 +381,7 @@ BATTERY = [
     ("recall_share out of range", ["--recall_share=1.5"], "recall_share=1.5 must lie in [0, 1]"),
     ("recall in a short block", ["--recall_share=0.5", "--recall_pairs=5", "--block_size=24"],
      "block_size=24 cannot hold 5 needles and their queries (30 tokens)"),
-    ("unknown optimizer", ["--optimizer=sgd"], "optimizer='sgd' is unknown; choose one of adamw, muon"),
+    ("unknown optimizer", ["--optimizer=sgd"], "optimizer='sgd' must be one of adamw, muon"),
     ("no Newton-Schulz steps", ["--optimizer=muon", "--muon_ns_steps=0"], "muon_ns_steps=0 must be a positive integer"),
     ("muon_momentum >= 1", ["--optimizer=muon", "--muon_momentum=1"], "muon_momentum=1.0 must lie in [0, 1)"),
     ("resume, other optimizer", ["--optimizer=muon"],
@@ -407,12 +390,13 @@ BATTERY = [
      "the checkpoint was trained with optimizer='muon', this run asks for optimizer='adamw'"),
     ("resume, other recipe option", ["--qk_norm"], "qk_norm: checkpoint False, now True"),
     ("init_from another shape", ["--resume=false", "--out_dir={root}/ft", "--init_from={root}/run", "--n_embd=64"],
-     "init_from='{root}/run/ckpt.pt' is another model (n_embd: checkpoint 32, now 64); only block_size, dropout"),
+     "init_from={root}/run is another model (n_embd: init_from={root}/run has 32, this run 64); a fine-tune keeps its "
+     "architecture and may change only block_size, dropout, original_len, rope_scaling, rope_scaling_factor"),
     ("init_from learned, longer", ["--resume=false", "--out_dir={root}/ft", "--init_from={root}/learned",
                                    "--pos_emb=learned", "--block_size=64"],
-     "init_from='{root}/learned/ckpt.pt': its weights do not fit this model (size mismatch for pos.wpe.weight"),
+     "block_size=64 is past init_from={root}/learned's learned position table (32 positions)"),
     ("init_from missing", ["--resume=false", "--out_dir={root}/ft", "--init_from={root}/nowhere"],
-     "no checkpoint in '{root}/nowhere' (looked for ckpt.pt); train first"),
+     "init_from={root}/nowhere: no such run folder or checkpoint file"),
     ("gas not divisible by ranks", ["--gradient_accumulation_steps=3", "WORLD_SIZE=2"],
      "gradient_accumulation_steps=3 must be divisible by the number of processes (2)"),
     ("one GPU named for all ranks", ["--device=cuda:1", "WORLD_SIZE=2"], "device='cuda:1' cannot serve 2 processes"),
@@ -482,15 +466,37 @@ def test_battery_commands(world, data_dir, case, args, expected):
     assert snapshot(world) == before
 
 
+# ----------------------------------------------------------------------------- fine-tuning keeps L0
+
+def test_a_fine_tune_at_twice_the_context_keeps_every_default_that_is_relative_to_l0(data_dir, tmp_path):
+    trained = {}
+    for scheme in ("xpos", "rnope", "fire", "rope"):
+        train.main(flags(data_dir, tmp_path / scheme, f"--pos_emb={scheme}", "--max_iters=1"))
+        yarn = ["--rope_scaling=yarn", "--rope_scaling_factor=2"] if scheme != "fire" else []
+        train.main(flags(data_dir, tmp_path / f"{scheme}-ft", f"--pos_emb={scheme}", "--block_size=64", *yarn,
+                         f"--init_from={tmp_path / scheme}", "--max_iters=1"))
+        trained[scheme] = [model_from_checkpoint(load_checkpoint(tmp_path / d / "ckpt.pt")) for d in (scheme, f"{scheme}-ft")]
+    for base, tuned in trained.values():
+        assert (base.config.block_size, tuned.config.block_size, tuned.config.original_len) == (32, 64, 32)
+    (xpos, xpos_ft), (rnope, rnope_ft), (fire, fire_ft), (plain, plain_ft) = trained.values()
+    assert xpos.config.xpos_scale == xpos_ft.config.xpos_scale == 16  # B = L0 / 2, not block_size / 2
+    assert rnope.pos.window(0) == rnope_ft.pos.window(0) == 16
+    assert fire.pos.init_threshold == fire_ft.pos.init_threshold == 8
+    at_l0 = rope.scaled_frequencies(16, 10000.0, "yarn", 2.0, original_len=32)[0].float()
+    assert torch.equal(plain_ft.pos.rotary.inv_freq.float(), at_l0)  # YaRN ramps against the L0 the model learned
+    assert not torch.equal(at_l0, rope.scaled_frequencies(16, 10000.0, "yarn", 2.0, original_len=64)[0].float())
+    assert torch.equal(plain.reconfigure(rope_scaling="yarn", rope_scaling_factor=2.0).pos.rotary.inv_freq,
+                       plain_ft.pos.rotary.inv_freq)
 
 
-def test_drope_recalibrates_on_a_schedule_of_its_own_when_given_a_peak():
-    tc = train.TrainConfig(learning_rate=1.0, min_lr=0.1, warmup_iters=2, max_iters=20, drop_rope_at=10,
-                           recalibration_lr=0.5, recalibration_warmup=3)
-    lrs = [train.lr_at(it, tc) for it in range(20)]
-    plain = train.TrainConfig(learning_rate=1.0, min_lr=0.1, warmup_iters=2, max_iters=20)
-    assert lrs[:10] == [train.lr_at(it, plain) for it in range(10)]  # before the drop: the run's own schedule
-    assert lrs[10:13] == pytest.approx([0.125, 0.25, 0.375]) and lrs[13] == pytest.approx(0.5)  # re-warmed to 0.5
-    assert lrs[19] == pytest.approx(0.05 + 0.5 * (1 + np.cos(np.pi * 6 / 7)) * 0.45)  # cosine to a tenth of it
-    with pytest.raises(ValueError, match="recalibration_lr=0.5 is DroPE's: it needs drop_rope_at"):
-        train.TrainConfig(recalibration_lr=0.5)
+def test_a_yarn_fine_tune_equals_one_that_set_l0_by_hand_and_another_l0_is_refused(data_dir, tmp_path, capsys):
+    train.main(flags(data_dir, tmp_path / "base", "--max_iters=2"))
+    tune = ["--block_size=64", "--rope_scaling=yarn", "--rope_scaling_factor=2", f"--init_from={tmp_path / 'base'}",
+            "--max_iters=2"]
+    train.main(flags(data_dir, tmp_path / "kept", *tune))
+    train.main(flags(data_dir, tmp_path / "by-hand", *tune, "--original_len=32"))
+    kept, by_hand = (load_checkpoint(tmp_path / d / "ckpt.pt") for d in ("kept", "by-hand"))
+    assert kept["model_config"] == by_hand["model_config"] and same_tensors(kept["model"], by_hand["model"])
+    with pytest.raises(SystemExit):
+        train.main(flags(data_dir, tmp_path / "other", *tune, "--original_len=48"))
+    assert "original_len=48 contradicts init_from=" in one_error_line(capsys)
