@@ -29,6 +29,7 @@ from tqdm import tqdm
 import config
 import rope
 from config import POSITIVE, opt
+from data.loader import Batch
 from files import read_log
 from generate import Sampling, generate
 from model import GPT, GPTConfig
@@ -129,7 +130,7 @@ def make_train_step(model, tc, rt):
     optimizer, scaler = make_optimizer(model, tc, rt)
 
     def step(forward, batches):
-        micro_batches = [(x, y, None) for x, y in batches]
+        micro_batches = [Batch(x, y) for x, y in batches]
         train_step(forward, optimizer, scaler, micro_batches, tc.learning_rate, tc.grad_clip, rt)[0].item()
     return step
 

@@ -69,13 +69,19 @@ class KVCache:
         shape = (batch_size, config.n_head, max_len + 1, config.head_dim)
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
+        self.ids = torch.zeros((batch_size, max_len + 1), dtype=torch.long, device=device)  # rows' own positions
         self.max_len = max_len
-        self.length = 0  # positions filled and committed by earlier forwards
+        self.length = 0  # tokens filled and committed by earlier forwards
 
-    def span(self, T):
-        """T new tokens after the cached ones; the keys are all of them."""
-        assert self.length + T <= self.max_len, f"KV cache overflow: {self.length + T} > {self.max_len}"
-        return positions.Span(self.length, T, self.length + T, self.k[0].device)
+    def span(self, T, ids=None):
+        """T new tokens after the cached ones, at ids (B, T) where rows have positions of their own (stored beside
+        their keys); the keys are all of them."""
+        end = self.length + T
+        assert end <= self.max_len, f"KV cache overflow: {end} > {self.max_len}"
+        if ids is None:
+            return positions.Span(self.length, T, end, self.k[0].device)
+        self.ids[:, self.length:end] = ids
+        return positions.Span(self.length, T, end, self.k[0].device, ids=ids, key_ids=self.ids[:, :end])
 
     def update(self, layer, k, v):
         """Store this forward's k, v (B, nh, T, hs) after the cached ones; return all of them."""
@@ -115,8 +121,10 @@ class StaticKVCache:
         self.length.zero_()  # the old slots lie past the new position: masked until overwritten
         return self
 
-    def span(self, T):
+    def span(self, T, ids=None):
         """T new tokens at `length`, which the host never reads; the keys are every slot."""
+        if ids is not None:
+            raise ValueError("static_cache takes no per-row position ids; decode them with a dynamic KV cache")
         return positions.Span(self.length, T, self.max_len, self.length.device)
 
     def update(self, layer, k, v):
@@ -157,15 +165,16 @@ class Decoder:
     def __init__(self, model, sampling):
         self.model, self.sampling = model, sampling
 
-    def forward_pick(self, tokens, cache, noise):
-        """Read tokens (after the cached ones) and pick the next one; compiled, the pick runs in the graph."""
-        logits, _ = self.model(tokens, cache=cache)
+    def forward_pick(self, tokens, cache, noise, ids=None):
+        """Read tokens (after the cached ones, at each row's position ids if given) and pick the next one;
+        compiled, the pick runs in the graph."""
+        logits, _ = self.model(tokens, cache=cache, position_ids=ids)
         if cache is not None:
             cache.advance(tokens.shape[1])
         return self.sampling.pick(logits[:, -1, :], noise)
 
-    def step(self, token, noise):
-        return self.compiled(token, self.cache, noise)
+    def step(self, token, noise, ids=None):
+        return self.compiled(token, self.cache, noise, ids)
 
 
 class Recompute(Decoder):
@@ -177,8 +186,8 @@ class Recompute(Decoder):
             raise ValueError("compile=True compiles the cached decoding; it needs a cache (dynamic or static)")
         super().__init__(model, sampling)
 
-    def read(self, window, noise):
-        return self.forward_pick(window, None, noise)
+    def read(self, window, noise, ids=None):
+        return self.forward_pick(window, None, noise, ids)
 
 
 class Cached(Decoder):
@@ -200,11 +209,11 @@ class Cached(Decoder):
                          else self.forward_pick)
         self.cache, self.reads = None, 0
 
-    def read(self, window, noise):
+    def read(self, window, noise, ids=None):
         self.cache = self.new_cache()
         read = self.compiled if self.reads else self.forward_pick  # the prompt, read once, is not worth a graph
         self.reads += 1
-        return read(window, self.cache, noise)
+        return read(window, self.cache, noise, ids)
 
 
 class Static(Decoder):
@@ -218,8 +227,8 @@ class Static(Decoder):
         self.cache = StaticKVCache(model.config, batch_size, n_ctx, device, dtype)
         self.compiled = static_step(self.forward_pick, device.type) if compile else self.forward_pick
 
-    def read(self, window, noise):  # another shape than the static step's: eager
-        return self.forward_pick(window, self.cache.reset(), noise)
+    def read(self, window, noise, ids=None):  # another shape than the static step's: eager
+        return self.forward_pick(window, self.cache.reset(), noise, ids)
 
 
 DECODERS = {"dynamic": Cached, "static": Static, "none": Recompute}  # generate's cache= values
@@ -233,9 +242,9 @@ def static_step(step, device):
         return torch.compile(step, fullgraph=True, options={"cpp_wrapper": True})
     graph = torch.compile(step, fullgraph=True, mode="reduce-overhead")
 
-    def replay(tokens, cache, noise):
+    def replay(tokens, cache, noise, ids=None):
         torch.compiler.cudagraph_mark_step_begin()  # each call a new iteration: the last one's outputs may go
-        return graph(tokens, cache, noise).clone()
+        return graph(tokens, cache, noise, ids).clone()
     return replay
 
 
@@ -244,10 +253,12 @@ def static_step(step, device):
 
 @torch.inference_mode()  # lighter than no_grad: no version counters or views tracked
 def generate(model, idx, max_new_tokens, sampling=Sampling(), cache="dynamic", compile=False, max_context=None,
-             generator=None):
+             generator=None, position_ids=None):
     """Draw max_new_tokens after the prompt idx (B, T) as sampling says, with generator's random numbers; yields
     each new token (B, 1) as it is drawn. cache is one of DECODERS: dynamic (a KV cache), static (fixed shapes,
-    for CUDA graphs) or none (every token recomputed); compile=True compiles the cached steps.
+    for CUDA graphs) or none (every token recomputed); compile=True compiles the cached steps. position_ids
+    (B, T), increasing along each row, gives the prompt's rows positions of their own; each new token takes the
+    position after its row's last.
 
     When the text outgrows the context N (max_context, default block_size), the window slides: the newest N//2
     tokens are kept and re-read from position 0. Every way of decoding shares this rule, so greedy decoding gives
@@ -265,13 +276,20 @@ def generate(model, idx, max_new_tokens, sampling=Sampling(), cache="dynamic", c
     # the model conditions on window + drawn. With a cache, tokens drawn since the window was read join it only
     # when it is read again, at a slide, rather than by a cat every token
     window, drawn, fresh = idx[:, -n_ctx:], [], True
+    ids = None if position_ids is None else position_ids[:, -n_ctx:]  # (B, T): the window's positions
     for _ in range(max_new_tokens):
         noise = sampling.noise(idx.shape[0], model.config.vocab_size, idx.device, generator)
-        nxt = decoder.read(window, noise) if fresh else decoder.step(drawn[-1], noise)
+        if fresh:
+            nxt = decoder.read(window, noise, ids)
+        else:  # the newest drawn token, at the position len(drawn) after the window's last
+            nxt = decoder.step(drawn[-1], noise, None if ids is None else ids[:, -1:] + len(drawn))
         yield nxt
         drawn.append(nxt)
         fresh = not decoder.caches or window.shape[1] + len(drawn) > n_ctx
         if fresh:  # the next step reads the window again
+            if ids is not None:
+                ids = torch.cat((ids, ids[:, -1:] + 1 + torch.arange(len(drawn), device=idx.device)), dim=1)
             window, drawn = torch.cat((window, *drawn), dim=1), []
             if window.shape[1] > n_ctx:  # slide
                 window = window[:, -keep:]
+                ids = None if ids is None else ids[:, -keep:] - ids[:, -keep:][:, :1]  # from 0, gaps kept

@@ -234,16 +234,18 @@ class GPT(nn.Module):
         c = self.config
         return 6 * self.num_params() + 12 * c.n_layer * seq_len * c.n_embd
 
-    def forward(self, idx, targets=None, cache=None, start_pos=0, reduction="mean"):
+    def forward(self, idx, targets=None, cache=None, start_pos=0, reduction="mean", position_ids=None):
         """Logits (B, T, vocab) and the cross-entropy if targets are given: their mean, or with
         reduction="none" each position's (B, T).
 
-        idx holds tokens at positions start_pos onwards; with a cache, only the new tokens, which
-        sit after the cached ones (the cache stores their keys and values; the decoder advances it).
-        Without targets only the last position's logits are computed (all that generation needs).
+        idx holds tokens at positions start_pos onwards, or at each row's own increasing position_ids (B, T)
+        (PoSE's skipped ids); with a cache, only the new tokens, which sit after the cached ones (the cache stores their
+        keys and values, and their positions; the decoder advances it). Without targets only the last position's
+        logits are computed (all that generation needs).
         """
         T = idx.shape[1]
-        span = cache.span(T) if cache is not None else positions.Span(start_pos, T, T, idx.device)
+        span = (cache.span(T, position_ids) if cache is not None
+                else positions.Span(start_pos, T, T, idx.device, ids=position_ids))
         x = self.drop(self.pos.embed(self.wte(idx), span))  # (B, T, C)
         for block in self.blocks:
             x = block(x, self.pos, span, cache)

@@ -34,43 +34,61 @@ class Span:
     """Where one forward's T queries sit and which S keys they attend to: what the schemes and the attention mask
     read of positions.
 
+    Tokens have an index (their place in the sequence, which alone decides causality) and a position (what the
+    schemes encode). By default they are the same, shared by every row: `ids` (T,), `key_ids` (S,). A batch may
+    give each row positions of its own (PoSE's skipped ids, packed documents), increasing along the row: then
+    `ids` is (B, T) and `key_ids` (B, S), and every position-dependent tensor a scheme builds gets a head axis
+    (`heads`) to broadcast over (B, nh, T, S).
+
     Without a cache or with a dynamic one, `start` is an int and the keys end at the last query (S = T without a
     cache; the cached keys and the T new ones with it). In a static-shape decoding step (generate.StaticKVCache,
     for CUDA graphs) `start` is a 0-dim tensor that no host code may read, and the keys are the cache's S fixed
-    slots 0..S-1, those past the last query not written yet, which `distances` marks as the future like any
-    later key. This class alone tells the two apart."""
+    slots 0..S-1, those past the last query not written yet, which `visible` marks as the future like any later
+    key. This class alone tells the cases apart."""
 
-    def __init__(self, start, length, keys, device):
+    def __init__(self, start, length, keys, device, ids=None, key_ids=None):
         self.start, self.length, self.keys, self.device = start, length, keys, device
         self.static = torch.is_tensor(start)
         if self.static:
-            self.ids = start + torch.arange(length, device=device)  # (T,)
-            self.end, first_key = keys, 0  # every slot: a table must reach the last
+            self.index = start + torch.arange(length, device=device)  # (T,)
+            self.key_index, self.end = torch.arange(keys, device=device), keys  # every slot: a table must reach it
         else:
             if start < 0:
                 raise ValueError(f"start position {start} must be >= 0")
-            self.ids = torch.arange(start, start + length, device=device)  # (T,)
+            self.index = torch.arange(start, start + length, device=device)  # (T,)
+            self.key_index = torch.arange(start + length - keys, start + length, device=device)  # (S,)
             self.end = start + length  # the positions lie below it, known on the host
-            first_key = self.end - keys
-        self.key_ids = torch.arange(first_key, first_key + keys, device=device)  # (S,)
+        self.per_row = ids is not None
+        if self.per_row:
+            self.ids, self.key_ids = ids, ids if key_ids is None else key_ids  # (B, T), (B, S)
+            self.end = int(self.key_ids.max()) + 1  # the tables must reach the largest position
+        else:
+            self.ids, self.key_ids = self.index, self.key_index
+
+    def heads(self, t):
+        """t, built per row (B, T, ...), with a head axis (B, 1, T, ...); a shared one (T, ...) as it is."""
+        return t.unsqueeze(1) if self.per_row else t
 
     def distances(self):
-        """(T, S) query position minus key position: >= 0 where the key is visible."""
-        return self.ids[:, None] - self.key_ids[None, :]
+        """(T, S), or (B, 1, T, S) per row: query position minus key position, >= 0 where the key is visible."""
+        return self.heads(self.ids[..., :, None] - self.key_ids[..., None, :])
+
+    def visible(self):
+        """(T, S) bools: the keys at or before each query in the sequence (causality by index, not position)."""
+        return self.key_index[None, :] <= self.index[:, None]
 
     def attention_mask(self, window=None):
         """(mask, is_causal) for scaled_dot_product_attention where no scheme bias carries the causal mask; with a
-        window, each query sees only the last `window` keys up to itself (sliding-window attention). Branches
-        rather than is_causal=(T > 1): under torch.compile with dynamic shapes that is a symbolic bool, which
-        scaled_dot_product_attention refuses (a graph break)."""
-        if window is not None and window < self.keys:
-            dist = self.distances()
-            return (dist >= 0) & (dist < window), False  # (T, S)
+        window, each query sees only the keys less than `window` positions back (sliding-window attention).
+        Branches rather than is_causal=(T > 1): under torch.compile with dynamic shapes that is a symbolic bool,
+        which scaled_dot_product_attention refuses (a graph break)."""
+        if window is not None and (window < self.keys or self.per_row):
+            return self.visible() & (self.distances() < window), False  # (T, S) or (B, 1, T, S)
         if not self.static and self.length == 1:
             return None, False  # a lone new token may see every key
         if not self.static and self.keys == self.length:
-            return None, True  # queries and keys the same positions: the triangle from the top left
-        return self.distances() >= 0, False  # (T, S): new tokens after cached ones, or a static cache's slots
+            return None, True  # queries and keys the same tokens: the triangle from the top left
+        return self.visible(), False  # (T, S): new tokens after cached ones, or a static cache's slots
 
 
 def register(name):
@@ -226,9 +244,9 @@ class Learned(Scheme):
         return self.wpe.weight.numel()
 
 
-def causal(bias, dist):
-    """bias (nh, T, S) with -inf at future keys (dist < 0)."""
-    return bias.masked_fill(dist < 0, float("-inf"))
+def causal(bias, span):
+    """bias (nh, T, S) or (B, nh, T, S) with -inf at the span's future keys."""
+    return bias.masked_fill(~span.visible(), float("-inf"))
 
 
 def alibi_slopes(n_head: int) -> torch.Tensor:
@@ -255,8 +273,7 @@ class ALiBi(Scheme):
         self.register_buffer("slopes", alibi_slopes(config.n_head), persistent=False)
 
     def bias(self, span, layer):
-        dist = span.distances()
-        return causal(-self.slopes[:, None, None] * dist, dist)  # (nh, T, S): -slope * (m - n)
+        return causal(-self.slopes[:, None, None] * span.distances(), span)  # (nh, T, S): -slope * (m - n)
 
 
 @register("none")
@@ -292,8 +309,8 @@ class XPos(RoPE):
 
     def rotate(self, qk, span, layer):
         q, k = self.rotary(qk, span.ids, span.end)  # (B, nh, T, hs) each
-        m = span.ids.float()
-        scale = (m[:, None] / self.config.xpos_scale * self.log_zeta).exp()  # (T, hs): zeta^(m/B) per dim
+        m = span.ids.float()[..., None]  # (T, 1) or (B, T, 1)
+        scale = span.heads((m / self.config.xpos_scale * self.log_zeta).exp())  # (T, hs): zeta^(m/B) per dim
         return torch.stack((q * scale, k / scale)).to(qk.dtype)
 
     def window(self, layer):
@@ -324,9 +341,8 @@ class Kerple(Scheme):
             p.copy_(r + torch.log(-torch.expm1(-r)))  # softplus^-1(r)
 
     def bias(self, span, layer):
-        dist = span.distances()
         r1, r2 = (F.softplus(r[layer]).float()[:, None, None] for r in (self.r1, self.r2))  # (nh, 1, 1) each
-        return causal(-r1 * torch.log1p(r2 * dist.clamp(min=0)), dist)  # (nh, T, S)
+        return causal(-r1 * torch.log1p(r2 * span.distances().clamp(min=0)), span)  # (nh, T, S)
 
 
 @register("fire")
@@ -366,13 +382,13 @@ class FIRE(Scheme):
         return (self.multiplier[layer].float() * self.init_threshold).abs()
 
     def bias(self, span, layer):
-        dist = span.distances()  # (T, S)
+        dist = span.ids[..., :, None] - span.key_ids[..., None, :]  # (T, S) or (B, T, S)
         c, L = F.softplus(self.c[layer]).float(), self.threshold(layer)
-        m = span.ids.float()[:, None]  # (T, 1)
-        x = torch.log1p(c * dist.clamp(min=0)) / torch.log1p(c * torch.maximum(m, L))  # (T, S) in [0, 1]
-        hidden = F.relu(F.linear(x[..., None], self.w1[layer].float(), self.b1[layer].float()))  # (T, S, 32)
-        bias = F.linear(hidden, self.w2[layer].float(), self.b2[layer].float()).permute(2, 0, 1)  # (nh, T, S)
-        return causal(bias, dist)
+        m = span.ids.float()[..., None]  # (T, 1) or (B, T, 1)
+        x = torch.log1p(c * dist.clamp(min=0)) / torch.log1p(c * torch.maximum(m, L))  # (..., T, S) in [0, 1]
+        hidden = F.relu(F.linear(x[..., None], self.w1[layer].float(), self.b1[layer].float()))  # (..., T, S, 32)
+        bias = F.linear(hidden, self.w2[layer].float(), self.b2[layer].float()).movedim(-1, -3)  # (..., nh, T, S)
+        return causal(bias, span)
 
 
 @register("rnope")

@@ -94,16 +94,22 @@ def _pair_of_turns(turns, rot_dim, base, original_len):
     return rot_dim * math.log(original_len / (2 * math.pi * turns)) / (2 * math.log(base))
 
 
-def _yarn(rot_dim, base, factor, original_len, seq_len, beta_fast=32.0, beta_slow=1.0):
-    """YaRN (Peng et al. 2023) as its authors' code and Hugging Face transformers deploy it: the blend between theta
-    (fast pairs) and theta/s (slow pairs) is linear in the pair index i, from low = floor(D(beta_fast)) to
-    high = ceil(D(beta_slow)) (`_pair_of_turns`; clipped to [0, d - 1]), not in the turns r as the paper's text
-    writes it. Plus an attention temperature sqrt(1/t) = 0.1 ln s + 1 that q and k each carry, so the softmax
-    scale is multiplied by attn_factor = (0.1 ln s + 1)^2."""
+def yarn_ramp(rot_dim, base, original_len, beta_fast=32.0, beta_slow=1.0):
+    """(rot_dim//2,) float64 YaRN's blend per pair, 0 where theta is kept and 1 where it is interpolated to theta/s,
+    as its authors' code and Hugging Face transformers deploy it: linear in the pair index i from low =
+    floor(D(beta_fast)) to high = ceil(D(beta_slow)) (`_pair_of_turns`; clipped to [0, d - 1]), not in the turns r
+    as the paper's text writes it (its alpha = 1 and beta = 32 are beta_slow and beta_fast here)."""
     low = max(math.floor(_pair_of_turns(beta_fast, rot_dim, base, original_len)), 0)
     high = min(math.ceil(_pair_of_turns(beta_slow, rot_dim, base, original_len)), rot_dim - 1)
     width = high - low if high != low else 0.001  # as deployed: one pair index then switches almost at once
-    ramp = ((torch.arange(rot_dim // 2, dtype=torch.float64) - low) / width).clamp(0.0, 1.0)  # 0: theta, 1: theta/s
+    return ((torch.arange(rot_dim // 2, dtype=torch.float64) - low) / width).clamp(0.0, 1.0)
+
+
+def _yarn(rot_dim, base, factor, original_len, seq_len, beta_fast=32.0, beta_slow=1.0):
+    """YaRN (Peng et al. 2023): theta blended towards theta/s by `yarn_ramp`, plus an attention temperature
+    sqrt(1/t) = 0.1 ln s + 1 that q and k each carry, so the softmax scale is multiplied by attn_factor =
+    (0.1 ln s + 1)^2."""
+    ramp = yarn_ramp(rot_dim, base, original_len, beta_fast, beta_slow)
     return _blend(_inv_freq64(rot_dim, base), factor, 1 - ramp), (0.1 * math.log(factor) + 1.0) ** 2
 
 
@@ -154,7 +160,7 @@ def rope_cache(inv_freq: torch.Tensor, positions: torch.Tensor, device=None) -> 
                          f"low-precision floats merge neighbouring positions")
     device = positions.device if device is None else torch.device(device)
     work = torch.device("cpu") if device.type == "mps" else device
-    angles = positions.to(work, torch.float64)[:, None] * inv_freq.to(work, torch.float64)[None, :]  # (T, rot/2)
+    angles = positions.to(work, torch.float64)[..., None] * inv_freq.to(work, torch.float64)  # (..., T, rot/2)
     return angles.cos().to(device, torch.float32), angles.sin().to(device, torch.float32)
 
 
@@ -190,7 +196,7 @@ class _TurnPairs(torch.autograd.Function):
         grad_x = _turn(gz, cis.conj()) if ctx.needs_input_grad[0] else None
         grad_cis = None
         if ctx.needs_input_grad[1]:  # the tables only need gradients in tests: summed over the broadcast dims
-            grad_cis = (gz * xz.conj()).reshape(-1, *cis.shape).sum(0)
+            grad_cis = (gz * xz.conj()).sum_to_size(cis.shape)
         return grad_x, grad_cis
 
 
@@ -300,8 +306,8 @@ class Rotary(torch.nn.Module):
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None, end: int | None = None) -> torch.Tensor:
         """Rotate x (..., T, hs), e.g. q and k stacked (2, B, H, T, hs), as the integer positions (T,) (default
-        0..T-1), which all lie below end: an int known on the host (a static decoding step's positions are not)
-        that the tables must reach, and dynamic scaling's current length."""
+        0..T-1), or each row's (B, T), which all lie below end: an int known on the host (a static decoding step's
+        positions are not) that the tables must reach, and dynamic scaling's current length."""
         if x.shape[-1] != self.head_dim:
             raise ValueError(f"x has hs={x.shape[-1]} but this Rotary was built for head_dim={self.head_dim}")
         if positions is None:
@@ -312,7 +318,9 @@ class Rotary(torch.nn.Module):
             cos, sin = rope_cache(self.frequencies(seq_len=end)[0], positions)  # (T, rot/2)
         else:
             self.reserve(end)
-            cos, sin = self.cos[positions], self.sin[positions]  # (T, rot/2)
+            cos, sin = self.cos[positions], self.sin[positions]  # (T, rot/2) or (B, T, rot/2)
+        if positions.dim() == 2:  # each row's own positions: broadcast over the heads
+            cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, rot/2)
         return apply_rope(x, cos, sin, self.layout)
 
     def reserve(self, n):

@@ -155,19 +155,19 @@ class TrainState:
 
 def train_step(model, optimizer, scaler, micro_batches, lr, grad_clip, rt):
     """One optimizer step, the one train.py, bench.py and ablate.py all take: forward and backward over each
-    micro-batch (x, y, dropout seed or None) under rt's autocast, then unscale, clip the global gradient norm
-    (0 = off), step and clear. model may be wrapped by torch.compile or DDP. Returns the loss summed over
-    micro-batches and the gradient norm as tensors: reading them is a device sync, the caller's choice."""
+    micro-batch (a data.loader.Batch) under rt's autocast, then unscale, clip the global gradient norm (0 = off),
+    step and clear. model may be wrapped by torch.compile or DDP. Returns the loss summed over micro-batches and
+    the gradient norm as tensors: reading them is a device sync, the caller's choice."""
     for group in optimizer.param_groups:
         group["lr"] = lr * group.get("lr_scale", 1.0)  # a group with a peak of its own follows the schedule's shape
     loss_sum, n = torch.zeros((), device=rt.device), len(micro_batches)
-    for j, (x, y, seed) in enumerate(micro_batches):
-        if seed is not None:
-            torch.manual_seed(seed)
+    for j, batch in enumerate(micro_batches):
+        if batch.seed is not None:
+            torch.manual_seed(batch.seed)
         # DDP all-reduces (averages) gradients on the last micro-step only
         sync = model.no_sync() if isinstance(model, DDP) and j < n - 1 else contextlib.nullcontext()
         with sync, rt.autocast():
-            loss = model(x, y)[1] / n
+            loss = model(batch.x, batch.y, position_ids=batch.position_ids)[1] / n
         scaler.scale(loss).backward()
         loss_sum += loss.detach()
     scaler.unscale_(optimizer)
@@ -179,10 +179,10 @@ def train_step(model, optimizer, scaler, micro_batches, lr, grad_clip, rt):
 
 
 def step_batches(batches, it, tc, rt):
-    """This process's share of step it's global batch: (x, y, dropout seed), each fixed by its place in it."""
+    """This process's share of step it's global batch: Batches with their dropout seeds, each fixed by its place."""
     per_rank = tc.gradient_accumulation_steps // rt.world_size
     places = range(rt.rank * per_rank, (rt.rank + 1) * per_rank)
-    return [(*batches.train(it, micro), micro_seed(tc.seed, it, micro, DROPOUT)) for micro in places]
+    return [batches.train(it, micro)._replace(seed=micro_seed(tc.seed, it, micro, DROPOUT)) for micro in places]
 
 
 # ----------------------------------------------------------------------------- the run

@@ -1,11 +1,14 @@
 """What a run's training batches carry beyond the corpus's text, chosen from its settings: the associative-recall
-task written into a share of the rows (data/recall.py). train.py asks for its batches here and knows no task."""
+task written into a share of the rows (data/recall.py), and PoSE's skipped position ids. train.py asks for its
+batches here and knows neither."""
 
 from dataclasses import dataclass
 
-from config import SHARE, opt, validate
+import torch
+
+from config import POSITIVE, SHARE, opt, validate
 from data.loader import Batches
-from data.recall import Recall, RecallBatches
+from data.recall import Recall
 from data.tokenizer import tokenizer_from_meta
 
 
@@ -13,18 +16,53 @@ from data.tokenizer import tokenizer_from_meta
 class BatchConfig:
     recall_share: float = opt(0.0, "share of training sequences that carry the associative-recall task "
                                    "(data/recall.py)", check=SHARE)
-    recall_pairs: int = opt(4, "needles, and queries at the row's end, in a sequence that carries the recall task")
+    recall_pairs: int = opt(4, "needles in a sequence that carries the recall task (chance of a whole answer: "
+                               "1/recall_pairs)", check=("lie in [1, 13]: each needle has a key letter and two "
+                                                         "capitals of its own", lambda v: 1 <= v <= 13))
+    recall_queries: int | None = opt(None, "queries at the end of a recall sequence, each a needle drawn with "
+                                           "replacement (default recall_pairs)", check=POSITIVE)
+    pose_factor: float | None = opt(None, "PoSE (Zhu et al. 2024): rows of block_size tokens whose position ids skip "
+                                          "ahead in chunks, so that they reach pose_factor x block_size - 1 (off: "
+                                          "0..block_size-1)", check=("be a finite number >= 1",
+                                                                     lambda v: 1 <= v < float("inf")))
+    pose_chunks: int = opt(2, "PoSE's chunks a row is cut into (the paper's N = 2)", check=POSITIVE)
 
     def __post_init__(self):
         validate(self)
-        if not 1 <= self.recall_pairs <= 13:
-            raise ValueError(f"recall_pairs={self.recall_pairs} must lie in [1, 13]: each needle has a key letter "
-                             "and two capitals of its own")
+        if self.pose_chunks != 2 and self.pose_factor is None:
+            raise ValueError(f"pose_chunks={self.pose_chunks} does nothing without a pose_factor")
+
+
+class PoSE:
+    """Positional Skip-wise training (Zhu et al. 2024, section 3.2, eq. 3-4): a row's L_c = block_size tokens are cut
+    into `chunks` chunks of random lengths l_i (each at least 1), chunk i keeping contiguous ids st_i .. st_i + l_i - 1
+    (st_i the lengths before it) shifted by a skip u_i ~ U{u_(i-1), ..., L_t - L_c}, u_0 = 0, so its ids reach up to
+    L_t - 1 for the target L_t = factor x L_c and the relative distances up to L_t - 1 are all trained. The text stays
+    the row's contiguous tokens (the paper's v_i = 0, which it finds makes little difference). With factor 1 there is
+    no room to skip: the ids are 0..L_c-1."""
+
+    def __init__(self, factor, chunks):
+        self.factor, self.chunks = factor, chunks
+
+    def ids(self, n, length, seed):
+        """(n, length) position ids, drawn from seed."""
+        g = torch.Generator().manual_seed(seed)
+        room = round(self.factor * length) - length  # L_t - L_c
+        cuts = torch.rand(n, length - 1, generator=g).argsort(-1)[:, :self.chunks - 1].sort(-1).values + 1  # (n, N-1)
+        u = [torch.zeros(n, dtype=torch.long)]  # u_0 = 0, then each drawn from u_(i-1) up to L_t - L_c
+        for _ in range(self.chunks - 1):
+            u.append(u[-1] + (torch.rand(n, generator=g) * (room - u[-1] + 1)).long())
+        chunk = (torch.arange(length)[None, :, None] >= cuts[:, None, :]).sum(-1)  # (n, length): each token's chunk
+        return torch.arange(length)[None, :] + torch.stack(u, 1).gather(1, chunk)  # (n, length)
 
 
 def make_batches(bc, dataset_dir, meta, block_size, batch_size, seed, device, eval_iters):
-    """The Batches of a run: plain text, or with the recall task in a share of the training rows."""
-    data = (dataset_dir, meta, block_size, batch_size, seed, device, eval_iters)
-    if bc.recall_share:
-        return RecallBatches(Recall(tokenizer_from_meta(meta), bc.recall_pairs), bc.recall_share, *data)
-    return Batches(*data)
+    """The Batches of a run: text, with the recall task in a share of the training rows and PoSE's ids as bc says."""
+    task = (Recall(tokenizer_from_meta(meta), bc.recall_pairs, bc.recall_queries or bc.recall_pairs)
+            if bc.recall_share else None)
+    if task:
+        task.insert(torch.zeros(1, block_size + 1, dtype=torch.long), 1.0, 0)  # a row too short fails now
+    if bc.pose_factor is not None and bc.pose_chunks > block_size:
+        raise ValueError(f"pose_chunks={bc.pose_chunks} exceeds block_size={block_size}: each chunk holds a token")
+    pose = PoSE(bc.pose_factor, bc.pose_chunks) if bc.pose_factor is not None else None
+    return Batches(dataset_dir, meta, block_size, batch_size, seed, device, eval_iters, task, bc.recall_share, pose)

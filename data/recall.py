@@ -1,33 +1,58 @@
 """Associative recall at distance: the retrieval task of the context-extension lab, learnable by a small model.
 
 A task row is low-entropy filler (". " repeated, as the passkey tests of Landmark Attention and YaRN pad with
-one sentence) holding `pairs` needles k V W at random places, k a lower-case letter and V, W capitals, then the
-same needles again in a random order, ending at a random place in the row (filler after): each repeat is a query whose answer (V W after its key)
-only its needle can tell: multi-query associative recall (Arora et al. 2023, "Zoology"). Keys are distinct in a
-row and so are the Vs, and the filler has no letters, so each answer is one lookup of a token seen once before:
-the induction a small transformer learns first. A share of the training rows are task rows, the rest text, so
-the language-model loss stays comparable across models; of a task row only the answers are trained.
+one sentence) holding `pairs` needles k V W at random places that do not overlap, k a lower-case letter and V, W
+capitals, then `queries` queries, ending at a random place in the row (filler after): multi-query associative
+recall (Arora et al. 2023, "Zoology"). A query is the key of a needle drawn uniformly, with replacement, from
+the row's needles, and its answer is that needle's V W. Keys are distinct in a row and so are all the capitals,
+and the filler has no letters, so each answer is one lookup of a token seen once before: the induction a small
+transformer learns first. Because each query draws its needle afresh, the needles asked before tell nothing of
+the next one: without reading the key every needle is equally likely, and no elimination ("the capitals not
+yet repeated") can answer it. A share of the training rows are task rows, the rest text, so the language-model
+loss stays comparable across models; of a task row only the answers are trained.
 
-The probe (`Recall.scores`) writes windows of W tokens as training writes its rows, the needle asked at a given
-depth (0: the window's start, 1: just before the queries) among pairs - 1 others at random places, its query
-the last, and scores whole answers (V and W both the argmax given the tokens before, exactly when greedy decoding would give
-them) and the first answer token alone, chance-corrected: (accuracy - 1/26) / (1 - 1/26), 0 for guessing and 1
-for always right.
+Probe windows (synthetic, filler and needles; no dataset) are written here and scored by lab/retrieval.py:
+
+- `distance_windows`: the asked needle's key exactly k tokens before the single query's key at the window's
+  end, the other needles before the query. A model that copies some needle's capitals without reading the key
+  is right 1 time in `pairs` (`chance`). The asked needle's recency rank (how many other needles lie between it
+  and the query) is drawn uniformly among the ranks the distance leaves room for, so copying the latest needle
+  is right as often as copying any other wherever the distance allows: with the other needles placed uniformly
+  instead, the latest needle would be the asked one most of the time at every distance short against the
+  window, and a model that never reads a key would seem to retrieve there.
+- `slot_windows`: the needles, then every needle queried once in a random order (earlier answers shown):
+  elimination answers query j of `pairs` right 1 time in pairs - j + 1, the last always; a model that reads the
+  keys scores alike at every slot. The shortcut check of a trained model.
 """
 
 import torch
 
-from data.loader import RECALL, Batches, micro_seed
 
 KEYS, VALUES, FILLER = "abcdefghijklmnopqrstuvwxyz", "ABCDEFGHIJKLMNOPQRSTUVWXYZ", ". "
 NEEDLE = 3  # tokens of a needle or a query: the key and the two answer tokens
-PROBE_SEED = 4321  # the probe's needles, the same for every model scored
+
+
+def query_keys(end, queries):
+    """Positions of the keys of `queries` queries that follow one another and end at `end`."""
+    return [end - NEEDLE * (queries - j) for j in range(queries)]
+
+
+def distances(W, n):
+    """n needle-to-query distances (the query's key position minus the needle's key position) spread evenly from
+    the shortest, NEEDLE (the needle right before the query), to the longest a window of W tokens allows (the
+    needle at its start), rounded, distinct and sorted; every distance when the window has fewer than n."""
+    low, high = NEEDLE, query_keys(W + 1, 1)[0]
+    if n < 2 or high < low:
+        raise ValueError(f"distances: n={n} must be >= 2 (the shortest and the longest) and a window of W={W} "
+                         f"tokens must hold a needle and its query (W >= {2 * NEEDLE - 1})")
+    return sorted({round(low + i * (high - low) / (n - 1)) for i in range(n)})
 
 
 class Recall:
-    """The task's token ids in one vocabulary; writes task rows and scores a model on probe windows."""
+    """The task's token ids in one vocabulary; writes task rows and probe windows."""
 
-    def __init__(self, tokenizer, pairs=4):
+    def __init__(self, tokenizer, pairs=4, queries=None):
+        """pairs needles a row; queries (default pairs) queries at its end."""
         ids = []
         for ch in KEYS + VALUES + FILLER:
             try:
@@ -43,96 +68,95 @@ class Recall:
         if not 1 <= pairs <= 13:
             raise ValueError(f"recall_pairs={pairs} must lie in [1, 13]: each needle has a key letter and two capitals "
                              "of its own")
-        self.pairs = pairs
+        queries = pairs if queries is None else queries
+        if queries < 1:
+            raise ValueError(f"recall_queries={queries} must be a positive integer")
+        self.pairs, self.queries = pairs, queries
+
+    @property
+    def chance(self):
+        """Whole answers of a model that copies one of the window's needles without reading the query's key: the
+        floor of the distance probe's scores."""
+        return 1 / self.pairs
 
     def needles(self, n, generator):
         """(n, pairs, NEEDLE) needles: within each row the keys are distinct and so are all the capitals, so every
         answer token follows one earlier token alone."""
         keys = torch.rand(n, 26, generator=generator).argsort(-1)[:, :self.pairs]  # (n, pairs)
-        values = torch.rand(n, 26, generator=generator).argsort(-1)[:, :2 * self.pairs].view(n, self.pairs, 2)
+        values = torch.rand(n, 26, generator=generator).argsort(-1)[:, :2 * self.pairs]  # (n, 2 pairs)
+        values = values.view(n, self.pairs, 2)  # (n, pairs, 2)
         return torch.cat((self.keys[keys][..., None], self.values[values]), -1)  # (n, pairs, 3)
 
-    def row(self, length, needles, starts, queries, end=None):
+    def row(self, length, needles, starts, queries, end):
         """A task row of length tokens: filler, the needles (pairs, 3) at starts, and the queries (q, 3) ending at
-        end (default: the row's end)."""
+        end."""
         out = self.filler.repeat(length // len(self.filler) + 1)[:length].clone()
         for needle, a in zip(needles, starts.tolist()):
             out[a:a + NEEDLE] = needle
-        end = length if end is None else end
         out[end - NEEDLE * len(queries):end] = queries.flatten()
         return out
 
     @staticmethod
     def places(n, room, k, generator):
-        """(n, k) starts of k needles that do not overlap, uniform over the ways to place them within the first
-        room tokens: sorted distinct picks among the free tokens and k, spread by a needle's length."""
+        """(n, k) sorted starts of k needles that do not overlap, uniform over the ways to place them within room
+        tokens: sorted distinct picks among the free tokens and k, spread by a needle's length."""
         free = room - k * NEEDLE
+        assert free >= 0, f"{k} needles cannot fit in {room} tokens"
         picks = torch.rand(n, free + k, generator=generator).argsort(-1)[:, :k].sort(-1).values
         return picks + (NEEDLE - 1) * torch.arange(k)
-
-    def around(self, at, last, generator):
-        """Starts in [0, last] of the pairs - 1 needles beside one at `at`: uniform over the placements where no two
-        overlap (drawn until one is such a placement)."""
-        while True:
-            starts = torch.randint(last + 1, (self.pairs - 1,), generator=generator).tolist()
-            placed = sorted([at, *starts])
-            if all(b - a >= NEEDLE for a, b in zip(placed, placed[1:])):
-                return starts
 
     def insert(self, rows, share, seed):
         """(x, y) of rows (B, T+1) of tokens (on the CPU) with about share of them made task rows, drawn from seed;
         a task row's targets are its answers alone (-1 elsewhere). rows is not modified."""
         B, T = rows.shape[0], rows.shape[1] - 1
-        if T + 1 < 2 * self.pairs * NEEDLE:
-            raise ValueError(f"block_size={T} cannot hold {self.pairs} needles and their queries "
-                             f"({2 * self.pairs * NEEDLE} tokens); use a longer block_size or fewer recall_pairs")
+        shortest = (self.pairs + self.queries) * NEEDLE
+        if T + 1 < shortest:
+            raise ValueError(f"block_size={T} cannot hold {self.pairs} needles and their queries ({shortest} tokens)"
+                             f"; use a longer block_size, fewer recall_pairs or fewer recall_queries")
         g = torch.Generator().manual_seed(seed)
         chosen = (torch.rand(B, generator=g) < share).nonzero().flatten()
         n = len(chosen)
         # the task fills the first `length` tokens of its row, filler the rest: its queries end anywhere from the
         # shortest room for them to the row's end, so no position is where answers always are
-        lengths = torch.randint(2 * self.pairs * NEEDLE, T + 2, (n,), generator=g)
-        needles, order = self.needles(n, g), torch.rand(n, self.pairs, generator=g).argsort(-1)  # queries' order
+        lengths = torch.randint(shortest, T + 2, (n,), generator=g)
+        needles = self.needles(n, g)
+        asked = torch.randint(self.pairs, (n, self.queries), generator=g)  # with replacement: no elimination cue
         rows, trained = rows.clone(), torch.ones_like(rows, dtype=torch.bool)
         for r, i in enumerate(chosen.tolist()):
             length = lengths[r].item()
-            starts = self.places(1, length - self.pairs * NEEDLE, self.pairs, g)[0]
-            rows[i] = self.row(T + 1, needles[r], starts, needles[r, order[r]], end=length)
+            starts = self.places(1, length - self.queries * NEEDLE, self.pairs, g)[0]
+            rows[i] = self.row(T + 1, needles[r], starts, needles[r, asked[r]], length)
             trained[i] = False
-            first = length - NEEDLE * self.pairs  # each query's V and W
-            trained[i, [first + NEEDLE * j + d for j in range(self.pairs) for d in (1, 2)]] = True
+            trained[i, [q + d for q in query_keys(length, self.queries) for d in (1, 2)]] = True  # each V and W
         return rows[:, :-1], rows[:, 1:].masked_fill(~trained[:, 1:], -1)
 
-    @torch.no_grad()
-    def scores(self, model, batches, depth, rt):
-        """{"answer": the share of probe windows (batches' fixed validation windows give their number and length W)
-        whose needle, written at depth and asked at the window's end, comes back whole; "first": the first answer
-        token's accuracy, chance-corrected}."""
-        g, hits, firsts, n = torch.Generator().manual_seed(PROBE_SEED), 0, 0, 0
-        for x, _ in batches.eval_batches("val"):  # (B, W): the windows' number and length
-            B, W = x.shape
-            last = W + 1 - (self.pairs + 1) * NEEDLE  # the last start before the queries, which fill the end
-            at = round(depth * last)
-            needles = self.needles(B, g)  # (B, pairs, 3): the first is asked, the others placed around it
-            rows = torch.stack([self.row(W + 1, needles[b], torch.tensor([at, *self.around(at, last, g)]),
-                                         needles[b, [*range(1, self.pairs), 0]]) for b in range(B)])  # (B, W+1)
-            with rt.autocast():
-                logits = model(rows[:, :-1].to(x.device), rows[:, 1:].to(x.device))[0]  # (B, W, vocab)
-            guess = logits[:, W - 2:].argmax(-1).cpu()  # (B, 2): after the query's key, then after V
-            right = guess == needles[:, 0, 1:]
-            hits, firsts, n = hits + right.all(1).sum().item(), firsts + right[:, 0].sum().item(), n + B
-        chance = 1 / len(self.values)
-        return {"answer": hits / n, "first": (firsts / n - chance) / (1 - chance)}
+    def distance_windows(self, W, k, n, generator):
+        """(n, W+1) probe rows: x = rows[:, :-1] is a window of W tokens ending in a query whose key sits k tokens
+        after its needle's key; its answer is the row's last two tokens. The other pairs - 1 needles lie before the
+        query, r of them between the asked needle and the query, r uniform over the ranks the distance leaves room
+        for; each side's needles are placed uniformly."""
+        query = query_keys(W + 1, 1)[0]
+        at = query - k  # the asked needle's key
+        gap, before, others = k - NEEDLE, at, self.pairs - 1  # free tokens after the needle and before it
+        ranks = list(range(max(0, others - before // NEEDLE), min(others, gap // NEEDLE) + 1))
+        if at < 0 or gap < 0 or not ranks:
+            raise ValueError(f"a probe window of W={W} tokens cannot hold {self.pairs} needles with the asked one "
+                             f"k={k} tokens before its query; valid: k in [{NEEDLE}, {query}] and W >= "
+                             f"{NEEDLE * self.pairs + 2 * NEEDLE - 1} (room for every split of the others)")
+        needles, rows = self.needles(n, generator), []  # the first needle is asked
+        for b, r in enumerate(torch.tensor(ranks)[torch.randint(len(ranks), (n,), generator=generator)].tolist()):
+            starts = torch.cat((torch.tensor([at]), self.places(1, before, others - r, generator)[0],
+                                at + NEEDLE + self.places(1, gap, r, generator)[0]))
+            rows.append(self.row(W + 1, needles[b], starts, needles[b, :1], W + 1))
+        return torch.stack(rows)  # (n, W+1)
 
-
-class RecallBatches(Batches):
-    """Batches whose training sequences are task rows in a share of rows, drawn by (seed, step, micro-step) like
-    the batches themselves; the evaluation windows stay plain text."""
-
-    def __init__(self, recall, share, dataset_dir, meta, block_size, *args):
-        super().__init__(dataset_dir, meta, block_size, *args)
-        self.recall, self.share = recall, share
-        recall.insert(torch.zeros(1, block_size + 1, dtype=torch.long), 1.0, 0)  # a row too short fails now
-
-    def mix(self, rows, step, micro):
-        return self.recall.insert(rows, self.share, micro_seed(self.seed, step, micro, RECALL))
+    def slot_windows(self, W, n, generator):
+        """(n, W+1) probe rows: the pairs needles placed uniformly, then each queried once in a random order, the
+        last query's answer ending the row (query_keys(W + 1, pairs) are the queries' keys)."""
+        if W + 1 < 2 * self.pairs * NEEDLE:
+            raise ValueError(f"a slot probe window of W={W} tokens cannot hold {self.pairs} needles and their "
+                             f"queries; valid: W >= {2 * self.pairs * NEEDLE - 1}")
+        needles = self.needles(n, generator)
+        starts = self.places(n, W + 1 - self.pairs * NEEDLE, self.pairs, generator)  # (n, pairs)
+        order = torch.rand(n, self.pairs, generator=generator).argsort(-1)  # (n, pairs): without replacement
+        return torch.stack([self.row(W + 1, needles[b], starts[b], needles[b, order[b]], W + 1) for b in range(n)])

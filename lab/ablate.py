@@ -21,7 +21,6 @@ Settings: AblateConfig (here), GPTConfig (model.py) and TrainConfig (train.py) t
 the TOML file may set any of them. `python lab/ablate.py --help` lists them all.
 """
 
-import json
 import math
 import statistics
 import sys
@@ -30,7 +29,6 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script, sys.path[0] is lab/
 import config  # noqa: E402
@@ -43,16 +41,19 @@ from data.tokenizer import load_meta, tokenizer_from_meta  # noqa: E402
 from files import RunLock, atomic_write  # noqa: E402
 from generate import Sampling, generate  # noqa: E402
 from lab import ablate_report, diagnostics  # noqa: E402
-from lab.grid import (check_same_settings, command, eval_runtime, eval_sets, field_types, numbers,  # noqa: E402
-                      parse_changes, position_losses, run_dir, split_list, train_run, train_settings, write_json)
-from lab.report import NO_PLOTS  # noqa: E402
-from lab.retrieval import Probe, ProbeSettings  # noqa: E402
+from lab.grid import (LaunchSettings, check_same_settings, command, eval_runtime, eval_sets, evaluated,  # noqa: E402
+                      field_types, numbers, parse_changes, position_losses, read_json, run_dir, run_jobs, split_list,
+                      train_run, train_settings, widen, write_json)
+from lab.report import NO_PLOTS, regime_rows  # noqa: E402
+from lab.retrieval import THRESHOLDS, Probe, ProbeSettings  # noqa: E402
 from data.batches import BatchConfig  # noqa: E402
+from data.loader import Batch  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from optim import make_optimizer  # noqa: E402
 from runtime import Runtime, decode_autocast, run_record  # noqa: E402
 
 REFERENCE = "rope"  # the scheme every other one is compared against, seed by seed
+MORE_SCALES = 2  # rate multiples a sweep may add beyond its edges, where its best keeps landing there
 VARIANT_KEYS = ("rope_base", "rope_fraction", "rope_layout", "rope_p")  # what a RoPE variant may change
 
 
@@ -98,29 +99,30 @@ TRAIN_VARIANT_KEYS = tuple(DroPE.__dataclass_fields__)  # what a variant may cha
 
 
 @dataclass
-class AblateConfig(ProbeSettings):
+class AblateConfig(ProbeSettings, LaunchSettings):
     schemes: str = opt(",".join(positions.SCHEMES), "positional schemes to compare (pos_emb values), comma-separated")
     variants: str = opt("", "RoPE variants to add: 'name: key=value, ...; name: ...', keys " + ", ".join(VARIANT_KEYS))
-    seeds: int = opt(3, "seeds per scheme: seed, seed+1, ...", check=config.POSITIVE)
-    more_seeds: int = opt(2, "seeds added to a scheme and the reference where their paired p lies in [0.01, 0.1]")
+    seeds: int = opt(3, "test seeds per scheme: seed, seed+1, ..., fixed before the run", check=config.POSITIVE)
+    selection_seed: int = opt(1000, "the seed each scheme's learning-rate sweep runs on (lr_scales); it is in no test",
+                              check=config.NON_NEGATIVE)
     lr_scales: str = opt("1", "multiples of the learning rates (learning_rate, min_lr, muon_lr together) each scheme "
-                              "tries on the first seed; its best takes every seed (1 alone: one shared rate)")
+                              "tries on the selection seed, widened where its best is at an edge; its best takes "
+                              "every test seed (1 alone: one shared rate, no selection runs)")
     equivalence_margin: float = opt(0.01, "nats: a scheme and the reference show no difference when an equivalence "
                                           "test puts their paired difference within this")
     eval_lengths: str = opt("0.5,1,2,4,8", "context lengths to evaluate at, as multiples of block_size")
-    eval_tokens: int = opt(16384, "validation tokens per context length, in fixed windows of that length", check=config.POSITIVE)
+    eval_tokens: int = opt(16384, "validation tokens per context length, in fixed windows of that length",
+                           check=config.POSITIVE)
     rope_scalings: str = opt("linear,ntk,yarn", "inference-time RoPE scalings scored beyond block_size (factor L/L0)")
     sample_prompt: str = opt("ROMEO:", "prompt of the one sample per scheme")
     sample_tokens: int = opt(200, "tokens per sample (0: no samples)")
     sample_temperature: float = opt(0.8, "sampling temperature of the samples")
-    dry_run: bool = opt(False, "print the grid and its estimated time; train nothing")
 
     def __post_init__(self):
-        super().__post_init__()
+        ProbeSettings.__post_init__(self)
         config.validate(self)
-        if self.more_seeds < 0 or not self.equivalence_margin > 0:
-            raise ValueError(f"more_seeds={self.more_seeds} must be >= 0 and equivalence_margin="
-                             f"{self.equivalence_margin} > 0")
+        if not self.equivalence_margin > 0:
+            raise ValueError(f"equivalence_margin={self.equivalence_margin} must be > 0")
         if self.sample_tokens < 0:
             raise ValueError(f"sample_tokens={self.sample_tokens} must be >= 0 (0 means no samples)")
         if self.sample_temperature < 0:
@@ -235,21 +237,20 @@ def arm_name(name, scale):
     return name if scale == 1 else f"{name}-lr{scale:g}"
 
 
-def finish_run(name, scale, seed, plan):
-    """Train, evaluate and sample one run, reusing whatever an earlier invocation finished; (summary, eval)."""
+def finish_run(plan, job):
+    """Train, evaluate and sample one run (scheme, scale, seed), reusing whatever an earlier invocation finished;
+    (summary, eval). The summary records the CPU threads it trained on, which its tokens/s depend on."""
+    name, scale, seed = job
     gcfg, tc = plan.grid[name], plan.run_tc(name, seed, scale)
     out = run_dir(tc, arm_name(name, scale), seed)
-    if (out / "summary.json").is_file():  # status() checked its settings
-        summary = json.loads((out / "summary.json").read_text())
-    else:
-        summary = train_run(name, gcfg, tc, out, plan.bc, plan.schedule(name, tc))
-        write_json(out / "summary.json", summary)
+    summary = evaluated(out / "summary.json", lambda: train_run(name, gcfg, tc, out, plan.bc, plan.schedule(name, tc))
+                        | {"threads": torch.get_num_threads()})
     ac, device, first = plan.ac, plan.rt.device, seed == plan.seeds[0]
     sampled = ac.sample_tokens > 0 and first  # one sample per scheme
     settings = {"lengths": plan.lengths, "eval_tokens": ac.eval_tokens, "scalings": plan.scalings,
                 "sample": [ac.sample_prompt, ac.sample_tokens, ac.sample_temperature] if sampled else None,
-                "probe": None if plan.probe is None else [ac.probe_lengths, ac.probe_depths, ac.probe_trials]}
-    ev = json.loads((out / "eval.json").read_text()) if (out / "eval.json").is_file() else None
+                "probe": None if plan.probe is None else [ac.probe_lengths, ac.probe_distances, ac.probe_trials]}
+    ev = read_json(out / "eval.json", out / "eval.json") if (out / "eval.json").is_file() else None
     if ev is None or ev["settings"] != settings:
         t0 = time.perf_counter()
         model = model_from_checkpoint(load_checkpoint(out / "ckpt.pt", device), device).eval()
@@ -257,7 +258,10 @@ def finish_run(name, scale, seed, plan):
         sample = sample_text(model, plan.meta, ac, seed, plan.rt) if sampled else None
         inside = {"attention": diagnostics.attention_stats(model, plan.windows[gcfg.block_size], plan.rt),
                   "biases": diagnostics.bias_curves(model, max(plan.lengths))} if first else {}
-        retrieval = plan.probe.grid(model, plan.rt) if plan.probe else None
+        retrieval = None
+        if plan.probe:  # by distance at each probed length, and the shortcut check by query slot at L0
+            retrieval = {"distance": plan.probe.grid(model, plan.rt),
+                         "slot": plan.probe.by_slot(model, gcfg.block_size, plan.rt)}
         loss, position = extrapolate(model, plan.windows, plan.scalings, plan.rt)
         ev = {"settings": settings, "loss": loss, "position": position, "sample": sample, "retrieval": retrieval,
               **inside, "eval_s": time.perf_counter() - t0}
@@ -267,26 +271,34 @@ def finish_run(name, scale, seed, plan):
 
 # ----------------------------------------------------------------------------- results
 
-def summarize(plan, done, arms):
-    """results.json's content: the grid's settings and, per scheme, the learning-rate sweep and its figures over
-    seeds at the shared rate and at its own (ablate_report.scheme_figures), and the verdicts against the
-    reference; done maps (scheme, scale, seed) to that run's (summary, eval), arms (scheme, scale) to its seeds."""
-    schemes, threshold = {}, plan.ac.retrieval_threshold
+def summarize(plan, done, sweeps):
+    """results.json's content: the grid's settings and, per scheme, the learning-rate sweep on the selection seed
+    and its figures over the test seeds at the shared rate and at its own (ablate_report.scheme_figures), and the
+    verdicts against the reference; done maps (scheme, scale, seed) to that run's (summary, eval), sweeps each
+    scheme to the scales it tried."""
+    schemes, sel = {}, plan.ac.selection_seed
     for name, cfg in plan.grid.items():
-        sweep = {s: done[name, s, plan.seeds[0]][0]["final_val_loss"] for s in plan.scales_of(name)}
-        best = min(sweep, key=sweep.get)
+        sweep = {s: done[name, s, sel][0]["final_val_loss"] for s in sweeps[name]} if len(sweeps[name]) > 1 else {}
+        best = min(sweep, key=sweep.get) if sweep else 1
         schemes[name] = {"pos_emb": cfg.pos_emb, "changes": changes(plan, name), "params": plan.params[name],
                          "sweep": {f"{s:g}": v for s, v in sweep.items()}, "best_scale": best,
                          **{ranking: {"scale": s, **ablate_report.scheme_figures(
-                             *zip(*(done[name, s, seed] for seed in arms[name, s])), threshold, cfg.block_size)}
+                             *zip(*(done[name, s, seed] for seed in plan.seeds)), cfg.block_size)}
                             for ranking, s in (("shared", 1), ("tuned", best))},
                          "sample": done[name, 1, plan.seeds[0]][1]["sample"]}
     return {"reference": REFERENCE if REFERENCE in schemes else None, "block_size": plan.gcfg.block_size,
             "lengths": plan.lengths, "windows": {str(L): n_windows(b) for L, b in plan.windows.items()},
-            "seeds": plan.seeds, "scales": plan.scales, "tokens_per_run": tokens_per_run(plan.gcfg, plan.tc),
+            "seeds": plan.seeds, "selection_seed": sel if plan.sweeping else None, "scales": plan.scales,
+            "tokens_per_run": tokens_per_run(plan.gcfg, plan.tc),
             "learning_rates": {"learning_rate": plan.tc.learning_rate, "muon_lr": plan.tc.muon_lr,
                                "optimizer": plan.tc.optimizer},
             "settings": {"ablate": asdict(plan.ac), **train_settings(plan.gcfg, plan.tc, plan.bc)},
+            "regime": regime_rows([(f"this config (RoPE base {cfg.rope_base:g})", cfg.head_dim, cfg.rope_base,
+                                    cfg.block_size) for cfg in {c.rope_base: c for c in plan.grid.values()
+                                                               if c.takes("rope_base")}.values()]),
+            "probe": None if plan.probe is None else {"chance": plan.probe.chance, "elimination": plan.probe.elimination,
+                                                      "false_pass": {n: plan.probe.false_pass(t)
+                                                                     for n, t in THRESHOLDS.items()}},
             "device": plan.rt.device, "environment": run_record(), "schemes": schemes,
             "verdicts": {ranking: ablate_report.verdicts_against(schemes, REFERENCE, ranking, plan.ac.equivalence_margin)
                          for ranking in ("shared", "tuned")}}
@@ -321,8 +333,17 @@ class Plan:
     scales: list  # the learning-rate multiples each scheme tries
     probe: Probe | None  # retrieval's windows and depths, where training carries the recall task
 
+    @property
+    def sweeping(self):
+        return len(self.scales) > 1
+
+    @property
+    def settings(self):
+        """What make_plan builds this plan from, so a worker process can build its own."""
+        return self.ac, self.gcfg, self.tc, self.bc
+
     def scales_of(self, name):
-        """The rate multiples scheme name tries: DroPE's variants keep the shared rate, RoPE's until the drop,
+        """The rate multiples scheme name tries first: DroPE's variants keep the shared rate, RoPE's until the drop,
         their recalibration rate (recalibration_lr) being the variants' own axis."""
         return [1] if self.drops[name] else self.scales
 
@@ -352,9 +373,13 @@ def make_plan(ac, gcfg, tc, bc):
     scales = numbers("lr_scales", ac.lr_scales, float, 1e-9, "0.5,1,2")
     if 1 not in scales:
         raise ValueError(f"lr_scales={ac.lr_scales!r} must include 1, the shared rate every scheme is ranked at")
-    probe = (Probe(dataset_dir, meta, gcfg.block_size, ac, bc.recall_pairs, tc.batch_size * gcfg.block_size, rt.device)
+    probe = (Probe(meta, gcfg.block_size, ac, bc.recall_pairs, tc.batch_size * gcfg.block_size, rt.device)
              if bc.recall_share else None)
-    plan = Plan(ac, gcfg, tc, grid, bc, drops, [tc.seed + i for i in range(ac.seeds)], lengths, rope_scalings(ac),
+    seeds = [tc.seed + i for i in range(ac.seeds)]
+    if len(scales) > 1 and ac.selection_seed in seeds:
+        raise ValueError(f"selection_seed={ac.selection_seed} is one of the test seeds {seeds}; a rate chosen on a "
+                         "seed must not be tested on it")
+    plan = Plan(ac, gcfg, tc, grid, bc, drops, seeds, lengths, rope_scalings(ac),
                 meta, rt, windows, param_counts(grid), scales, probe)
     for name, drop in drops.items():
         try:
@@ -375,7 +400,7 @@ def calibrate(plan):
     times = []
     for _ in range(10):
         t0 = time.perf_counter()
-        train.train_step(model, optimizer, scaler, [(x, x, None)], tc.learning_rate, tc.grad_clip, rt)[0].item()
+        train.train_step(model, optimizer, scaler, [Batch(x, x)], tc.learning_rate, tc.grad_clip, rt)[0].item()
         times.append(time.perf_counter() - t0)
     return model.flops_per_token(cfg.block_size) * x.numel() / statistics.median(times[3:])  # the first warm up
 
@@ -400,7 +425,7 @@ def status(plan, name, scale, seed):
     settings = train_settings(plan.grid[name], tc, plan.bc, plan.schedule(name, tc))
     for marker, st in (("summary.json", "finished"), ("config.json", "resume")):
         if (out / marker).is_file():
-            saved = json.loads((out / marker).read_text())
+            saved = read_json(out / marker, out)
             check_same_settings(out, settings, saved.get("settings", saved))  # config.json holds them at its top
             return st if st == "finished" or (out / "ckpt.pt").is_file() else "new"
     return "new"
@@ -409,14 +434,15 @@ def status(plan, name, scale, seed):
 def print_plan(plan, statuses):
     g, tc = plan.gcfg, plan.tc
     counts = {k: list(statuses.values()).count(k) for k in ("finished", "resume", "new")}
-    print(f"grid: {len(plan.grid)} schemes x {len(plan.seeds)} seeds, {len(plan.scales)} learning-rate scale(s): "
-          f"{len(statuses)} runs to start with into {tc.out_dir}: "
-          f"{counts['finished']} finished, {counts['resume']} to resume, {counts['new']} to train")
+    sweep = (f", each scheme's {len(plan.scales)} learning-rate scales on selection seed {plan.ac.selection_seed}"
+             if plan.sweeping else "")
+    print(f"grid: {len(plan.grid)} schemes x {len(plan.seeds)} test seeds{sweep}: {len(statuses)} runs to start with "
+          f"into {tc.out_dir}: {counts['finished']} finished, {counts['resume']} to resume, {counts['new']} to train")
     print(f"  {'scheme':<16}{'pos_emb':<12}{'params':>10}  changes")
     for name, cfg in plan.grid.items():
         print(f"  {name:<16}{cfg.pos_emb:<12}{plan.params[name]:>10,}  "
               + ", ".join(f"{k}={v}" for k, v in changes(plan, name).items()))
-    print(f"seeds {', '.join(map(str, plan.seeds))}; each run {tc.max_iters} steps, {tokens_per_run(g, tc):,} tokens "
+    print(f"test seeds {', '.join(map(str, plan.seeds))}; each run {tc.max_iters} steps, {tokens_per_run(g, tc):,} tokens "
           f"(model {g.n_layer}x{g.n_embd}, {g.n_head} heads, L0 = {g.block_size})")
     windows = ", ".join(str(n_windows(b)) for b in plan.windows.values())
     print(f"evaluation: lengths {', '.join(map(str, plan.lengths))} with {windows} windows; "
@@ -437,30 +463,25 @@ def print_estimate(plan, statuses):
 def ablate(plan):
     t0 = time.perf_counter()
     out = Path(plan.tc.out_dir)
+    sel = plan.ac.selection_seed
+    sweeps = {name: plan.scales_of(name) for name in plan.grid}
+    jobs = [(name, s, sel) for name, scales in sweeps.items() for s in scales if plan.sweeping and len(scales) > 1]
+    jobs += [(name, 1, seed) for seed in plan.seeds for name in plan.grid]  # the shared rate: every test seed
+    statuses = {job: status(plan, *job) for job in jobs}
+    print_plan(plan, statuses)
     if plan.ac.dry_run:
-        statuses = run_statuses(plan, first_arms(plan))
-        print_plan(plan, statuses)
         print_estimate(plan, statuses)
-        return
+        return launch(plan, jobs, {})  # run_jobs prints what it would launch, then raises DryRun
     with RunLock(out, "ablation"):  # each run's folder is locked by its training too
-        arms = first_arms(plan)  # {(scheme, scale): seeds}: the shared rate's seeds and the sweep's first
-        print_plan(plan, run_statuses(plan, arms))
-        done = train_arms(plan, arms, {})
-        for name in plan.grid:  # each scheme's best rate takes every seed
-            best = min(plan.scales_of(name), key=lambda s: done[name, s, plan.seeds[0]][0]["final_val_loss"])
-            arms[name, best] = sorted(set(arms[name, best]) | set(plan.seeds))
-        done = train_arms(plan, arms, done)
-        results = summarize(plan, done, arms)
-        extra = [plan.seeds[-1] + i for i in range(1, plan.ac.more_seeds + 1)]
-        unsettled = [(c["scheme"], ranking) for ranking, claims in results["verdicts"].items() for c in claims
-                     if c["more_seeds"]]
-        if unsettled and extra:  # a p between 0.01 and 0.1: more seeds for that scheme and the reference
-            print(f"{len(unsettled)} comparison(s) with p in [0.01, 0.1]: seeds {', '.join(map(str, extra))} for them")
-            for name, ranking in unsettled:
-                for who in (name, REFERENCE):
-                    scale = results["schemes"][who][ranking]["scale"]
-                    arms[who, scale] = sorted(set(arms[who, scale]) | set(extra))
-            results = summarize(plan, train_arms(plan, arms, done), arms)
+        done = launch(plan, jobs, {})
+        most = len(plan.scales) + MORE_SCALES
+        while more := {n: s for n in plan.grid
+                       if len(sweeps[n]) > 1 and (s := widen(sweeps[n], best(done, n, sweeps, sel), most))}:
+            for n, s in more.items():  # a best rate at the sweep's edge: one more rate beyond it
+                sweeps[n] = sorted(sweeps[n] + [s])
+            done = launch(plan, [(n, s, sel) for n, s in more.items()], done)
+        done = launch(plan, [(n, best(done, n, sweeps, sel), seed) for n in plan.grid for seed in plan.seeds], done)
+        results = summarize(plan, done, sweeps)
         plots = ablate_report.write_plots(results, out)
         results["wall_s"] = time.perf_counter() - t0
         write_json(out / "results.json", results)
@@ -471,27 +492,32 @@ def ablate(plan):
     print(f"results: {out / 'results.md'}, results.json, results.csv" + "".join(f", {f}" for f, _ in plots.written))
 
 
-def first_arms(plan):
-    """{(scheme, scale): seeds}: every scheme at the shared rate on every seed, at the other scales on the first."""
-    return {(name, s): list(plan.seeds) if s == 1 else plan.seeds[:1] for name in plan.grid for s in plan.scales_of(name)}
+def best(done, name, sweeps, seed):
+    """The rate multiple of scheme name's sweep with the lowest final val loss on the selection seed (1: no sweep)."""
+    scales = sweeps[name]
+    return 1 if len(scales) < 2 else min(scales, key=lambda s: done[name, s, seed][0]["final_val_loss"])
 
 
-def train_arms(plan, arms, done):
-    """done with every run of arms finished (those in done already are kept)."""
-    todo = [(name, s, seed) for (name, s), seeds in arms.items() for seed in seeds if (name, s, seed) not in done]
-    with tqdm(todo, desc="ablate", unit="run", dynamic_ncols=True, disable=not plan.tc.progress) as bar:
-        for name, s, seed in bar:
-            bar.set_postfix_str(f"{arm_name(name, s)} seed {seed}")
-            done[name, s, seed] = finish_run(name, s, seed, plan)
-    return done
+def launch(plan, jobs, done):
+    """done with every job of jobs (scheme, scale, seed) finished too, trained where plan.ac (LaunchSettings) says."""
+    todo = list(dict.fromkeys(j for j in jobs if j not in done))
+    return done | run_jobs(todo, finish_run, plan, (make_plan, plan.settings), plan.ac, label=label, desc="ablate",
+                           pending=lambda j: not (run_folder(plan, j) / "eval.json").is_file(), progress=plan.tc.progress)
 
 
-def run_statuses(plan, arms):
-    return {(name, s, seed): status(plan, name, s, seed) for (name, s), seeds in arms.items() for seed in seeds}
+def run_folder(plan, job):
+    name, scale, seed = job
+    return run_dir(plan.tc, arm_name(name, scale), seed)
+
+
+def label(job):
+    name, scale, seed = job
+    return f"{arm_name(name, scale)} seed {seed}"
 
 
 def main(argv=None):
     command(argv, __doc__, AblateConfig, lambda *settings: ablate(make_plan(*settings)))
+
 
 
 if __name__ == "__main__":

@@ -11,20 +11,31 @@ import statistics
 import numpy as np
 
 from files import atomic_write
-from lab.report import Plots, dress, md_table, palette, pm
-from lab.retrieval import at_length, grid_mean, heatmaps, window
-from lab.stats import mean_std, verdicts
+from lab.report import Plots, dress, md_regime, md_table, palette, pm
+from lab.retrieval import THRESHOLDS, distance_plots, grid_mean, kmax
+from lab.stats import detectable, mean_std, verdicts
 from rope import NO_SCALING as AS_TRAINED  # the loss tables' key of a model scored as it was trained
 
 # ----------------------------------------------------------------------------- figures over seeds
 
-def scheme_figures(runs, evals, threshold, L0):
+def scheme_figures(runs, evals, L0):
     """One scheme's figures over its seeds at one learning rate: runs and evals are its runs' summaries and
-    evaluations, seed by seed (the first seed's also hold its attention statistics and score biases)."""
+    evaluations, seed by seed (the first seed's also hold its attention statistics and score biases). Retrieval:
+    the mean grid by distance, each seed's k_max at each threshold in the longest window it reaches, and the worst
+    query slot at L0 (the shortcut check)."""
     curves = np.array([[loss for _, loss in r["val_curve"]] for r in runs])  # (seeds, evaluations)
-    grid = grid_mean([e["retrieval"] for e in evals]) if evals[0].get("retrieval") else None
+    retrieval = None
+    if evals[0].get("retrieval"):
+        grids = [e["retrieval"]["distance"] for e in evals]
+        longest = max((W for W, by_k in grids[0].items() if by_k is not None), key=int)
+        retrieval = {"grid": grid_mean(grids), "longest": longest,
+                     "kmax": {name: mean_std(kmax(g[longest], th) for g in grids) for name, th in THRESHOLDS.items()},
+                     "kmax_L0": {name: mean_std(kmax(g[str(L0)], th) for g in grids) for name, th in THRESHOLDS.items()}
+                     if str(L0) in grids[0] else None,
+                     "worst_slot": mean_std(min(e["retrieval"]["slot"].values()) for e in evals)}
+    threads = sorted({r.get("threads") for r in runs}, key=str)
     return {
-        "seeds": [r["seed"] for r in runs],
+        "seeds": [r["seed"] for r in runs], "threads": threads,
         **{key: mean_std(r[key] for r in runs) for key in ("final_val_loss", "val_bpb", "tokens_per_s")},
         "train_s": sum(r["train_s"] for r in runs), "eval_s": sum(e["eval_s"] for e in evals),
         "val_curve": {"iters": [it for it, _ in runs[0]["val_curve"]], "mean": curves.mean(0).tolist(),
@@ -33,16 +44,15 @@ def scheme_figures(runs, evals, threshold, L0):
                                 for L in by_len} for sc, by_len in evals[0]["loss"].items()},
         "loss_by_position": {sc: np.mean([e["position"][sc] for e in evals], axis=0).tolist()
                              for sc in evals[0]["position"]},
-        "retrieval": grid, "window": None if grid is None else mean_std(window(e["retrieval"], threshold, L0)
-                                                                          for e in evals),
-        "attention": evals[0].get("attention"), "biases": evals[0].get("biases")}
+        "retrieval": retrieval, "attention": evals[0].get("attention"), "biases": evals[0].get("biases")}
 
 
 def verdicts_against(schemes, reference, ranking, margin):
     """Each scheme's final val loss minus the reference's, seed by seed over the seeds both ran, in one ranking
     (shared: every scheme at the shared rate; tuned: each at its best): stats.verdicts over the table, "lower"
     expected (negative is better than the reference), "no difference" where an equivalence test puts the
-    difference within margin."""
+    difference within margin. The Holm family holds both tests of every scheme; each claim carries the smallest
+    difference its seeds could settle ("detectable")."""
     ref = schemes.get(reference)
     if ref is None:
         return []
@@ -54,7 +64,8 @@ def verdicts_against(schemes, reference, ranking, margin):
             common = sorted(mine.keys() & ref_loss.keys())
             claims.append({"scheme": name, "diffs": [mine[s] - ref_loss[s] for s in common], "expect": "lower",
                            "margin": margin})
-    return verdicts(claims)
+    judged = verdicts(claims)
+    return [c | {"detectable": detectable(c["diffs"], c["family"])} for c in judged]
 
 
 def verdict_words(claim, reference):
@@ -64,7 +75,7 @@ def verdict_words(claim, reference):
     if claim["verdict"] == "does not hold":
         shown_same = claim["equivalence_p_holm"] is not None and claim["equivalence_p_holm"] < 0.05
         return f"no difference (within ±{claim['margin']:g})" if shown_same else f"higher than {reference}"
-    return "inconclusive" + (f" (p in [0.01, 0.1] on {len(claim['diffs'])} seeds)" if claim["more_seeds"] else "")
+    return "inconclusive"
 
 
 # ----------------------------------------------------------------------------- outputs
@@ -95,9 +106,9 @@ def segments(curve, L0):
 
 def markdown(results, plots):
     """results.md: how the grid was run, then one section per table, the plots and the samples."""
-    parts = [md_setup(results), md_rates(results), md_ranking(results, "tuned"), md_ranking(results, "shared"),
-             md_retrieval(results), md_lengths(results), md_positions(results), md_attention(results),
-             plots.section(), md_samples(results)]
+    parts = [md_setup(results), md_regime(results["regime"]) if results["regime"] else "", md_rates(results),
+             md_ranking(results, "tuned"), md_ranking(results, "shared"), md_retrieval(results), md_speed(results),
+             md_lengths(results), md_positions(results), md_attention(results), plots.section(), md_samples(results)]
     return "\n\n".join(p for p in parts if p) + "\n"
 
 
@@ -105,36 +116,40 @@ def md_setup(r):
     m, t, env, schemes = r["settings"]["model"], r["settings"]["train"], r["environment"], r["schemes"]
     ranked = [x[rk] for x in schemes.values() for rk in ("shared", "tuned") if rk == "shared" or x["best_scale"] != 1]
     train_min, eval_min = (sum(f[k] for f in ranked) / 60 for k in ("train_s", "eval_s"))
-    b = r["settings"]["batches"]
+    b, a = r["settings"]["batches"], r["settings"]["ablate"]
     task = f", the recall task in {b['recall_share']:.0%} of the sequences" if b["recall_share"] else ""
-    return (f"# Positional-scheme ablation\n\n{len(schemes)} schemes on `{t['dataset']}`, seeds "
-            f"{', '.join(map(str, r['seeds']))} (more where a comparison asked for them): {m['n_layer']} layers, "
+    sweep = (f"; each scheme's learning rate chosen on seed {r['selection_seed']}, which is in no test"
+             if r["selection_seed"] is not None else "")
+    return (f"# Positional-scheme ablation\n\n{len(schemes)} schemes on `{t['dataset']}`, test seeds "
+            f"{', '.join(map(str, r['seeds']))} (fixed before the run){sweep}: {m['n_layer']} layers, "
             f"{m['n_head']} heads, width {m['n_embd']}, trained at context L0 = {r['block_size']}. Each run: "
             f"{t['max_iters']} steps, {r['tokens_per_run']:,} tokens, {t['optimizer']}{task}; every scheme of a seed "
             f"sees the same batches in the same order.\n\n"
-            f"Compute: {train_min:.1f} min training + {eval_min:.1f} min evaluation, summed over the ranked runs; "
-            f"this command's wall time {r['wall_s'] / 60:.1f} min (runs finished earlier are reused). Device "
-            f"{r['device']}, {t['dtype']}, {env['cpu_threads']} CPU threads, torch {env['torch']}, code "
-            f"{env['code_version']}.")
+            f"Compute: {train_min:.1f} min training + {eval_min:.1f} min evaluation, summed over the ranked runs, "
+            f"{a['workers']} run(s) at a time; this command's wall time {r['wall_s'] / 60:.1f} min (runs finished "
+            f"earlier are reused). Device {r['device']}, {t['dtype']}, {env['cpu_threads']} CPU threads, torch "
+            f"{env['torch']}, code {env['code_version']}.")
 
 
 def md_rates(r):
-    if len(r["scales"]) < 2:
+    if r["selection_seed"] is None:
         return ""
     lr = r["learning_rates"]
     rates = f"learning_rate {lr['learning_rate']:g}" + (f", muon_lr {lr['muon_lr']:g}" if lr["optimizer"] == "muon"
                                                        else "")
-    rows = [[name, *(f"{x['sweep'][k]:.4f}" if (k := f"{s:g}") in x["sweep"] else "—" for s in r["scales"]),
+    scales = sorted({float(k) for x in r["schemes"].values() for k in x["sweep"]})
+    rows = [[name, *(f"{x['sweep'][k]:.4f}" if (k := f"{s:g}") in x["sweep"] else "—" for s in scales),
              f"x{x['best_scale']:g}"] for name, x in r["schemes"].items()]
-    return (f"## Each scheme's learning rate\n\nFinal val loss of the first seed at each multiple of the learning "
-            f"rates ({rates} at x1); the lowest is the scheme's own rate, at which it trains every seed (—: not "
+    return (f"## Each scheme's learning rate\n\nFinal val loss of the selection seed ({r['selection_seed']}, in no "
+            f"test) at each multiple of the learning rates ({rates} at x1), widened by one more multiple where the "
+            f"best lay at an edge; the lowest is the scheme's own rate, at which it trains every test seed (—: not "
             f"tried; DroPE's variants keep the shared rate, their recalibration rate being their axis).\n\n"
-            + md_table(["scheme", *(f"x{s:g}" for s in r["scales"]), "chosen"], rows))
+            + md_table(["scheme", *(f"x{s:g}" for s in scales), "chosen"], rows))
 
 
 def md_ranking(r, ranking):
     ref, schemes = r["reference"], r["schemes"]
-    if ranking == "tuned" and len(r["scales"]) < 2:
+    if ranking == "tuned" and r["selection_seed"] is None:
         return ""
     by = {c["scheme"]: c for c in r["verdicts"][ranking]}
     rows = []
@@ -145,33 +160,53 @@ def md_ranking(r, ranking):
             f"{test['mean']:+.4f} [{test['ci'][0]:+.4f}, {test['ci'][1]:+.4f}]"
         p = "—" if test is None or test["p"] is None else f"{test['p']:.2g}"
         holm = "—" if c is None or c["p_holm"] is None else f"{c['p_holm']:.2g}"
-        rows.append([name, f"x{f['scale']:g}", pm(f["final_val_loss"]), diff, p, holm,
-                     "reference" if c is None else verdict_words(c, ref),
-                     "—" if f["window"] is None else pm(f["window"], ".0f"), len(f["seeds"])])
+        eq = "—" if c is None or c["equivalence_p_holm"] is None else f"{c['equivalence_p_holm']:.2g}"
+        settled = "—" if c is None else "none" if c["detectable"] is None else f"{c['detectable']:.3f}"
+        rows.append([name, f"x{f['scale']:g}", pm(f["final_val_loss"]), diff, p, holm, eq,
+                     "reference" if c is None else verdict_words(c, ref), settled, len(f["seeds"])])
     title = "each scheme at its own learning rate" if ranking == "tuned" else "every scheme at the shared learning rate"
-    a = r["settings"]["ablate"]
-    return (f"## Ranking: {title}\n\nFinal val loss, mean ± std over seeds; against {ref}, per seed over the seeds "
-            f"both ran (same batches), the mean difference with its 95% CI, the paired t-test's p and p "
-            f"Holm-adjusted over the table; a verdict needs p (Holm) < 0.05, \"no difference\" an equivalence test "
-            f"within ±{a['equivalence_margin']:g} nats. Effective window: the longest probed length retrieved at "
-            f"{a['retrieval_threshold']:.0%} all the way from L0 up to it (0: not even L0).\n\n"
-            + md_table(["scheme", "lr", "val loss", f"Δ vs {ref} [95% CI]", "p", "p (Holm)", "verdict",
-                        "effective window", "seeds"], rows))
+    a, family = r["settings"]["ablate"], next(iter(by.values()))["family"] if by else 0
+    return (f"## Ranking: {title}\n\nFinal val loss, mean ± std over the test seeds; against {ref}, per seed (same "
+            f"batches), the mean difference with its 95% CI (unadjusted), the paired t-test's p, and p Holm-adjusted "
+            f"over one family of {family} tests: each scheme's difference test and its equivalence test (two one-sided "
+            f"tests within ±{a['equivalence_margin']:g} nats). \"lower\" or \"higher\" needs the difference's p (Holm) < "
+            f"0.05, \"no difference\" the equivalence's. Smallest settled: the smallest mean difference these seeds "
+            f"could settle given the spread seen.\n\n"
+            + md_table(["scheme", "lr", "val loss", f"Δ vs {ref} [95% CI]", "p", "p (Holm)", "equivalence p (Holm)",
+                        "verdict", "smallest settled", "seeds"], rows))
 
 
 def md_retrieval(r):
-    grids = {n: x["tuned"]["retrieval"] for n, x in r["schemes"].items() if x["tuned"]["retrieval"]}
-    if not grids:
+    figures = {n: x["tuned"]["retrieval"] for n, x in r["schemes"].items() if x["tuned"]["retrieval"]}
+    if not figures:
         return ""
-    L0, widths = r["block_size"], sorted(next(iter(grids.values())), key=int)
+    L0, probe = r["block_size"], r["probe"]
+    rows = [[name, pm(f["worst_slot"], ".2f"), *(pm(f["kmax_L0"][n], ".0f") if f["kmax_L0"] else "N/A"
+                                                 for n in THRESHOLDS),
+             f"{f['longest']} ({int(f['longest']) / L0:g}x)", *(pm(f["kmax"][n], ".0f") for n in THRESHOLDS)]
+            for name, f in figures.items()]
+    elim = ", ".join(f"{v:.2f}" for v in probe["elimination"].values())
+    return (f"## Retrieval by distance: which schemes learn it at this budget\n\nk_max is the PI paper's effective "
+            f"window (section 3.3): the largest needle-to-query distance k such that every probed distance up to k "
+            f"is answered in at least 20% of the trials; beside it our stricter 90%. Whole answers to one query among "
+            f"{round(1 / probe['chance'])} needles: copying some needle without reading the key scores "
+            f"{probe['chance']:.0%}, and passes 20% at one distance with probability "
+            f"{probe['false_pass']['pi']:.1%}. Worst slot: the worst query slot's whole answers at L0 when every needle "
+            f"is queried once in a random order (elimination would score {elim} at slots 1 onwards; a scheme that "
+            f"reads the key scores alike at every slot). Each scheme at its own rate, mean ± std over the test "
+            f"seeds.\n\n" + md_table(["scheme", "worst slot at L0", "k_max 20% at L0", "k_max 90% at L0",
+                                       "longest window", "k_max 20% there", "k_max 90% there"], rows))
 
-    def cell(by_depth):
-        share = at_length(by_depth)
-        return "N/A" if share is None else f"{100 * share:.0f}"
-    rows = [[name, *(cell(g[W]) for W in widths)] for name, g in grids.items()]
-    return ("## Retrieval by length\n\nWhole answers retrieved (%), mean over the needle's depths and the seeds, each "
-            "scheme at its own rate (retrieval.png shows every depth). N/A: learned positions stop at L0.\n\n"
-            + md_table(["scheme", *(f"{W} ({int(W) / L0:g}x)" for W in widths)], rows))
+
+def md_speed(r):
+    rows = [[name, pm(x["tuned"]["tokens_per_s"], ",.0f"), ", ".join(map(str, x["tuned"]["threads"]))]
+            for name, x in r["schemes"].items()]
+    threads = {t for x in r["schemes"].values() for t in x["tuned"]["threads"]}
+    note = ("every run on the same thread count, so the figures compare" if len(threads) == 1 else
+            "the runs' thread counts differ: compare tokens/s only between rows of the same thread count")
+    return ("## Training speed\n\nTokens per second during training, median over the run's logging windows, mean ± "
+            f"std over the test seeds, each scheme at its own rate; {note}.\n\n"
+            + md_table(["scheme", "tokens/s", "CPU threads"], rows))
 
 
 def md_attention(r):
@@ -274,9 +309,10 @@ def write_plots(results, out):
     save(fig, ax, "loss_vs_position.png", f"Loss by position in {longest}-token windows ({width}-position means)",
          "position in window", "val loss")
 
-    grids = [(name, x["tuned"]["retrieval"]) for name, x in schemes.items() if x["tuned"]["retrieval"]]
+    grids = [(name, x["tuned"]["retrieval"]["grid"]) for name, x in schemes.items() if x["tuned"]["retrieval"]]
     if grids:
-        heatmaps(plots, grids, L0, "retrieval.png", f"Whole answers retrieved by depth (rows) and length (x L0 = {L0})")
+        distance_plots(plots, grids, L0, results["probe"]["chance"], "retrieval.png",
+                       f"Whole answers by needle-to-query distance, each window length (L0 = {L0}; mean over seeds)")
     inside = [(name, x["tuned"]["attention"]) for name, x in schemes.items() if x["tuned"]["attention"]]
     if inside:
         fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))

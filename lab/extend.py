@@ -1,80 +1,100 @@
-"""Context extension: fine-tune RoPE past its trained length (PI, NTK, YaRN) and ask the papers' questions of loss
-and of retrieval at distance, over seeds, with the verdicts their tests allow.
+"""Context extension: fine-tune RoPE past its trained length (PI, NTK, YaRN, PoSE) until it levels off, and ask the
+papers' questions of loss and of retrieval by distance, over seeds fixed before the run, with the verdicts their
+tests allow.
 
     python lab/extend.py configs/extend_cpu.toml [--key=value ...]
 
-1. Base models: each scheme trained at L0 = block_size for each seed (RoPE at each of `rope_bases`), recall_share
-   of the sequences carrying the associative-recall task (data/recall.py), every scheme of a seed on the same
-   batches. RoPE's base models are trained in stages and probed after each: the learning curve of retrieval.
-2. Fine-tuning: each seed's RoPE model trained on at s*L0 for every s in `factors` and every scaling in `scalings`
-   (`none`: direct fine-tuning at the new length; `linear`: position interpolation, PI; `ntk`; `yarn`) on the
-   same mixture, with factor s and the scaling saved in the run's config (sample.py, evaluation and resume use
-   it). Fine-tuning keeps the tokens per step (batch_size / s sequences), restarts the optimizer (train.py's
-   init_from) and is scored after each of `finetune_steps` (0: the base model with the scaling alone): loss on
-   the fixed validation windows at L0, s*L0 and 2s*L0, and retrieval over the depth x length grid.
-3. Retrieval: one needle at each of `probe_depths` of fixed validation windows of each of `probe_lengths` x L0,
-   its query at the window's end; the effective context window is the longest probed length up to which every
-   length retrieves at least `retrieval_threshold` of the whole answers (the PI paper's Table 4 question).
-4. Claims: the papers' claims as paired tests over seeds (lab/stats.py): a verdict per claim, Holm-corrected over
-   the table; more seeds (`more_seeds`) for the runs of a claim whose p lies between 0.01 and 0.1.
+1. Base models: RoPE (each of `rope_bases`) trained at L0 = block_size for each seed, recall_share of the sequences
+   carrying the associative-recall task (data/recall.py), probed at L0 every `base_check` steps: the learning curve
+   of retrieval by distance and by query slot. A base model trains until every query slot retrieves at least
+   `base_gate` of whole answers (the task learned without the elimination shortcut), max_iters at the most.
+2. Fine-tuning at s x L0 for each s in `factors` and each of `methods`: none (direct fine-tuning at the new
+   length), linear (Position Interpolation, PI), ntk, yarn, and PoSE (L0-long rows whose position ids skip ahead
+   to s x L0, with linear scaling: `pose` at PI's steps and rows, `pose-tokens` at PI's tokens). The tokens per step
+   are kept (batch_size / s rows of s x L0), the optimizer restarts (train.py's init_from), the rate warms up for
+   `finetune_warmup` steps and then stays constant. A fine-tune runs until its L0 loss levels off (fell by less than
+   `plateau_tol` over the last `plateau_span` steps, measured every `finetune_eval` steps), `finetune_max` steps at
+   the most (the PI paper's 1,000); it is scored at each of `finetune_scored` below that and at its plateau: loss at
+   L0, s L0 and 2s L0, and retrieval by distance in windows of 2s L0. Step 0 is the base model with the scaling alone.
+3. Rates: each method and factor fine-tunes the selection seed (`selection_seed`, in no test) at each of
+   `finetune_lrs`, widened by one more rate where the best is at the sweep's edge; its lowest loss at s L0 at the
+   plateau sets the rate of every test seed.
+4. Claims: the papers' claims as paired tests over the test seeds (lab/stats.py), one Holm family for the table.
 
-out_dir receives base/<model>-seed<S>/ and finetune/<base>-<scaling>-x<s>-seed<S>/ (one train.py run each, with
-its evaluations), results.json, results.md and, with matplotlib, the plots. Rerunning the same command resumes.
-`workers` > 1 trains that many runs at a time, each in a process of its own (a fine-tune once its base is done).
-Settings: ExtendConfig (here), GPTConfig and TrainConfig; `python lab/extend.py --help` lists them all.
+out_dir receives base/, sweep/ and finetune/ run folders (one train.py run each, with its evaluations),
+results.json, results.md and, with matplotlib, the plots. Rerunning the same command resumes. Settings:
+ExtendConfig (here, with the probe's and the launcher's), GPTConfig, TrainConfig and BatchConfig; `python
+lab/extend.py --help` lists them all.
 """
 
-import json
-import math
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+import torch
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script, sys.path[0] is lab/
 import config  # noqa: E402
-import positions  # noqa: E402
 import rope  # noqa: E402
 import train  # noqa: E402
 from checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
-from config import opt  # noqa: E402
+from config import NON_NEGATIVE, POSITIVE, RATE, opt  # noqa: E402
+from data.batches import BatchConfig, make_batches  # noqa: E402
 from data.tokenizer import load_meta  # noqa: E402
 from files import RunLock, atomic_write  # noqa: E402
 from lab import extend_report  # noqa: E402
-from lab.grid import (check_same_settings, command, eval_runtime, eval_sets, evaluated, numbers,  # noqa: E402
-                      position_losses, run_jobs, split_list, train_run, train_settings, write_json)
-from lab.retrieval import Probe, ProbeSettings  # noqa: E402
-from data.batches import BatchConfig  # noqa: E402
-from model import GPTConfig  # noqa: E402
+from lab.grid import (LaunchSettings, check_same_settings, command, eval_runtime, eval_sets, evaluated,  # noqa: E402
+                      numbers, position_losses, read_json, run_jobs, split_list, train_run, train_settings, widen,
+                      write_json)
+from lab.retrieval import Probe, ProbeSettings, kmax  # noqa: E402
+from model import GPT, GPTConfig  # noqa: E402
 from runtime import Runtime, run_record  # noqa: E402
+
+MORE_RATES = 2  # rates a sweep may add beyond its edges, where its best keeps landing there
+
+# method -> (the RoPE scaling it fine-tunes with, whether its rows are PoSE's, whether PoSE keeps PI's tokens)
+METHODS = {"none": (rope.NO_SCALING, False, False), "linear": ("linear", False, False), "ntk": ("ntk", False, False),
+           "yarn": ("yarn", False, False), "pose": ("linear", True, False), "pose-tokens": ("linear", True, True)}
 
 
 @dataclass
-class ExtendConfig(ProbeSettings):
-    schemes: str = opt("rope,alibi,sinusoidal,learned,none", "schemes trained at L0 and probed (rope is fine-tuned)")
-    rope_bases: str = opt("200,10000", "RoPE's bases: base models and fine-tunes for each (200 puts L0 = 64 at "
-                                       "LLaMA-2's longest-wavelength-to-context ratio with head size 32)")
-    seeds: int = opt(3, "RoPE's seeds: seed, seed+1, ... (its fine-tunes are what the claims compare)", check=config.POSITIVE)
-    scheme_seeds: int = opt(3, "seeds of the other schemes' base models, which are probed but not tested", check=config.POSITIVE)
-    more_seeds: int = opt(2, "seeds added to the runs of a claim whose p lies between 0.01 and 0.1")
-    scalings: str = opt("none,linear,ntk,yarn", "RoPE scalings to fine-tune with (none: direct fine-tuning)")
+class ExtendConfig(ProbeSettings, LaunchSettings):
+    rope_bases: str = opt("200", "RoPE's bases: base models and fine-tunes for each (200 puts L0 = 64 at LLaMA-2's "
+                                 "longest-wavelength-to-context ratio with head size 32)")
+    seeds: int = opt(3, "test seeds: seed, seed+1, ..., fixed before the run; every claim is tested on them",
+                     check=POSITIVE)
+    selection_seed: int = opt(1000, "the seed whose fine-tunes choose each method's rate; it is in no test",
+                              check=NON_NEGATIVE)
+    methods: str = opt("none,linear,ntk,yarn", "fine-tuning methods: " + ", ".join(METHODS) + " (none: direct "
+                                               "fine-tuning; linear: PI)")
     factors: str = opt("2,4", "extension factors s: fine-tune at s x block_size, comma-separated")
-    base_stages: str = opt("250,500,1000", "steps of the RoPE base models' training at which retrieval is probed "
-                                           "(the learning curve); the last is max_iters")
-    finetune_steps: str = opt("0,50,100,200", "fine-tuning steps scored; the last is the run's length")
-    finetune_lr: float = opt(5e-4, "peak learning rate of fine-tuning (cosine decay to a tenth of it); Muon's, where "
-                                    "it trains, scaled alike from its pre-training peak")
-    finetune_warmup: int = opt(10, "fine-tuning's warmup steps")
-    eval_tokens: int = opt(16384, "validation tokens per length in the loss curves, in fixed windows of that length", check=config.POSITIVE)
-    workers: int = opt(1, "runs trained at a time, each in a process with an equal share of the CPU threads (2 on 2 "
-                          "CPU cores, which one small model's run leaves partly idle; 1 on a GPU)", check=config.POSITIVE)
+    base_check: int = opt(500, "base models are probed at L0 every this many steps (their learning curve)",
+                          check=POSITIVE)
+    base_gate: float = opt(0.9, "a base model stops once every query slot retrieves at least this share of whole "
+                                "answers at L0 (max_iters at the most)", check=config.SHARE)
+    finetune_lrs: str = opt("3e-4,1e-3,3e-3", "fine-tuning peak rates swept on the selection seed (Muon's, where "
+                                              "it trains, scaled alike from its pre-training peak)")
+    finetune_warmup: int = opt(20, "fine-tuning's linear warmup steps (the PI paper's 20); the rate then stays "
+                                   "constant", check=NON_NEGATIVE)
+    finetune_eval: int = opt(50, "a fine-tune's L0 loss is measured every this many steps", check=POSITIVE)
+    plateau_span: int = opt(100, "a fine-tune has levelled off when its L0 loss fell by less than plateau_tol over "
+                                 "the last this many steps", check=POSITIVE)
+    plateau_tol: float = opt(0.01, "see plateau_span (nats)", check=RATE)
+    finetune_max: int = opt(1000, "a fine-tune's most steps (the PI paper fine-tunes 1,000)", check=POSITIVE)
+    finetune_scored: str = opt("0,50,200", "fine-tuning steps scored in full below the plateau, which is too; 0 is "
+                                           "the base model with the scaling alone")
+    early_step: int = opt(50, "the early fine-tuning step the claims are also read at (the PI paper's Table 4 "
+                              "reads k_max at steps from 200)", check=POSITIVE)
+    eval_tokens: int = opt(16384, "validation tokens per length in the loss curves, in fixed windows of that length",
+                           check=POSITIVE)
 
     def __post_init__(self):
-        super().__post_init__()
+        ProbeSettings.__post_init__(self)
         config.validate(self)
-        if not 0 < self.finetune_lr < math.inf or self.finetune_warmup < 0 or self.more_seeds < 0:
-            raise ValueError(f"finetune_lr={self.finetune_lr} must be > 0, finetune_warmup={self.finetune_warmup} "
-                             f">= 0 and more_seeds={self.more_seeds} >= 0")
+        if self.plateau_span % self.finetune_eval or self.finetune_max % self.finetune_eval:
+            raise ValueError(f"plateau_span={self.plateau_span} and finetune_max={self.finetune_max} must be "
+                             f"multiples of finetune_eval={self.finetune_eval}, the steps the L0 loss is measured at")
 
 
 @dataclass
@@ -83,81 +103,84 @@ class Lab:
     ec: ExtendConfig
     gcfg: GPTConfig
     tc: train.TrainConfig
-    schemes: list
-    bases: list
-    scalings: list
-    factors: list
-    stages: list
-    steps: list
-    seeds: list
-    rt: Runtime
     bc: BatchConfig
-    probe: Probe  # the recall probe's windows and depths
+    bases: list
+    methods: list
+    factors: list
+    lrs: list
+    scored: list
+    seeds: list  # the test seeds
+    rt: Runtime
+    meta: dict  # the dataset's
+    probe: Probe  # retrieval at L0 and at each fine-tune's 2s L0
     windows: dict  # {L: Batches holding the fixed validation windows of L tokens}, L in s*L0 multiples
 
     @property
     def out(self):
         return Path(self.tc.out_dir)
 
-    def models(self):
-        """The base models' names: rope-b<base> for each RoPE base, then the other schemes."""
-        return [f"rope-b{b:g}" for b in self.bases] + [s for s in self.schemes if s != "rope"]
+    @property
+    def L0(self):
+        return self.gcfg.block_size
 
-    def base(self, name, seed, max_iters=None):
-        """(out, model config, train config) of a base run (up to max_iters, its stage; default its end)."""
-        scheme, _, b = name.partition("-b")
-        gcfg = replace(self.gcfg.with_scheme(scheme), **({"rope_base": float(b)} if b else {}))
+    def base(self, b, seed, max_iters=None):
+        """(out, model config, train config) of the base run of RoPE base b (up to max_iters, its stage)."""
         tc = replace(self.tc, seed=seed, max_iters=max_iters or self.tc.max_iters, lr_decay_iters=self.tc.max_iters)
-        return self.out / "base" / f"{name}-seed{seed}", gcfg, tc
+        return self.out / "base" / f"rope-b{b:g}-seed{seed}", replace(self.gcfg, rope_base=float(b)), tc
 
-    def finetune(self, b, scaling, s, seed):
-        """(out, model config, train config) of a fine-tuning run of RoPE base b, its whole length."""
-        L0 = self.gcfg.block_size
-        base_out, base_cfg, _ = self.base(f"rope-b{b:g}", seed)
-        gcfg = replace(base_cfg, block_size=round(s * L0), rope_scaling=scaling,
+    def finetune(self, b, method, s, seed, lr, steps=None):
+        """(out, model config, train config, batch config) of a fine-tune of RoPE base b, up to steps (default its
+        ceiling); sweep runs (the selection seed) in sweep/, test runs in finetune/."""
+        scaling, pose, pose_tokens = METHODS[method]
+        base_out, base_cfg, _ = self.base(b, seed)
+        L0 = self.L0
+        gcfg = replace(base_cfg, block_size=L0 if pose else round(s * L0), rope_scaling=scaling,
                        rope_scaling_factor=float(s) if scaling != rope.NO_SCALING else 1.0, original_len=L0)
-        scale = self.ec.finetune_lr / self.tc.learning_rate  # Muon's rate, where it trains, scaled alike
-        tc = replace(self.tc, seed=seed, init_from=str(base_out), learning_rate=self.ec.finetune_lr,
-                     muon_lr=self.tc.muon_lr * scale, min_lr=self.ec.finetune_lr / 10,
-                     warmup_iters=self.ec.finetune_warmup, max_iters=self.steps[-1],
-                     lr_decay_iters=self.steps[-1], eval_interval=self.steps[-1],
-                     batch_size=max(1, round(self.tc.batch_size / s)))
-        return self.out / "finetune" / f"rope-b{b:g}-{scaling}-x{s:g}-seed{seed}", gcfg, tc
+        rows = self.tc.batch_size if pose_tokens else max(1, round(self.tc.batch_size / s))
+        tc = replace(self.tc, seed=seed, init_from=str(base_out), learning_rate=lr, min_lr=lr,
+                     muon_lr=self.tc.muon_lr * lr / self.tc.learning_rate, warmup_iters=self.ec.finetune_warmup,
+                     max_iters=steps or self.ec.finetune_max, lr_decay_iters=None, eval_interval=self.ec.finetune_eval,
+                     batch_size=rows)
+        bc = replace(self.bc, pose_factor=float(s)) if pose else self.bc
+        kind = "sweep" if seed == self.ec.selection_seed else "finetune"
+        return self.out / kind / f"rope-b{b:g}-{method}-x{s:g}-lr{lr:g}-seed{seed}", gcfg, tc, bc
 
 
 def make_lab(ec, gcfg, tc, bc):
     dataset_dir = Path(tc.data_dir) / tc.dataset
     meta = load_meta(dataset_dir)
     gcfg, L0 = replace(gcfg, vocab_size=meta["vocab_size"]), gcfg.block_size
-    schemes = split_list(ec.schemes)
-    for s in schemes:
-        if s not in positions.SCHEMES:
-            raise ValueError(f"schemes: {s!r} is not a positional scheme; choose from {', '.join(positions.SCHEMES)}")
-    if "rope" not in schemes:
-        raise ValueError(f"schemes={ec.schemes!r} lacks rope, the scheme fine-tuning extends")
-    scalings = split_list(ec.scalings)
-    for s in scalings:
-        if s not in rope.SCALINGS:
-            raise ValueError(f"scalings: {s!r} is unknown; choose from {', '.join(rope.SCALINGS)}")
+    if not gcfg.takes("rope_scaling"):
+        raise ValueError(f"pos_emb={gcfg.pos_emb!r}: the lab fine-tunes RoPE with its scalings; use pos_emb=rope")
+    methods = split_list(ec.methods)
+    for m in methods:
+        if m not in METHODS:
+            raise ValueError(f"methods: {m!r} is unknown; choose from {', '.join(METHODS)}")
     if not bc.recall_share:
         raise ValueError("recall_share=0: the lab's retrieval probe needs the task in training; set recall_share, "
-                         "e.g. 0.5")
-    stages = numbers("base_stages", ec.base_stages, int, 1, "250,500,1000")
-    if stages[-1] != tc.max_iters:
-        raise ValueError(f"base_stages={ec.base_stages!r} must end at max_iters={tc.max_iters}")
-    steps = numbers("finetune_steps", ec.finetune_steps, int, 0, "0,50,100,200")
-    if steps[0] != 0 or len(steps) < 2:
-        raise ValueError(f"finetune_steps={ec.finetune_steps!r} must start at 0 (the base model) and go on")
+                         "e.g. 0.75")
+    seeds = [tc.seed + i for i in range(ec.seeds)]
+    if ec.selection_seed in seeds:
+        raise ValueError(f"selection_seed={ec.selection_seed} is one of the test seeds {seeds}; a rate chosen on a "
+                         "seed must not be tested on it")
+    scored = numbers("finetune_scored", ec.finetune_scored, int, 0, "0,50,200")
+    if (scored[0] != 0 or scored[-1] >= ec.finetune_max or ec.early_step not in scored
+            or any(st % ec.finetune_eval for st in scored)):
+        raise ValueError(f"finetune_scored={ec.finetune_scored!r} must start at 0 (the base model), end below "
+                         f"finetune_max={ec.finetune_max}, hold early_step={ec.early_step} and be multiples of "
+                         f"finetune_eval={ec.finetune_eval}")
     factors = numbers("factors", ec.factors, float, 1.0, "2,4")
     rt = eval_runtime(tc)
     per_forward = tc.batch_size * L0
     lengths = sorted({L0} | {round(m * L0) for s in factors for m in (s, 2 * s)})
     windows = eval_sets(dataset_dir, meta, lengths, ec.eval_tokens, per_forward, rt.device)
-    lab = Lab(ec, gcfg, tc, schemes, numbers("rope_bases", ec.rope_bases, float, 1.0, "200,10000"), scalings,
-              factors, stages, steps, [tc.seed + i for i in range(ec.seeds)], rt, bc,
-              Probe(dataset_dir, meta, L0, ec, bc.recall_pairs, per_forward, rt.device), windows)
-    for scaling in scalings:  # a bad setting fails now, not after the base models trained
-        lab.finetune(lab.bases[0], scaling, factors[0], tc.seed)
+    probe = Probe(meta, L0, ec, bc.recall_pairs, per_forward, rt.device,
+                  lengths=[L0] + [round(2 * s * L0) for s in factors])
+    lab = Lab(ec, gcfg, tc, bc, numbers("rope_bases", ec.rope_bases, float, 1.0, "200,10000"), methods, factors,
+              numbers("finetune_lrs", ec.finetune_lrs, float, 1e-12, "3e-4,1e-3,3e-3"), scored, seeds, rt, meta, probe,
+              windows)
+    for method in methods:  # a bad setting fails now, not after the base models trained
+        lab.finetune(lab.bases[0], method, factors[0], tc.seed, lab.lrs[0])
     return lab
 
 
@@ -168,9 +191,32 @@ def load_model(out, rt, **changes):
     return model.reconfigure(**changes) if changes else model
 
 
-def losses(model, lab, lengths):
-    """{L: mean val loss over the fixed windows of L tokens}."""
-    return {str(L): position_losses(model, lab.windows[L], lab.rt).mean().item() for L in lengths}
+def loss_at(model, lab, L):
+    return position_losses(model, lab.windows[L], lab.rt).mean().item()
+
+
+def retrieval(model, lab, W):
+    """{"distance": {k: share}, "kmax": {threshold name: k}} in windows of W tokens."""
+    by_k = lab.probe.by_distance(model, W, lab.rt)
+    return {"distance": by_k, "kmax": {name: kmax(by_k, th) for name, th in extend_report.THRESHOLDS.items()}}
+
+
+def activation_bytes(gcfg, tc, bc, lab):
+    """Bytes autograd saves for backward in one micro-batch of a run's shape: what a longer row costs in memory, the
+    measure PoSE's claim is about (it keeps L0-long rows), the same on any device."""
+    torch.manual_seed(0)
+    model = GPT(replace(gcfg, dropout=0.0)).to(lab.rt.device)
+    batches = make_batches(bc, Path(tc.data_dir) / tc.dataset, lab.meta, gcfg.block_size, tc.batch_size, 0,
+                           lab.rt.device, 1)
+    saved = {}
+
+    def pack(t):
+        saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()  # each storage once
+        return t
+    batch = batches.train(0, 0)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(batch.x, batch.y, position_ids=batch.position_ids)[1].backward()
+    return sum(saved.values())
 
 
 # ----------------------------------------------------------------------------- runs
@@ -178,72 +224,133 @@ def losses(model, lab, lengths):
 def check_settings(out, gcfg, tc, bc):
     """A run folder made with other settings is refused (max_iters aside: runs grow stage by stage)."""
     if (out / "config.json").is_file():
-        saved = json.loads((out / "config.json").read_text())
+        saved = read_json(out / "config.json", delete=out)
         saved["train"]["max_iters"] = tc.max_iters
         check_same_settings(out, train_settings(gcfg, tc, bc), saved)
 
 
-def base_run(lab, name, seed):
-    """Train a base model; RoPE's in stages, probed at L0 after each (the learning curve); then its retrieval
-    grid, RoPE's also with each scaling past L0. (figures, training seconds)."""
-    out, gcfg, tc = lab.base(name, seed)
+def base_run(lab, b, seed):
+    """Train a base model in stages of base_check steps, probed at L0 after each, until every query slot retrieves
+    base_gate of whole answers (max_iters at the most): {"curve": {step: scores}, "steps", "learned", "train_s"}."""
+    out, gcfg, tc = lab.base(b, seed)
     check_settings(out, gcfg, tc, lab.bc)
-    is_rope = name.startswith("rope")
-    curve = {}
-    for stage in lab.stages if is_rope else [tc.max_iters]:
-        _, _, staged = lab.base(name, seed, stage)
-        train_run(name, gcfg, staged, out, lab.bc)
-        if is_rope:  # retrieval at L0 alone
-            curve[str(stage)] = evaluated(out / f"curve{stage}.json", lambda: {str(gcfg.block_size): {
-                str(d): lab.probe.recall.scores(load_model(out, lab.rt), lab.probe.windows[gcfg.block_size], d, lab.rt)
-                for d in lab.probe.depths}})
-    scalings = [rope.NO_SCALING] + [s for s in lab.scalings if s != rope.NO_SCALING and is_rope]
-    probe = evaluated(out / "eval.json", lambda: {"retrieval": {s: lab.probe.grid(load_model(out, lab.rt), lab.rt, s)
-                                                                for s in scalings}})
-    summary = evaluated(out / "summary.json", lambda: train_run(name, gcfg, tc, out, lab.bc))
-    return {"final_val_loss": summary["final_val_loss"], "curve": curve, **probe}, summary["train_s"]
+    curve, learned, stage = {}, False, 0
+    while stage < tc.max_iters and not learned:
+        stage = min(stage + lab.ec.base_check, tc.max_iters)
+        train_run("base", gcfg, lab.base(b, seed, stage)[2], out, lab.bc)
+        curve[str(stage)] = evaluated(out / f"curve{stage}.json", lambda: probed(lab, out, stage))
+        learned = min(curve[str(stage)]["slot"].values()) >= lab.ec.base_gate
+    return {"curve": curve, "steps": stage, "learned": learned, "train_s": trained_seconds(out)}
 
 
-def finetune_run(lab, b, scaling, s, seed):
-    """Fine-tune in stages up to each scored step (a resume is exact, so the stages add up to one run), scoring
-    the loss at L0, s*L0 and 2s*L0 and the retrieval grid after each. ({step: scores}, training seconds)."""
-    out, gcfg, tc = lab.finetune(b, scaling, s, seed)
-    check_settings(out, gcfg, tc, lab.bc)
-    L0 = lab.gcfg.block_size
-    lengths = [L0, round(s * L0), round(2 * s * L0)]
-    base_out = lab.base(f"rope-b{b:g}", seed)[0]
-    scored = {}
-    for step in lab.steps:
-        if step:
-            summary = train_run(f"rope-b{b:g}-{scaling}-x{s:g}", gcfg, replace(tc, max_iters=step), out, lab.bc)
-        # step 0: the base model with the scaling alone
-        where, changes = (out, {}) if step else (base_out, {"rope_scaling": scaling,
-                                                            "rope_scaling_factor": gcfg.rope_scaling_factor})
-        scored[str(step)] = evaluated(out / f"step{step}.json", lambda: scores(lab, load_model(where, lab.rt, **changes),
-                                                                                lengths))
-    return scored, summary["train_s"]  # the clock of a resumed run runs on
+def probed(lab, out, step):
+    """A base model's scores at L0 after step: retrieval by query slot and by distance, and its loss."""
+    model = checked_model(out, lab.rt, step)
+    return {"slot": lab.probe.by_slot(model, lab.L0, lab.rt), **retrieval(model, lab, lab.L0),
+            "loss": loss_at(model, lab, lab.L0)}
 
 
-def scores(lab, model, lengths):
-    return {"loss": losses(model, lab, lengths), "retrieval": lab.probe.grid(model, lab.rt)}
+def checked_model(out, rt, step=None, **changes):
+    """The model of out's checkpoint, at iteration step where given: a figure is never filed under another step."""
+    ckpt = load_checkpoint(out / "ckpt.pt", rt.device)
+    assert step is None or ckpt["iter"] == step, f"{out / 'ckpt.pt'} is at iteration {ckpt['iter']}, not {step}"
+    model = model_from_checkpoint(ckpt, rt.device).eval()
+    return model.reconfigure(**changes) if changes else model
+
+
+def trained_seconds(out):
+    """The training seconds of a run folder, from its checkpoint (a resumed run's clock runs on)."""
+    return load_checkpoint(out / "ckpt.pt")["elapsed_s"]
+
+
+def finetune_run(lab, b, method, s, seed, lr):
+    """Fine-tune in stages of finetune_eval steps (a resume is exact, so the stages add up to one run) until the L0
+    loss levels off or finetune_max, scored at step 0 (the base model with the scaling alone), at each of
+    finetune_scored it passes, and at its plateau: {"l0_curve": {step: loss}, "plateau", "scores": {step: ...}}."""
+    out, gcfg, tc, bc = lab.finetune(b, method, s, seed, lr)
+    check_settings(out, gcfg, tc, bc)
+    base_out, L0, ec = lab.base(b, seed)[0], lab.L0, lab.ec
+    lengths, W = [L0, round(s * L0), round(2 * s * L0)], round(2 * s * L0)
+
+    def scores(where, step=None, **changes):
+        model = checked_model(where, lab.rt, step, **changes)
+        return {"loss": {str(L): loss_at(model, lab, L) for L in lengths}, "retrieval": retrieval(model, lab, W)}
+    scaled = {"rope_scaling": gcfg.rope_scaling, "rope_scaling_factor": gcfg.rope_scaling_factor}
+    done = {"0": evaluated(out / "step0.json", lambda: scores(base_out, **scaled))}
+    l0_curve, step = {"0": done["0"]["loss"][str(L0)]}, 0
+    while step < ec.finetune_max and not plateaued(l0_curve, ec):
+        step += ec.finetune_eval
+        train_run(method, gcfg, replace(tc, max_iters=step), out, bc)
+        l0_curve[str(step)] = evaluated(out / f"l0-{step}.json", lambda: {
+            "loss": loss_at(checked_model(out, lab.rt, step), lab, L0)})["loss"]
+        if step in lab.scored:
+            done[str(step)] = evaluated(out / f"step{step}.json", lambda: scores(out, step))
+    if str(step) not in done:  # the plateau
+        done[str(step)] = evaluated(out / f"step{step}.json", lambda: scores(out, step))
+    return {"l0_curve": l0_curve, "plateau": step, "scores": done, "lr": lr, "train_s": trained_seconds(out),
+            "tokens": step * tc.batch_size * gcfg.block_size}
+
+
+def plateaued(l0_curve, ec):
+    """Whether the L0 loss fell by less than plateau_tol over the last plateau_span steps."""
+    last = max(map(int, l0_curve))
+    return last >= ec.plateau_span and l0_curve[str(last - ec.plateau_span)] - l0_curve[str(last)] < ec.plateau_tol
+
+
+# ----------------------------------------------------------------------------- the lab's jobs
+
+def job_folder(lab, job):
+    return lab.base(*job[1:])[0] if job[0] == "base" else lab.finetune(*job[1:])[0]
+
+
+def run_job(lab, job):
+    """The figures of one run, ("base", b, seed) or ("finetune", b, method, s, seed, lr), kept in its folder's
+    result.json once it is complete, so a rerun reads them."""
+    work = (lambda: base_run(lab, *job[1:])) if job[0] == "base" else lambda: finetune_run(lab, *job[1:])
+    return evaluated(job_folder(lab, job) / "result.json", work)
+
+
+def needs(job):
+    """The base run a fine-tune starts from; None for a base run."""
+    return ("base", job[1], job[4]) if job[0] == "finetune" else None
+
+
+def label(job):
+    if job[0] == "base":
+        return f"rope-b{job[1]:g} seed {job[2]}"
+    _, b, method, s, seed, lr = job
+    return f"rope-b{b:g} {method} x{s:g} lr {lr:g} seed {seed}"
 
 
 def run_lab(lab):
     t0 = time.perf_counter()
+    sel, rebuild = lab.ec.selection_seed, (make_lab, (lab.ec, lab.gcfg, lab.tc, lab.bc))
+
+    def launch(jobs, done):  # the jobs not done yet; a need met in an earlier launch waits for nothing
+        todo = [j for j in jobs if j not in done]
+        return done | run_jobs(todo, run_job, lab, rebuild, lab.ec,
+                               needs=lambda j: None if needs(j) in done else needs(j), label=label, desc="extend",
+                               pending=lambda j: not (job_folder(lab, j) / "result.json").is_file(),
+                               progress=lab.tc.progress)
     with RunLock(lab.out, "context-extension lab"):
-        seeds = {"base": list(lab.seeds), "finetune": list(lab.seeds)}
-        while True:
-            done, train_s = run_all(lab, seeds)
-            results = extend_report.lab_results(lab, done, seeds) | {"train_s": train_s}
-            flagged = [c for c in results["claims"] if c["more_seeds"]]
-            if not flagged or len(seeds["finetune"]) >= len(lab.seeds) + lab.ec.more_seeds:
-                break
-            # a p between 0.01 and 0.1 on the seeds run so far: more seeds for the RoPE runs the claims compare
-            extra = [lab.seeds[-1] + i for i in range(1, lab.ec.more_seeds + 1)]
-            print(f"{len(flagged)} claim(s) with p in [0.01, 0.1]: adding seeds {', '.join(map(str, extra))}")
-            seeds = {k: v + extra for k, v in seeds.items()}
-        results |= {"settings": {"extend": asdict(lab.ec), **train_settings(lab.gcfg, lab.tc, lab.bc)},
-                    "device": lab.rt.device, "environment": run_record()}
+        arms = [(b, m, s) for b in lab.bases for s in lab.factors for m in lab.methods]
+        sweeps = {arm: list(lab.lrs) for arm in arms}
+        # the selection seed's bases first, then its sweeps as each base is done, the test bases meanwhile
+        done = launch([("base", b, sel) for b in lab.bases]
+                      + [("finetune", *a, sel, lr) for a in arms for lr in sweeps[a]]
+                      + [("base", b, seed) for b in lab.bases for seed in lab.seeds], {})
+        most = len(lab.lrs) + MORE_RATES
+        while more := {a: lr for a in arms if (lr := widen(sweeps[a], chosen(done, a, sel, sweeps[a], lab), most))}:
+            for a, lr in more.items():  # a best rate at the sweep's edge: one more rate beyond it
+                sweeps[a] = sorted(sweeps[a] + [lr])
+            done = launch([("finetune", *a, sel, lr) for a, lr in more.items()], done)
+        rates = {a: chosen(done, a, sel, sweeps[a], lab) for a in arms}
+        done = launch([("finetune", *a, seed, rates[a]) for a in arms for seed in lab.seeds], done)
+        memory = {f"{m} x{s:g}": activation_bytes(*lab.finetune(lab.bases[0], m, s, sel, lab.lrs[0])[1:], lab)
+                  for s in lab.factors for m in lab.methods}
+        results = extend_report.lab_results(lab, done, sweeps, rates) | {
+            "memory": memory, "settings": {"extend": asdict(lab.ec), **train_settings(lab.gcfg, lab.tc, lab.bc)},
+            "device": lab.rt.device, "environment": run_record()}
         plots = extend_report.write_plots(results, lab.out)
         results["wall_s"] = time.perf_counter() - t0
         write_json(lab.out / "results.json", results)
@@ -251,33 +358,14 @@ def run_lab(lab):
     print(f"results: {lab.out / 'results.md'}, results.json" + "".join(f", {f}" for f, _ in plots.written))
 
 
-def run_all(lab, seeds):
-    """({(kind, name, s, seed): figures} of every run, the training seconds they took): base models (other schemes
-    on the first seeds only), then the fine-tunes, each after its base model."""
-    jobs = [("base", name, None, seed) for seed in seeds["base"] for name in lab.models()
-            if name.startswith("rope") or seed in lab.seeds[:lab.ec.scheme_seeds]]
-    jobs += [("finetune", (b, sc), s, seed) for seed in seeds["finetune"] for b in lab.bases for s in lab.factors
-             for sc in lab.scalings]
-    done = run_jobs(jobs, run_job, lab, (make_lab, (lab.ec, lab.gcfg, lab.tc, lab.bc)), lab.ec.workers, needs=base_of,
-                    label=job_label, desc="extend", progress=lab.tc.progress)
-    return {job: figures for job, (figures, _) in done.items()}, sum(train_s for _, train_s in done.values())
+def chosen(done, arm, seed, lrs, lab):
+    """The rate of arm's sweep (on the selection seed) with the lowest loss at s L0 at its plateau."""
+    at = str(round(arm[2] * lab.L0))
 
-
-def run_job(lab, job):
-    """(figures, training seconds) of one run."""
-    kind, name, s, seed = job
-    return base_run(lab, name, seed) if kind == "base" else finetune_run(lab, *name, s, seed)
-
-
-def base_of(job):
-    """The base run a fine-tune starts from; None for a base run."""
-    kind, name, _, seed = job
-    return ("base", f"rope-b{name[0]:g}", None, seed) if kind == "finetune" else None
-
-
-def job_label(job):
-    kind, name, s, seed = job
-    return f"{name} seed {seed}" if kind == "base" else f"rope-b{name[0]:g} {name[1]} x{s:g} seed {seed}"
+    def plateau_loss(lr):
+        run = done["finetune", *arm, seed, lr]
+        return run["scores"][str(run["plateau"])]["loss"][at]
+    return min(lrs, key=plateau_loss)
 
 
 def main(argv=None):

@@ -2,71 +2,74 @@
 (lab/extend.py). Statistics are lab/stats.py's, output formats lab/report.py's; this module knows nothing of
 training."""
 
-import math
+from lab.report import Plots, dress, md_regime, md_table, pm, regime_rows
+from lab.retrieval import THRESHOLDS, distance_plots
+from lab.stats import detectable, mean_std, verdicts
 
-from lab.report import Plots, dress, md_table, pm
-from lab.retrieval import at_length, grid_mean, heatmaps, window
-from lab.stats import mean_std, verdicts
-from rope import NO_SCALING
-
-DIRECT = NO_SCALING  # direct fine-tuning: at the new length with no scaling
-SAME_MARGIN = 0.05  # nats: PI's cost at L0 "small", as the claim states it, against direct fine-tuning
-
-
-def key(b, scaling, s):
-    return f"rope-b{b:g}-{scaling}-x{s:g}"
+PLATEAU = "plateau"  # the step key of each run's own plateau
+# nats: a "same" claim's margin, the largest change of loss at the original window the PI paper reports: Table 2,
+# Proof-pile, 7B extended to 32,768, perplexity 2.77 -> 2.82 at 2,048 tokens (ln 2.82/2.77 = 0.018)
+SAME_MARGIN = 0.02
 
 
-def regime(b, head_dim, L0):
-    """RoPE's longest wavelength 2 pi b^((d-2)/d) against the trained context, and the pairs that turn less than
-    once within it: the dimensionless ratios a small model must match to stand in for a large one."""
-    longest = 2 * math.pi * b ** ((head_dim - 2) / head_dim)
-    slow = sum(2 * math.pi * b ** (2 * i / head_dim) > L0 for i in range(head_dim // 2))
-    return {"base": b, "longest_wavelength": longest, "ratio_to_L0": longest / L0, "slow_pairs": slow,
-            "pairs": head_dim // 2}
+def key(b, method, s):
+    return f"rope-b{b:g}-{method}-x{s:g}"
 
 
-def lab_results(lab, done, seeds):
-    """results.json's figures and claims; done maps (kind, name, s, seed) to that run's figures."""
-    L0, th = lab.gcfg.block_size, lab.ec.retrieval_threshold
-    base = {}
-    for name in lab.models():
-        runs = [done["base", name, None, seed] for seed in (seeds["base"] if name.startswith("rope")
-                                                              else lab.seeds[:lab.ec.scheme_seeds])]
-        base[name] = {"final_val_loss": mean_std(r["final_val_loss"] for r in runs),
-                      "curve": {st: grid_mean([r["curve"][st] for r in runs]) for st in runs[0]["curve"]},
-                      "retrieval": {sc: grid_mean([r["retrieval"][sc] for r in runs]) for sc in runs[0]["retrieval"]}}
+def lab_results(lab, done, sweeps, rates):
+    """results.json's figures and claims; done maps each job (lab/extend.py's) to that run's figures."""
+    L0, sel = lab.L0, lab.ec.selection_seed
+    base = {f"rope-b{b:g}": {str(seed): done["base", b, seed] for seed in [sel, *lab.seeds]} for b in lab.bases}
     finetune = {}
     for b in lab.bases:
         for s in lab.factors:
-            for sc in lab.scalings:
-                runs = [done["finetune", (b, sc), s, seed] for seed in seeds["finetune"]]
-                finetune[key(b, sc, s)] = {
-                    "base": b, "scaling": sc, "factor": s,
-                    "loss": {st: {L: mean_std(r[st]["loss"][L] for r in runs) for L in runs[0][st]["loss"]}
-                             for st in runs[0]},
-                    "window": {st: mean_std(window(r[st]["retrieval"], th, L0) for r in runs) for st in runs[0]},
-                    "retrieval": {st: grid_mean([r[st]["retrieval"] for r in runs]) for st in runs[0]}}
-    results = {"block_size": L0, "seeds": seeds, "steps": lab.steps, "factors": lab.factors, "bases": lab.bases,
-               "scalings": lab.scalings, "stages": lab.stages, "depths": lab.probe.depths, "threshold": th,
-               "regime": [regime(b, lab.gcfg.head_dim, L0) for b in lab.bases], "base": base, "finetune": finetune}
+            for m in lab.methods:
+                arm, at = (b, m, s), str(round(s * L0))
+                runs = {str(seed): done["finetune", *arm, seed, rates[arm]] for seed in lab.seeds}
+                sweep = {f"{lr:g}": value(done["finetune", *arm, sel, lr], PLATEAU, "loss", at) for lr in sweeps[arm]}
+                finetune[key(*arm)] = {"base": b, "method": m, "factor": s, "lr": rates[arm], "sweep": sweep,
+                                       "runs": runs, "by_step": by_step(runs, lab.scored, s, L0)}
+    results = {"block_size": L0, "seeds": lab.seeds, "selection_seed": sel, "bases": lab.bases, "factors": lab.factors,
+               "methods": lab.methods, "scored": lab.scored, "early_step": lab.ec.early_step,
+               "thresholds": THRESHOLDS, "chance": lab.probe.chance,
+               "false_pass": {name: lab.probe.false_pass(th) for name, th in THRESHOLDS.items()},
+               "elimination": lab.probe.elimination, "base_gate": lab.ec.base_gate,
+               "regime": regime_rows([(f"this config (base {b:g})", lab.gcfg.head_dim, b, L0) for b in lab.bases]),
+               "base": base, "finetune": finetune, "train_s": sum(r["train_s"] for r in done.values())}
     results["claims"] = verdicts(claims(results))
+    family = results["claims"][0]["family"] if results["claims"] else 0
+    for c in results["claims"]:
+        c["detectable"] = detectable(c["diffs"], family)
     return results
+
+
+def value(run, step, what, name):
+    """A run's figure at a fine-tuning step (PLATEAU: its own plateau; a step past it: the plateau's, where it had
+    levelled off): its loss at a length ("loss", "128"), or its k_max at a threshold ("kmax", "pi")."""
+    step = run["plateau"] if step == PLATEAU or int(step) > run["plateau"] else int(step)
+    scores = run["scores"][str(step)]
+    return scores["loss"][name] if what == "loss" else scores["retrieval"]["kmax"][name]
+
+
+def by_step(runs, scored, s, L0):
+    """{step: {"loss": {L: mean_std}, "kmax": {threshold: mean_std}}} over the seeds at each scored step and the
+    plateau (a seed that levelled off before a step counts with its plateau's figures)."""
+    lengths = [str(L) for L in (L0, round(s * L0), round(2 * s * L0))]
+    return {str(st): {"loss": {L: mean_std(value(r, st, "loss", L) for r in runs.values()) for L in lengths},
+                      "kmax": {n: mean_std(value(r, st, "kmax", n) for r in runs.values()) for n in THRESHOLDS}}
+            for st in [*scored, PLATEAU]}
 
 
 # ----------------------------------------------------------------------------- the papers' claims at this scale
 
 def claims(r):
-    """The papers' claims for every base and factor, each as per-seed differences A - B with the side expected:
-    stats.verdicts judges them together. A claim whose scalings the lab did not run is left out."""
-    L0, steps, out = r["block_size"], r["steps"], []
-    first, last = str(steps[1]), str(steps[-1])
+    """The papers' claims for every base and factor, each as per-seed differences A - B with the side expected;
+    stats.verdicts judges them together. A claim whose methods the lab did not run is left out."""
+    L0, early, out = r["block_size"], str(r["early_step"]), []
 
-    def values(b, sc, s, what, st, L=None):
-        run = r["finetune"].get(key(b, sc, s))
-        if run is None:
-            return None
-        return (run["loss"][st][L] if what == "loss" else run["window"][st])["values"]
+    def values(b, m, s, step, what, name):
+        arm = r["finetune"].get(key(b, m, s))
+        return None if arm is None else [value(run, step, what, name) for run in arm["runs"].values()]
 
     def claim(text, a, b, expect, margin=None):
         if a is not None and b is not None:
@@ -75,84 +78,121 @@ def claims(r):
     for b in r["bases"]:
         for s in r["factors"]:
             near, far, at = str(round(s * L0)), str(round(2 * s * L0)), f"(base {b:g}, s = {s:g})"
-            for other, name in (("ntk", "NTK"), ("yarn", "YaRN")):
+
+            def loss(m, step, L=near):
+                return values(b, m, s, step, "loss", L)
+
+            def k(m, step):
+                return values(b, m, s, step, "kmax", "pi")
+            for m, name in (("ntk", "NTK"), ("yarn", "YaRN")):
                 claim(f"(a) without fine-tuning, {name} has a lower loss than PI at {near} tokens {at}",
-                      values(b, other, s, "loss", "0", near), values(b, "linear", s, "loss", "0", near), "lower")
-            claim(f"(b) after {last} steps, PI has a lower loss than direct fine-tuning at {near} tokens {at}",
-                  values(b, "linear", s, "loss", last, near), values(b, DIRECT, s, "loss", last, near), "lower")
-            claim(f"(c) after {first} steps, YaRN has a lower loss than PI at {near} tokens (it needs fewer steps) "
-                  f"{at}", values(b, "yarn", s, "loss", first, near), values(b, "linear", s, "loss", first, near),
-                  "lower")
-            claim(f"(d) fine-tuned at {near}, YaRN holds a lower loss than PI at {far} tokens {at}",
-                  values(b, "yarn", s, "loss", last, far), values(b, "linear", s, "loss", last, far), "lower")
-            claim(f"(e) PI's loss at L0 = {L0} is within {SAME_MARGIN} of direct fine-tuning's after {last} steps "
-                  f"{at}", values(b, "linear", s, "loss", last, str(L0)), values(b, DIRECT, s, "loss", last, str(L0)),
-                  "same", SAME_MARGIN)
-            claim(f"(f) after {first} steps, PI's effective window is longer than direct fine-tuning's {at}",
-                  values(b, "linear", s, "window", first), values(b, DIRECT, s, "window", first), "higher")
-            claim(f"(g) after {last} steps, YaRN's effective window is longer than PI's {at}",
-                  values(b, "yarn", s, "window", last), values(b, "linear", s, "window", last), "higher")
+                      loss(m, "0"), loss("linear", "0"), "lower")
+            claim(f"(b) at the plateau, PI has a lower loss than direct fine-tuning at {near} tokens {at}",
+                  loss("linear", PLATEAU), loss("none", PLATEAU), "lower")
+            claim(f"(c) after {early} steps, YaRN has a lower loss than PI at {near} tokens {at}",
+                  loss("yarn", early), loss("linear", early), "lower")
+            claim(f"(d) at the plateau, YaRN has a lower loss than PI at {far} tokens, past the fine-tuned length {at}",
+                  loss("yarn", PLATEAU, far), loss("linear", PLATEAU, far), "lower")
+            # direct fine-tuning is the control: at this scale more steps on the same text still lower the loss at L0
+            claim(f"(e) at the plateau, PI's loss at L0 = {L0} is within {SAME_MARGIN} nats of direct fine-tuning's {at}",
+                  loss("linear", PLATEAU, str(L0)), loss("none", PLATEAU, str(L0)), "same", SAME_MARGIN)
+            for step, when in ((early, f"after {early} steps"), (PLATEAU, "at the plateau")):
+                claim(f"({'f' if step == early else 'g'}) {when}, PI's k_max at 20% is longer than direct "
+                      f"fine-tuning's {at}", k("linear", step), k("none", step), "higher")
+            claim(f"(h) at the plateau, YaRN's k_max at 20% in {far}-token windows is longer than PI's {at}",
+                  k("yarn", PLATEAU), k("linear", PLATEAU), "higher")
+            for m, how in (("pose", "at PI's steps and rows"), ("pose-tokens", "at PI's tokens")):
+                claim(f"(i) at the plateau, PoSE {how} has a loss at {near} tokens within {SAME_MARGIN} nats of PI's "
+                      f"{at}", loss(m, PLATEAU), loss("linear", PLATEAU), "same", SAME_MARGIN)
     return out
 
 
 # ----------------------------------------------------------------------------- results.md
 
-def answer(by_depth):
-    """'mean over depths / worst depth' of whole answers, in %; N/A past a scheme's reach."""
-    if by_depth is None:
-        return "N/A"
-    return f"{100 * at_length(by_depth):.0f} / {100 * min(d['answer'] for d in by_depth.values()):.0f}"
-
-
 def markdown(r, plots):
-    L0, steps, th = r["block_size"], r["steps"], r["threshold"]
-    ec = r["settings"]["extend"]
-    others = f" (the other schemes: the first {ec['scheme_seeds']})" if any(
-        not m.startswith("rope") for m in r["base"]) else ""
-    parts = [f"# Context extension\n\nTrained at L0 = {L0} tokens; seeds {', '.join(map(str, r['seeds']['finetune']))} "
-             f"for RoPE{others}; mean ± std over seeds. Compute: {r['train_s'] / 60:.1f} min training summed over "
-             f"the runs ({ec['workers']} at a time), evaluation besides; this command's wall time "
-             f"{r['wall_s'] / 60:.1f} min (runs finished earlier are reused). Device "
-             f"{r['device']} ({r['settings']['train']['dtype']}), torch {r['environment']['torch']}, code "
-             f"{r['environment']['code_version']}."]
-    parts.append("## The regime: RoPE's wavelengths against the context\n\nA small model stands in for a large one "
-                 "only with the dimensionless ratios matched. LLaMA-2 (head size 128, base 10,000, L0 = 4,096): "
-                 "longest wavelength / L0 ≈ 13.\n\n" + md_table(
-                     ["RoPE base", "longest wavelength (tokens)", "ratio to L0", "pairs turning less than once in L0"],
-                     [[f"{g['base']:g}", f"{g['longest_wavelength']:,.0f}", f"{g['ratio_to_L0']:.1f}",
-                       f"{g['slow_pairs']} of {g['pairs']}"] for g in r["regime"]]))
-    depths = r["depths"]
-    rows = [[name, st, *(pct(x["curve"][st][str(L0)][str(d)]["answer"]) for d in depths),
-             pct(min(x["curve"][st][str(L0)][str(d)]["first"] for d in depths))]
-            for name, x in r["base"].items() for st in x["curve"]]
-    parts.append(f"## Retrieval is learned first: RoPE at L0 during training\n\nWhole answers retrieved at L0 = {L0} "
-                 f"by the needle's depth (0: the window's start), and the worst depth's first answer token "
-                 f"chance-corrected ((accuracy - 1/26) / (1 - 1/26)); mean over seeds.\n\n"
-                 + md_table(["model", "step", *(f"depth {d:g}" for d in depths), "first token, worst depth"], rows,
-                            text_columns=2))
-    widths = sorted({W for x in r["base"].values() for W in x["retrieval"][NO_SCALING]}, key=int)
-    rows = [[name, sc, pm(x["final_val_loss"]) if sc == NO_SCALING else "", *(answer(g.get(W)) if W in g else "—"
-                                                                        for W in widths)]
-            for name, x in r["base"].items() for sc, g in x["retrieval"].items()]
-    parts.append("## Base models: loss at L0 and retrieval by length\n\nWhole answers retrieved, mean over depths / "
-                 "the worst depth (%), mean over seeds; RoPE also with each scaling by the factor W/L0 past L0 "
-                 "(—: at or below L0 it would be 1). N/A: learned positions stop at L0.\n\n"
-                 + md_table(["model", "scaling", "val loss at L0", *(f"{W} ({int(W) / L0:g}x)" for W in widths)], rows,
-                            text_columns=2))
-    rows = [[f"{x['base']:g}", f"{x['factor']:g}", x["scaling"], *(pm(x["window"][str(st)], ".0f") for st in steps)]
-            for x in r["finetune"].values()]
-    parts.append(f"## The effective context window against fine-tuning steps\n\nThe longest probed length up to which "
-                 f"every length from L0 = {L0} retrieves at least {th:.0%} of whole answers (mean over depths; 0: not "
-                 f"even L0), mean ± std over seeds; the PI paper's Table 4 question. Shorter windows are in the "
-                 f"heatmaps.\n\n"
-                 + md_table(["base", "s", "scaling", *(f"step {st}" for st in steps)], rows, text_columns=3))
-    rows = [[f"{x['base']:g}", f"{x['factor']:g}", x["scaling"], L, *(pm(x["loss"][str(st)][L], ".3f") for st in steps)]
-            for x in r["finetune"].values() for L in x["loss"][str(steps[-1])]]
-    parts.append("## Fine-tuning: val loss against steps at L0, s L0 and 2s L0\n\n"
-                 + md_table(["base", "s", "scaling", "length", *(f"step {st}" for st in steps)], rows, text_columns=4))
-    parts.append(md_claims(r["claims"]))
-    parts.append(plots.section())
+    L0, ex = r["block_size"], r["settings"]["extend"]
+    parts = [f"# Context extension\n\nRoPE trained at L0 = {L0} tokens; test seeds {', '.join(map(str, r['seeds']))}, "
+             f"fixed before the run; rates chosen on seed {r['selection_seed']}, in no test. Mean ± std over the test "
+             f"seeds. Compute: {r['train_s'] / 60:.1f} min of training summed over the runs ({ex['workers']} at a "
+             f"time), evaluation besides; this command's wall time {r['wall_s'] / 60:.1f} min (runs finished earlier "
+             f"are reused). Device {r['device']} ({r['settings']['train']['dtype']}), torch "
+             f"{r['environment']['torch']}, code {r['environment']['code_version']}.",
+             md_regime(r["regime"]), md_probe(r), md_base(r), md_rates(r), md_plateaus(r, ex), md_kmax(r), md_loss(r),
+             md_claims(r["claims"]), plots.section()]
     return "\n\n".join(parts) + "\n"
+
+
+def md_probe(r):
+    return (f"## The probe\n\nWhole answers (both capitals of the asked needle's answer, the argmax given the tokens "
+            f"before) to one query at the end of a window, its needle k tokens before it, among "
+            f"{round(1 / r['chance'])} needles: a model that copies some needle without reading the key scores "
+            f"{r['chance']:.0%} (chance). k_max is the PI paper's effective window (section 3.3): the "
+            f"largest k such that every probed distance up to k is answered in at least 20% of trials, and beside it "
+            f"our stricter 90%. With {r['settings']['extend']['probe_trials']} trials a distance, a model at chance "
+            f"passes 20% at one distance with probability {r['false_pass']['pi']:.1%}.")
+
+
+def md_base(r):
+    L0, gate, rows = r["block_size"], r["base_gate"], []
+    for name, seeds in r["base"].items():
+        for seed, run in seeds.items():
+            for st, c in run["curve"].items():
+                rows.append([name, seed + (" (selection)" if int(seed) == r["selection_seed"] else ""), st,
+                             pct(min(c["slot"].values())), pct(max(c["slot"].values())), c["kmax"]["pi"],
+                             c["kmax"]["strict"], f"{c['loss']:.3f}"])
+    elim = ", ".join(f"{pct(v)}" for v in r["elimination"].values())
+    return (f"## Retrieval is learned first: the base models at L0\n\nEach base model trains until every query slot "
+            f"retrieves {gate:.0%} of whole answers at L0 = {L0} (probed after each stage). The slot probe queries every "
+            f"needle once in a random order, earlier answers shown: elimination would score {elim} at slots 1 to "
+            f"{len(r['elimination'])}, a model that reads the key the same at every slot.\n\n"
+            + md_table(["model", "seed", "step", "worst slot", "best slot", "k_max 20%", "k_max 90%", "val loss at L0"],
+                       rows, text_columns=2))
+
+
+def md_rates(r):
+    rows = [[f"{x['base']:g}", f"{x['factor']:g}", x["method"],
+             ", ".join(f"{lr}: {loss:.4f}" for lr, loss in x["sweep"].items()), f"{x['lr']:g}"]
+            for x in r["finetune"].values()]
+    return (f"## Fine-tuning rates, chosen on seed {r['selection_seed']}\n\nLoss at s L0 at the plateau of the selection "
+            f"seed's fine-tune at each rate (the sweep widened where its best lay at an edge); the lowest sets every "
+            f"test seed's rate.\n\n" + md_table(["base", "s", "method", "rate: loss at s L0", "chosen"], rows,
+                                                 text_columns=4))
+
+
+def md_plateaus(r, ex):
+    rows = []
+    for k, x in r["finetune"].items():
+        runs = x["runs"].values()
+        memory = r["memory"][f"{x['method']} x{x['factor']:g}"]
+        rows.append([f"{x['factor']:g}", x["method"], pm(mean_std(run["plateau"] for run in runs), ".0f"),
+                     f"{sum(run['tokens'] for run in runs) / len(runs):,.0f}",
+                     pm(mean_std(run["train_s"] for run in runs), ".0f"), f"{memory / 2 ** 20:.1f}"])
+    return (f"## Fine-tuning to the plateau\n\nA fine-tune stops when its loss at L0 fell by less than "
+            f"{ex['plateau_tol']} nats over the last {ex['plateau_span']} steps (measured every {ex['finetune_eval']}), "
+            f"{ex['finetune_max']} steps at the most (the PI paper's 1,000); the rate warms up over "
+            f"{ex['finetune_warmup']} steps and stays constant (the PI paper states a 20-step warmup and no schedule "
+            f"after it). Memory: the bytes autograd saves for backward in one micro-batch of the run's shape.\n\n"
+            + md_table(["s", "method", "plateau step", "tokens", "training seconds", "activation MiB"], rows,
+                       text_columns=2))
+
+
+def md_kmax(r):
+    steps = [*map(str, r["scored"]), PLATEAU]
+    rows = [[f"{x['factor']:g}", x["method"], round(x["factor"] * r["block_size"]),
+             *(f"{pm(x['by_step'][st]['kmax']['pi'], '.0f')} / {pm(x['by_step'][st]['kmax']['strict'], '.0f')}"
+               for st in steps)] for x in r["finetune"].values()]
+    return ("## The effective window k_max against fine-tuning steps\n\nk_max at 20% (PI's) / at 90% (ours), in "
+            "tokens, in windows of 2s L0, mean ± std over the test seeds; the target s L0 beside (a seed past its "
+            "plateau counts with its plateau's figures).\n\n"
+            + md_table(["s", "method", "s L0", *(f"step {st}" for st in steps)], rows, text_columns=2))
+
+
+def md_loss(r):
+    steps = [*map(str, r["scored"]), PLATEAU]
+    rows = [[f"{x['factor']:g}", x["method"], L, *(pm(x["by_step"][st]["loss"][L], ".3f") for st in steps)]
+            for x in r["finetune"].values() for L in x["by_step"][PLATEAU]["loss"]]
+    return ("## Fine-tuning: val loss against steps at L0, s L0 and 2s L0\n\n"
+            + md_table(["s", "method", "length", *(f"step {st}" for st in steps)], rows, text_columns=3))
 
 
 def pct(x):
@@ -165,45 +205,68 @@ def md_claims(claims):
         t = c["test"]
         ci = "—" if t["ci"] is None else f"[{t['ci'][0]:+.3f}, {t['ci'][1]:+.3f}]"
         p = "—" if t["p"] is None else f"{t['p']:.2g}"
-        holm = "—" if c["p_holm"] is None else f"{c['p_holm']:.2g}"
-        eq = "" if c["equivalence_p_holm"] is None else f"; within ±{c['margin']}: p (Holm) {c['equivalence_p_holm']:.2g}"
-        rows.append([c["claim"], f"{t['mean']:+.3f}", ci, p, holm + eq, f"**{c['verdict']}**", len(c["diffs"])])
-    return ("## The papers' claims at this scale\n\nEach claim as per-seed differences A − B (loss in nats, windows in "
-            "tokens): their mean, 95% CI, the paired t-test's p, and p Holm-adjusted over every test of the table; "
-            "\"holds\" and \"does not hold\" need p (Holm) < 0.05 on a side, \"inconclusive\" is neither, and \"same\" "
-            "claims are judged by an equivalence test within the stated margin.\n\n"
-            + md_table(["claim", "mean A − B", "95% CI", "p", "p (Holm)", "verdict", "seeds"], rows, text_columns=1))
+        holm = c["equivalence_p_holm"] if c["expect"] == "same" else c["p_holm"]
+        settled = "none" if c["detectable"] is None else f"{c['detectable']:.3g}"
+        rows.append([c["claim"], f"{t['mean']:+.3f}", ci, t["test"] or "—", p, "—" if holm is None else f"{holm:.2g}",
+                     f"**{c['verdict']}**", len(c["diffs"]), settled])
+    family = claims[0]["family"] if claims else 0
+    return ("## The papers' claims at this scale\n\nEach claim as per-seed differences A − B (loss in nats, k_max in "
+            "tokens): their mean, the 95% CI (unadjusted), the test (the paired t-test; the exact sign test where every "
+            "seed gives the same difference, where t is undefined) and its p, and p Holm-adjusted over one family of "
+            f"{family} tests: each directional claim's difference test and each \"same\" claim's equivalence test "
+            f"(two one-sided tests within ±{SAME_MARGIN} nats; its p is the one shown). \"holds\" needs p (Holm) < 0.05 "
+            "on the expected side, \"does not hold\" on the other; a \"same\" claim holds when equivalence is shown, "
+            "else it is inconclusive. The last column is the smallest mean difference these seeds could settle given "
+            "the spread seen (none: an exact test on this many seeds cannot reach Holm's first threshold).\n\n"
+            + md_table(["claim", "mean A − B", "95% CI (unadjusted)", "test", "p", "p (Holm)", "verdict", "seeds",
+                        "smallest settled"], rows, text_columns=1))
 
 
 # ----------------------------------------------------------------------------- plots
 
 def write_plots(r, out):
-    """The PNG plots in out (report.Plots: none without matplotlib): retrieval heatmaps (depth x length) of the
-    base models and the fine-tuned ones, the effective window and the loss against fine-tuning steps."""
+    """The PNG plots in out (report.Plots: none without matplotlib): k_max and the L0 loss against fine-tuning
+    steps, retrieval by distance at each plateau, and the base models' learning curve."""
     plots = Plots(out)
     if (plt := plots.plt) is None:
         return plots
-    L0, last = r["block_size"], str(r["steps"][-1])
-
-    heatmaps(plots, [(name, x["retrieval"][NO_SCALING]) for name, x in r["base"].items()], L0, "retrieval_base.png",
-             f"Base models: whole answers retrieved by depth (rows) and length (x L0 = {L0})")
+    L0, steps = r["block_size"], [*map(str, r["scored"]), PLATEAU]
     for b in r["bases"]:
-        runs = [x for x in r["finetune"].values() if x["base"] == b]
-        heatmaps(plots, [(f"{x['scaling']} x{x['factor']:g}", x["retrieval"][last]) for x in runs], L0,
-                 f"retrieval_finetuned_b{b:g}.png",
-                 f"RoPE base {b:g} after {last} fine-tuning steps: whole answers by depth and length")
-        fig, axes = plt.subplots(1, len(r["factors"]), figsize=(6 * len(r["factors"]), 4), squeeze=False)
-        for ax, s in zip(axes[0], r["factors"]):
-            for x in (x for x in runs if x["factor"] == s):
-                steps = [int(st) for st in x["window"]]
-                ax.errorbar([max(st, 1) for st in steps], [x["window"][st]["mean"] for st in x["window"]],
-                            yerr=[x["window"][st]["std"] or 0 for st in x["window"]], marker="o", capsize=2,
-                            label=x["scaling"])
-            ax.axhline(s * L0, color="gray", linestyle=":")
-            ax.set(xscale="log")
-            dress(ax, f"s = {s:g} (dotted: s L0)", "fine-tuning step (0 drawn at 1)", "effective window (tokens)",
+        arms = [x for x in r["finetune"].values() if x["base"] == b]
+        fig, axes = plt.subplots(2, len(r["factors"]), figsize=(6 * len(r["factors"]), 7), squeeze=False)
+        for col, s in enumerate(r["factors"]):
+            for x in (x for x in arms if x["factor"] == s):
+                xs = [max(int(st) if st != PLATEAU else 0, 1) for st in steps[:-1]]
+                for name, style in (("pi", "o-"), ("strict", "x--")):
+                    ys = [x["by_step"][st]["kmax"][name]["mean"] for st in steps[:-1]]
+                    axes[0, col].plot(xs, ys, style, label=f"{x['method']} ({THRESHOLDS[name]:.0%})")
+                for seed, run in x["runs"].items():
+                    curve = sorted((int(st), v) for st, v in run["l0_curve"].items())
+                    axes[1, col].plot([max(st, 1) for st, _ in curve], [v for _, v in curve], lw=0.8,
+                                      label=x["method"] if seed == next(iter(x["runs"])) else None)
+            axes[0, col].axhline(s * L0, color="gray", linestyle=":")
+            axes[0, col].set(xscale="log")
+            axes[1, col].set(xscale="log")
+            dress(axes[0, col], f"s = {s:g} (dotted: s L0)", "fine-tuning step (0 drawn at 1)", "k_max (tokens)",
                   legend="inside")
-        title = f"RoPE base {b:g}: the effective context window against fine-tuning steps"
+            dress(axes[1, col], f"s = {s:g}: loss at L0 = {L0} while fine-tuning (each seed)", "fine-tuning step",
+                  "val loss at L0", legend="inside")
+        title = f"RoPE base {b:g}: k_max (20%, 90%) and the L0 loss against fine-tuning steps"
         fig.suptitle(title)
         plots.save(fig, f"window_b{b:g}.png", title)
+        panels = [(f"{x['method']} x{x['factor']:g}, plateau",
+                   {str(round(2 * x["factor"] * L0)): mean_distance([run["scores"][str(run["plateau"])] for run in
+                                                                     x["runs"].values()])}) for x in arms]
+        distance_plots(plots, panels, L0, r["chance"], f"retrieval_b{b:g}.png",
+                       f"RoPE base {b:g}: whole answers by distance at each fine-tune's plateau (mean over seeds)")
+        curve = [(f"seed {seed}, step {st}", {str(L0): c["distance"]}) for seed, run in r["base"][f"rope-b{b:g}"].items()
+                 for st, c in run["curve"].items()]
+        distance_plots(plots, curve, L0, r["chance"], f"learning_b{b:g}.png",
+                       f"RoPE base {b:g}: whole answers by distance at L0 during pre-training")
     return plots
+
+
+def mean_distance(scores):
+    """The mean over seeds of their retrieval by distance."""
+    by_k = [s["retrieval"]["distance"] for s in scores]
+    return {k: sum(d[k] for d in by_k) / len(by_k) for k in by_k[0]}

@@ -1,6 +1,43 @@
-"""The output formats every lab tool writes: markdown tables, mean ± std, and PNG plots (matplotlib optional)."""
+"""What every lab tool writes: the regime table (RoPE's dimensionless ratios against the papers' model), markdown
+tables, mean ± std, and PNG plots (matplotlib optional)."""
 
+import math
+
+import rope
 from files import atomic_write
+
+LLAMA2 = {"name": "LLaMA-2-7B (the papers' model)", "head_dim": 128, "base": 10000.0, "L0": 4096}  # its config.json:
+# hidden_size 4096 / 32 heads, max_position_embeddings 4096; rope_theta 10,000 (transformers' default, Meta's code)
+
+
+def regime(name, head_dim, base, L0):
+    """The dimensionless ratios a small model must match to stand in for a large one: RoPE's longest wavelength
+    2 pi base^((d-2)/d) over L0, the turns the fastest pair makes within L0 (L0 / 2 pi), and the shares of YaRN's
+    pairs (alpha = 1, beta = 32, as deployed) kept (theta), ramped and fully interpolated (theta / s)."""
+    ramp = rope.yarn_ramp(head_dim, base, L0)
+    pairs = head_dim // 2
+    return {"name": name, "head_dim": head_dim, "pairs": pairs, "base": base, "L0": L0,
+            "longest_over_L0": 2 * math.pi * base ** ((head_dim - 2) / head_dim) / L0,
+            "fastest_turns": L0 / (2 * math.pi), "yarn_kept": int((ramp == 0).sum()) / pairs,
+            "yarn_ramped": int(((ramp > 0) & (ramp < 1)).sum()) / pairs, "yarn_interpolated": int((ramp == 1).sum()) / pairs}
+
+
+def regime_rows(configs):
+    """regime() of each (name, head_dim, base, L0), then LLaMA-2-7B's row."""
+    return [regime(*c) for c in configs] + [regime(*LLAMA2.values())]
+
+
+def md_regime(rows):
+    return ("## The regime: RoPE's ratios against the papers' model\n\nA small model stands in for a large one only "
+            "with the dimensionless ratios matched: the longest wavelength against the trained context, how often the "
+            "fastest pair turns within it, and which of YaRN's bands its pairs fall in (alpha = 1, beta = 32: a pair "
+            "turning more than 32 times in L0 keeps its frequency, less than once is interpolated, the ramp between "
+            "is linear in the pair index as deployed).\n\n" + md_table(
+                ["model", "head size", "pairs", "base", "L0", "longest wavelength / L0", "fastest pair's turns in L0",
+                 "YaRN: kept / ramped / interpolated"],
+                [[r["name"], r["head_dim"], r["pairs"], f"{r['base']:,.0f}", f"{r['L0']:,}", f"{r['longest_over_L0']:.1f}",
+                  f"{r['fastest_turns']:.0f}", f"{r['yarn_kept']:.0%} / {r['yarn_ramped']:.0%} / "
+                  f"{r['yarn_interpolated']:.0%}"] for r in rows]))
 
 
 def pm(stat, spec=".4f"):

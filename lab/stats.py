@@ -1,41 +1,29 @@
-"""Statistics over seeds: mean and spread, the paired t-test, Holm's correction, the equivalence test, and the
-verdict a claim gets from them. Student's t distribution is written here (scipy is not a dependency).
+"""Statistics over seeds: mean and spread, the paired test, the equivalence test, Holm's correction, the verdict a
+claim gets from them, and the smallest effect the seeds can detect. The distributions are scipy.stats'; Holm's
+step-down is written here because scipy has none.
 
 Every comparison in the lab is paired by seed (the runs of a seed see the same batches), so each is a test of the
-per-seed differences. A verdict follows the test, never the means alone.
+per-seed differences A - B. A verdict follows the tests, never the means alone. The seeds of a table are fixed
+before it is read: adding seeds because a p came out near alpha (optional stopping) would break the error rate.
+
+  mean_std(values)                  {"mean", "std" (n - 1; None for one value), "values"}
+  paired_test(diffs)                {"test": "paired t" | "sign (exact)" | None, "n", "mean",
+                                     "ci": [lo, hi] (95% = 1 - ALPHA, unadjusted; None where t is undefined),
+                                     "t" (None where undefined), "p" (two-sided; None under 2 seeds; never 0)}
+  equivalence_test(diffs, margin)   p of the mean lying inside (-margin, +margin) (TOST); None under 2 seeds
+  holm(ps)                          Holm-adjusted ps, same order; None stays None and is not counted
+  verdicts(claims, alpha)           the claims with "test", "equivalence_p", "p_holm", "equivalence_p_holm",
+                                    "family" and "verdict" added (see verdicts)
+  detectable(diffs, family, alpha)  the smallest |mean difference| these seeds could show, or None
 """
 
-import functools
 import math
 import statistics
 
-def t_cdf(t, df, steps=1000):
-    """P(T <= t) for Student's t with df degrees of freedom.
+from scipy import stats
 
-    x = sqrt(df) tan(u) turns the density Gamma((df+1)/2) / (sqrt(df pi) Gamma(df/2)) (1 + x^2/df)^(-(df+1)/2) dx
-    into Gamma((df+1)/2) / (sqrt(pi) Gamma(df/2)) cos(u)^(df-1) du, bounded and smooth on [0, pi/2], so
-    Simpson's rule over [0, atan(|t|/sqrt(df))] integrates it with no special functions; at the default
-    steps it agrees with the closed forms of df = 1 and 2 to 1e-10 (tests/test_report.py checks it)."""
-    c = math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(math.pi)
-    h = math.atan(abs(t) / math.sqrt(df)) / steps  # steps is even, as Simpson's rule needs
-    weights = (1 if i in (0, steps) else 4 if i % 2 else 2 for i in range(steps + 1))
-    area = c * h / 3 * sum(w * math.cos(i * h) ** (df - 1) for i, w in enumerate(weights))
-    return 0.5 + math.copysign(area, t)
-
-
-@functools.lru_cache  # every comparison of a grid asks for the same one
-def t_quantile(p, df):
-    """The t with t_cdf(t, df) = p, by bisection (the CDF increases)."""
-    assert 0 < p < 1, f"p={p} must lie in (0, 1)"
-    lo, hi = -1.0, 1.0
-    while t_cdf(lo, df) > p:
-        lo *= 2
-    while t_cdf(hi, df) < p:
-        hi *= 2
-    for _ in range(60):  # 2^-60 of the bracket: far below float noise in the CDF
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if t_cdf(mid, df) < p else (lo, mid)
-    return (lo + hi) / 2
+ALPHA = 0.05  # the family-wise error rate of a claims table, kept by Holm's correction
+EXPECT = ("lower", "higher", "same")
 
 
 def mean_std(values):
@@ -45,30 +33,53 @@ def mean_std(values):
             "values": values}
 
 
-def paired_test(diffs, level=0.95):
-    """Paired t-test of per-seed differences: their mean, a `level` confidence interval, t and the
-    two-sided p-value (None where one seed gives no spread to measure)."""
+def paired_test(diffs):
+    """Two-sided test that the per-seed differences have mean 0: Student's paired t-test, or where every
+    difference is the same (no spread, t undefined) the exact sign test on the non-zero ones. The 95% interval
+    is t-based and not adjusted for the family."""
+    if not diffs:
+        raise ValueError("diffs=[] must hold at least one per-seed difference")
     n, mean = len(diffs), statistics.fmean(diffs)
-    out = {"n": n, "mean": mean, "ci": None, "t": None, "p": None}
+    out = {"test": None, "n": n, "mean": mean, "ci": None, "t": None, "p": None}
     if n < 2:
         return out
-    se = statistics.stdev(diffs) / math.sqrt(n)
-    if se == 0:  # every seed moved by exactly the same amount
-        return out | {"ci": [mean, mean], "p": 1.0 if mean == 0 else 0.0}
-    t, q = mean / se, t_quantile(0.5 + level / 2, n - 1)
-    return out | {"ci": [mean - q * se, mean + q * se], "t": t, "p": 2 * t_cdf(-abs(t), n - 1)}
+    if statistics.stdev(diffs) == 0:  # stdev is exact, so 0 means every seed moved by the same amount
+        return out | {"test": "sign (exact)", "p": sign_p(diffs)}
+    r = stats.ttest_1samp(diffs, 0.0)
+    ci = r.confidence_interval(1 - ALPHA)
+    return out | {"test": "paired t", "ci": [float(ci.low), float(ci.high)], "t": float(r.statistic),
+                  "p": float(r.pvalue)}
 
 
-# ----------------------------------------------------------------------------- verdicts
+def sign_p(diffs):
+    """Exact two-sided sign test: the count of positive differences among the non-zero ones against
+    Binomial(m, 1/2); 1 where all are zero. Its smallest p is 2 * 0.5**m, so it is never 0."""
+    nonzero = [d for d in diffs if d != 0]
+    if not nonzero:
+        return 1.0
+    return float(stats.binomtest(sum(d > 0 for d in nonzero), len(nonzero), 0.5).pvalue)
 
-ALPHA = 0.05  # the family-wise error rate of a claims table, kept by Holm's correction
-UNSETTLED = (0.01, 0.1)  # a raw p in this band asks for more seeds before a verdict is read (5 where 3 were run)
+
+def equivalence_test(diffs, margin):
+    """Two one-sided tests (TOST) that the mean difference lies inside (-margin, +margin): the larger one-sided
+    p of t-tests against -margin and +margin. With no spread, the exact version: each one-sided sign test
+    counts all n differences on its side or none, so p = 0.5**n if they lie strictly inside, else 1."""
+    if not margin > 0:
+        raise ValueError(f"margin={margin} must be > 0")
+    n = len(diffs)
+    if n < 2:
+        return None
+    if statistics.stdev(diffs) == 0:
+        return 0.5 ** n if abs(diffs[0]) < margin else 1.0
+    above = stats.ttest_1samp(diffs, -margin, alternative="greater").pvalue
+    below = stats.ttest_1samp(diffs, margin, alternative="less").pvalue
+    return float(max(above, below))
 
 
 def holm(ps):
-    """Holm's step-down adjustment of the p-values ps (a family of tests, in any order; None stays None): the
-    k-th smallest is multiplied by (m - k + 1), kept monotone and at most 1. Rejecting where the adjusted p is
-    below alpha keeps the chance of any false rejection in the family at alpha."""
+    """Holm's step-down adjustment of the p-values ps (a family of tests, in any order; None stays None and is
+    not counted): the k-th smallest is multiplied by (m - k + 1), kept monotone and at most 1. Rejecting where the
+    adjusted p is below alpha keeps the chance of any false rejection in the family at alpha."""
     ranked = sorted((p, i) for i, p in enumerate(ps) if p is not None)
     out, running = list(ps), 0.0
     for k, (p, i) in enumerate(ranked):
@@ -77,38 +88,63 @@ def holm(ps):
     return out
 
 
-def equivalence_test(diffs, margin):
-    """Two one-sided t-tests (TOST) that the mean paired difference lies inside (-margin, +margin): the larger of
-    the two one-sided p-values (None with fewer than 2 seeds or no spread to measure)."""
-    n = len(diffs)
-    if n < 2 or statistics.stdev(diffs) == 0:
-        return None
-    mean, se = statistics.fmean(diffs), statistics.stdev(diffs) / math.sqrt(n)
-    return max(1 - t_cdf((mean + margin) / se, n - 1), t_cdf((mean - margin) / se, n - 1))
-
-
 def verdicts(claims, alpha=ALPHA):
-    """Each claim {"diffs": per-seed A - B, "expect": "lower" (A below B), "higher", or "same" (|A - B| within
-    "margin"), "margin": optional} gets its paired test, its equivalence test where a margin is stated, p-values
-    Holm-adjusted over every test of the table, and a verdict:
-      holds          the difference is on the expected side ("lower"/"higher"), or equivalence shown ("same");
-      does not hold  the difference is on the other side, or equivalence shown where a difference was expected,
-                     or a difference shown where none was;
-      inconclusive   neither, at alpha after Holm; a raw p inside UNSETTLED asks for more seeds.
-    Returns the claims with "test", "equivalence_p", "p_holm", "equivalence_p_holm" and "verdict" added."""
-    out = [dict(c, test=paired_test(c["diffs"]),
-                equivalence_p=equivalence_test(c["diffs"], c["margin"]) if c.get("margin") else None) for c in claims]
-    adjusted = holm([c["test"]["p"] for c in out] + [c["equivalence_p"] for c in out])
+    """Judge a table of claims {"diffs": per-seed A - B, "expect": "lower" (A below B), "higher", or "same"
+    (|A - B| within "margin"), "margin": optional for "lower"/"higher", required for "same"}.
+
+    One Holm family per table, of the tests that decide a verdict: a "lower"/"higher" claim gives its paired test
+    and, with a margin, its equivalence test too; a "same" claim gives only its equivalence test (its paired test
+    is shown, with "p_holm" None). Tests with p None (under 2 seeds) are not counted. Verdicts, at alpha after Holm:
+      holds          the difference is on the expected side, or equivalence shown for "same";
+      does not hold  the difference is on the other side, or equivalence shown where a difference was expected;
+      inconclusive   neither (for "same": equivalence not shown, since no test of a difference is in the family).
+    Returns new dicts: each claim with "test" (paired_test), "equivalence_p" (None without a margin), "p_holm",
+    "equivalence_p_holm", "family" (the number of tests in the table's Holm family, the same on every claim)
+    and "verdict"."""
+    out = [judged(c) for c in claims]
+    differences = [None if c["expect"] == "same" else c["test"]["p"] for c in out]
+    adjusted = holm(differences + [c["equivalence_p"] for c in out])
+    family = sum(p is not None for p in adjusted)
     for c, p, q in zip(out, adjusted, adjusted[len(out):]):
-        c["p_holm"], c["equivalence_p_holm"] = p, q
-        differs = p is not None and p < alpha
-        same = q is not None and q < alpha
-        side = "lower" if c["test"]["mean"] < 0 else "higher"
-        if c["expect"] == "same":
-            c["verdict"] = "holds" if same else "does not hold" if differs else "inconclusive"
-        elif differs:
-            c["verdict"] = "holds" if side == c["expect"] else "does not hold"
-        else:
-            c["verdict"] = "does not hold" if same else "inconclusive"
-        c["more_seeds"] = c["test"]["p"] is not None and UNSETTLED[0] <= c["test"]["p"] <= UNSETTLED[1]
+        differs, same = p is not None and p < alpha, q is not None and q < alpha
+        c |= {"p_holm": p, "equivalence_p_holm": q, "family": family,
+              "verdict": verdict(c["expect"], c["test"]["mean"], differs, same)}
     return out
+
+
+def judged(claim):
+    """The claim with its paired test and equivalence p; bad expect or margin raises ValueError."""
+    expect, margin = claim["expect"], claim.get("margin")
+    if expect not in EXPECT:
+        raise ValueError(f"expect={expect!r} must be one of {EXPECT}")
+    if expect == "same" and margin is None:
+        raise ValueError("expect='same' needs a margin > 0")
+    equivalence = None if margin is None else equivalence_test(claim["diffs"], margin)
+    return dict(claim, test=paired_test(claim["diffs"]), equivalence_p=equivalence)
+
+
+def verdict(expect, mean, differs, same):
+    """The verdict from the claim's side, its mean and which of its tests rejected (see verdicts)."""
+    if expect == "same":
+        return "holds" if same else "inconclusive"
+    if differs:
+        return "holds" if ("lower" if mean < 0 else "higher") == expect else "does not hold"
+    return "does not hold" if same else "inconclusive"
+
+
+def detectable(diffs, family, alpha=ALPHA):
+    """The smallest |mean difference| that would reach p < alpha / family (Holm's strictest step) with these
+    seeds: t_{1 - alpha / (2 family), n - 1} * sd / sqrt(n) for the paired t-test at this n and sample sd. With
+    no spread the sign test decides: 0.0 if its smallest p, 2 * 0.5**n, is below alpha / family, else None (no
+    effect can be settled with this many seeds: 5 give 0.0625). None under 2 seeds."""
+    if not (isinstance(family, int) and family >= 1):
+        raise ValueError(f"family={family!r} must be an integer >= 1")
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha={alpha} must lie in (0, 1)")
+    n = len(diffs)
+    if n < 2:
+        return None
+    sd, level = statistics.stdev(diffs), alpha / family
+    if sd == 0:
+        return 0.0 if 2 * 0.5 ** n < level else None
+    return float(stats.t.ppf(1 - level / 2, n - 1)) * sd / math.sqrt(n)

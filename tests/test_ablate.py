@@ -6,7 +6,6 @@ import json
 import os
 import signal
 from dataclasses import replace
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -14,15 +13,15 @@ import pytest
 import files
 import train
 from conftest import TINY, run, same_tensors
-from lab import ablate, ablate_report
+from lab import ablate
 import positions
 from checkpoint import load_checkpoint, model_from_checkpoint
 from model import GPTConfig
 
 # 2 schemes x 2 seeds of a tiny model, a few steps; L0 = 32, scored at 16, 32 and 64 tokens
-GRID = [*TINY, "--schemes=rope,learned", "--seeds=2", "--more_seeds=0", "--max_iters=4", "--eval_interval=2",
+GRID = [*TINY, "--schemes=rope,learned", "--seeds=2", "--max_iters=4", "--eval_interval=2",
         "--log_interval=2", "--eval_lengths=0.5,1,2", "--eval_tokens=128", "--sample_tokens=8", "--recall_share=0.5",
-        "--recall_pairs=2", "--probe_lengths=0.5,1,2", "--probe_depths=0,1", "--probe_trials=2"]
+        "--recall_pairs=2", "--probe_lengths=1,2", "--probe_distances=4", "--probe_trials=2"]
 
 
 def has_matplotlib():
@@ -68,18 +67,22 @@ def test_grid_writes_every_output_and_a_rerun_skips_finished_runs(data_dir, tmp_
     assert set(rope["loss_by_length"]) == {"none", "linear", "ntk", "yarn"}
     assert set(rope["loss_by_length"]["yarn"]) == {"64"}  # scalings only beyond L0
     assert len(rope["loss_by_position"]["none"]) == 64
-    # retrieval over depth x length, N/A past learned positions' reach; the first seed's look inside
-    assert set(rope["retrieval"]["64"]) == {"0.0", "1.0"} and learned["retrieval"]["64"] is None
+    # retrieval by distance at L0 and 2 L0, N/A past learned positions' reach; the first seed's look inside
+    assert len(rope["retrieval"]["grid"]["64"]) == 4 and learned["retrieval"]["grid"]["64"] is None
+    assert (rope["retrieval"]["longest"], learned["retrieval"]["longest"]) == ("64", "32")
+    assert set(rope["retrieval"]["kmax"]) == {"pi", "strict"} and 0 <= rope["retrieval"]["worst_slot"]["mean"] <= 1
     assert len(rope["attention"]["distance"]) == 2 and learned["biases"] is None
+    assert rope["threads"] == [1] and res["selection_seed"] is None  # one shared rate: no selection runs
     # the paired test uses both seeds; one shared rate: the tuned ranking is the shared one
     (claim,) = res["verdicts"]["shared"]
-    assert claim["scheme"] == "learned" and claim["test"]["n"] == 2
+    assert claim["scheme"] == "learned" and claim["test"]["n"] == 2 and claim["family"] == 2  # difference, equivalence
     assert res["schemes"]["learned"]["best_scale"] == 1 and res["schemes"]["rope"]["sample"].startswith("ROMEO:")
 
     md = (out / "results.md").read_text()
     learned_row = next(line for line in md.splitlines() if line.startswith("| learned | none |"))
     assert learned_row.split("|")[-2].strip() == "N/A" and learned_row.split("|")[-3].strip() != "N/A"
-    assert "## Ranking: every scheme at the shared learning rate" in md and "## Retrieval by length" in md
+    assert "## Ranking: every scheme at the shared learning rate" in md and "## Retrieval by distance" in md
+    assert "one family of 2 tests" in md and "## The regime" in md
     with open(out / "results.csv") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 4 and all(r["loss_64"] == "" for r in rows if r["scheme"] == "learned")
@@ -127,7 +130,7 @@ def test_an_interrupted_run_resumes_to_the_uninterrupted_result(data_dir, tmp_pa
 def test_dry_run_prints_the_grid_and_an_estimate_and_trains_nothing(data_dir, tmp_path, capsys):
     code, out, _ = ablate_main(capsys, *GRID, f"--data_dir={data_dir}", f"--out_dir={tmp_path}",
                                "--variants=b500: rope_base=500", "--dry_run=true")
-    assert code == 0 and "3 schemes x 2 seeds, 1 learning-rate scale(s): 6 runs" in out
+    assert code == 0 and "3 schemes x 2 test seeds: 6 runs" in out and "dry run: 6 runs here, 1 at a time" in out
     assert "0 finished, 0 to resume, 6 to train" in out
     assert "rope_base=500.0" in out and "estimated time:" in out
     assert not (tmp_path / "runs").exists()
@@ -139,9 +142,11 @@ def test_dry_run_prints_the_grid_and_an_estimate_and_trains_nothing(data_dir, tm
     ("--variants=d: recalibration_lr=1e-3", "variant 'd': DroPE's recalibration_lr needs drop_rope_at, the step of the drop"),
     ("--variants=b: rope_fraction=0.1", "'b': "), ("--schemes=rope,rope", "repeated: rope"), ("--eval_lengths=1,abc", "abc"), ("--rope_scalings=ntk,nope", "'nope'"),
     ("--eval_lengths=8000", "does not fit"), ("--sample_prompt=ROMEO€", "€"), ("--seeds=0", "seeds=0"),
-    ("--lr_scales=0.5,2", "must include 1"), ("--probe_lengths=0.25", "a window of 8 tokens cannot hold 2 needles")])
+    ("--lr_scales=0.5,2", "must include 1"), ("--probe_lengths=0.25", "a probe window of W=8 tokens cannot hold 2"),
+    (("--lr_scales=1,2", "--selection_seed=1338"), "selection_seed=1338 is one of the test seeds [1337, 1338]")])
 def test_bad_settings_give_one_line_errors(data_dir, tmp_path, capsys, arg, named):
-    code, _, err = ablate_main(capsys, *GRID, f"--data_dir={data_dir}", f"--out_dir={tmp_path}", arg)
+    code, _, err = ablate_main(capsys, *GRID, f"--data_dir={data_dir}", f"--out_dir={tmp_path}",
+                               *(arg if isinstance(arg, tuple) else (arg,)))
     assert code == 1 and err.startswith("error: ") and named in err and err.count("\n") == 1
     assert not any(tmp_path.iterdir())
 
@@ -157,22 +162,28 @@ def test_an_ablation_out_dir_in_use_is_refused_and_so_is_a_run_folder_in_trainin
     assert code == 1 and err.count("\n") == 1 and "rope-seed1337 is in use by another training run" in err
 
 
-def test_each_scheme_sweeps_its_learning_rate_on_the_first_seed_and_ranks_at_its_best(data_dir, tmp_path, capsys):
+def test_each_scheme_sweeps_its_rate_on_the_held_out_seed_widens_an_edge_and_ranks_at_its_best(data_dir, tmp_path,
+                                                                                                 capsys):
     out = tmp_path / "abl"
     code, said, _ = ablate_main(capsys, *GRID, "--schemes=rope", "--variants=d: drop_rope_at=2", "--seeds=2",
-                                "--lr_scales=0.25,1", "--sample_tokens=0", "--learning_rate=0.004",
+                                "--lr_scales=0.25,1", "--sample_tokens=0", "--learning_rate=0.004", "--workers=2",
                                 f"--data_dir={data_dir}", f"--out_dir={out}")
-    schemes = json.loads((out / "results.json").read_text())["schemes"]
-    res = schemes["rope"]
-    assert code == 0 and set(res["sweep"]) == {"0.25", "1"}
-    assert set(schemes["d"]["sweep"]) == {"1"} and "| d | — |" in (out / "results.md").read_text()  # DroPE: shared
-    best = res["best_scale"]
-    assert res["sweep"][f"{best:g}"] == min(res["sweep"].values()) and res["tuned"]["scale"] == best
-    assert res["tuned"]["seeds"] == [1337, 1338] and res["shared"]["seeds"] == [1337, 1338]
+    res = json.loads((out / "results.json").read_text())
+    schemes, rope = res["schemes"], res["schemes"]["rope"]
+    assert code == 0 and res["selection_seed"] == 1000 and {"0.25", "1"} <= set(rope["sweep"])
+    assert schemes["d"]["sweep"] == {} and "| d | — |" in (out / "results.md").read_text()  # DroPE: the shared rate
+    best = rope["best_scale"]
+    assert rope["sweep"][f"{best:g}"] == min(rope["sweep"].values()) and rope["tuned"]["scale"] == best
+    scales = sorted(map(float, rope["sweep"]))
+    assert len(scales) == 2 or scales[0] < best < scales[-1] or len(scales) == 2 + ablate.MORE_SCALES  # widened
+    assert rope["tuned"]["seeds"] == rope["shared"]["seeds"] == [1337, 1338]  # the selection seed tests nothing
     runs = sorted(p.name for p in (out / "runs").iterdir())
-    assert "rope-lr0.25-seed1337" in runs and ("rope-lr0.25-seed1338" in runs) == (best == 0.25)
-    lr = json.loads((out / "runs" / "rope-lr0.25-seed1337" / "config.json").read_text())["train"]["learning_rate"]
+    assert all(name.endswith("seed1000") for name in runs if "-lr" in name and name not in (
+        f"rope-lr{best:g}-seed1337", f"rope-lr{best:g}-seed1338"))
+    lr = json.loads((out / "runs" / "rope-lr0.25-seed1000" / "config.json").read_text())["train"]["learning_rate"]
     assert lr == pytest.approx(0.001)
+    summary = json.loads((out / "runs" / "rope-seed1337" / "summary.json").read_text())
+    assert summary["threads"] == 1  # two runs at a time on 2 threads: one each, recorded beside tokens/s
 
 
 def test_a_variants_training_change_goes_to_its_schedule_not_its_model():  # DroPE's drop
@@ -212,29 +223,3 @@ def test_drope_recalibrates_on_a_schedule_of_its_own_when_given_a_peak():
     assert lrs[19] == pytest.approx(0.05 + 0.5 * (1 + np.cos(np.pi * 6 / 7)) * 0.45)  # cosine to a tenth of it
     assert [ablate.DropSchedule(tc, ablate.DroPE(10)).lr(it) for it in range(20)] == [
         train.Schedule(tc).lr(it) for it in range(20)]  # without a peak of its own: the run's schedule goes on
-
-
-def test_an_unsettled_comparison_brings_more_seeds_to_both_schemes(data_dir, tmp_path, capsys, monkeypatch):
-    calls = iter([True, True])  # the first table's two rankings flag learned, the next do not
-
-    def verdicts(claims):
-        ask = next(calls, False)
-        return [dict(c, test={"mean": 0, "ci": None, "p": None, "n": len(c["diffs"])}, p_holm=None,
-                     equivalence_p=None, equivalence_p_holm=None, verdict="inconclusive", more_seeds=ask)
-                for c in claims]
-    monkeypatch.setattr(ablate_report, "verdicts", verdicts)
-    args = [a for a in GRID if not a.startswith("--more_seeds")]
-    code, said, _ = ablate_main(capsys, *args, "--more_seeds=1", "--sample_tokens=0", f"--data_dir={data_dir}",
-                                f"--out_dir={tmp_path}")
-    res = json.loads((tmp_path / "results.json").read_text())["schemes"]
-    assert code == 0 and "seeds 1339 for them" in said
-    assert res["learned"]["shared"]["seeds"] == res["rope"]["shared"]["seeds"] == [1337, 1338, 1339]
-
-
-def test_drope_variants_keep_the_shared_rate_while_the_other_schemes_sweep():
-    ac = ablate.AblateConfig(schemes="rope", variants="drope: drop_rope_at=800, recalibration_lr=1e-3")
-    grid, drops = ablate.make_grid(ac, GPTConfig())
-    plan = SimpleNamespace(grid=grid, drops=drops, scales=[0.5, 1, 2], seeds=[1, 2, 3])
-    plan.scales_of = lambda name: ablate.Plan.scales_of(plan, name)
-    assert ablate.first_arms(plan) == {("rope", 0.5): [1], ("rope", 1): [1, 2, 3], ("rope", 2): [1],
-                                       ("drope", 1): [1, 2, 3]}

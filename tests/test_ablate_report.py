@@ -21,13 +21,12 @@ def test_verdicts_pair_the_seeds_both_ran_and_skip_a_missing_reference():
 
 
 def test_verdict_words_say_which_side_or_that_nothing_was_shown():
-    claim = {"margin": 0.01, "equivalence_p_holm": None, "more_seeds": False}
+    claim = {"margin": 0.01, "equivalence_p_holm": None}
     assert ablate_report.verdict_words(claim | {"verdict": "holds"}, "rope") == "lower than rope"
     assert ablate_report.verdict_words(claim | {"verdict": "does not hold"}, "rope") == "higher than rope"
     same = claim | {"verdict": "does not hold", "equivalence_p_holm": 0.01}
     assert ablate_report.verdict_words(same, "rope") == "no difference (within ±0.01)"
-    unsettled = claim | {"verdict": "inconclusive", "more_seeds": True, "diffs": [0.1, 0.2, 0.0, 0.1, 0.3]}
-    assert ablate_report.verdict_words(unsettled, "rope") == "inconclusive (p in [0.01, 0.1] on 5 seeds)"
+    assert ablate_report.verdict_words(claim | {"verdict": "inconclusive"}, "rope") == "inconclusive"
 
 
 def test_segments_cover_every_position_once_and_pm_marks_what_is_missing():

@@ -1,7 +1,9 @@
-"""lab/extend.py: base models (RoPE's learning curve of retrieval), fine-tuning in stages with each scaling, the
-retrieval grid, the claims with their verdicts, more seeds where a p is unsettled; resume by rerun."""
+"""lab/extend.py: base models trained until retrieval is learned, rates swept on a held-out seed, fine-tunes run
+to their plateau in stages that add up to one run, retrieval by distance, the claims with their verdicts over one
+stated Holm family; resume by rerun."""
 
 import json
+import re
 
 import pytest
 
@@ -9,79 +11,64 @@ from checkpoint import load_checkpoint
 from conftest import TINY, run, same_tensors
 from lab import extend, extend_report
 
-# L0 = 32: rope (base 200) and learned trained 4 steps in 2 stages, rope fine-tuned at 64 tokens for 4 steps
-LAB = [*TINY, "--schemes=rope,learned", "--rope_bases=200", "--seeds=2", "--more_seeds=0", "--scalings=none,linear,yarn",
-       "--factors=2", "--base_stages=2,4", "--finetune_steps=0,2,4", "--max_iters=4", "--eval_interval=4",
-       "--eval_tokens=128", "--probe_trials=4", "--probe_lengths=0.5,1,2", "--probe_depths=0,1", "--recall_share=0.5",
-       "--recall_pairs=2"]
+# L0 = 32: RoPE (base 200) on 2 test seeds and the selection seed, 2 stages of 2 steps; fine-tuned at 64 tokens
+LAB = [*TINY, "--rope_bases=200", "--seeds=2", "--methods=none,linear,yarn,pose", "--factors=2", "--base_check=2",
+       "--max_iters=4", "--eval_interval=2", "--finetune_lrs=1e-3,3e-3", "--finetune_eval=2", "--plateau_span=4",
+       "--finetune_max=8", "--finetune_scored=0,2", "--early_step=2", "--eval_tokens=128", "--probe_trials=2",
+       "--probe_distances=4", "--recall_share=0.5", "--recall_pairs=2", "--recall_queries=3"]
 
 
-def test_the_lab_fine_tunes_each_scaling_and_reports_and_a_rerun_trains_nothing(data_dir, tmp_path):
+def test_the_lab_sweeps_rates_on_a_held_out_seed_fine_tunes_to_the_plateau_and_a_rerun_trains_nothing(data_dir,
+                                                                                                      tmp_path):
     out = tmp_path / "ext"
     args = [*LAB, f"--data_dir={data_dir}", f"--out_dir={out}"]
     run("lab/extend.py", *args, "--workers=2")  # two runs at a time, each in a process of its own
-    finetuned = sorted(p.name for p in (out / "finetune").iterdir())
-    assert finetuned == [f"rope-b200-{sc}-x2-seed{s}" for sc in ("linear", "none", "yarn") for s in (1337, 1338)]
-    for name in finetuned:  # the scaling is the run's own, saved where sampling, evaluation and resume read it
-        ckpt = load_checkpoint(out / "finetune" / name / "ckpt.pt")
-        cfg, scaling = ckpt["model_config"], name.split("-")[2]
-        assert (cfg["block_size"], cfg["original_len"], cfg["rope_scaling"], cfg["rope_base"]) == (64, 32, scaling,
-                                                                                                    200.0)
-        assert cfg["rope_scaling_factor"] == (2.0 if scaling != "none" else 1.0) and ckpt["iter"] == 4
-
     res = json.loads((out / "results.json").read_text())
-    assert res["regime"][0]["ratio_to_L0"] == pytest.approx(2 * 3.14159265 * 200 ** (14 / 16) / 32, rel=1e-6)
+    sweep = sorted(p.name for p in (out / "sweep").iterdir())
+    tests = sorted(p.name for p in (out / "finetune").iterdir())
+    assert all(name.endswith("-seed1000") for name in sweep) and len(sweep) >= 8  # 4 methods x 2 rates, or widened
+    assert {name.rsplit("-seed", 1)[1] for name in tests} == {"1337", "1338"}  # the selection seed tests nothing
+    for arm in res["finetune"].values():
+        assert set(arm["runs"]) == {"1337", "1338"} and arm["lr"] == float(min(arm["sweep"], key=arm["sweep"].get))
+    for name in tests:  # the scaling and L0 are the run's own, saved where sampling, evaluation and resume read them
+        ckpt = load_checkpoint(out / "finetune" / name / "ckpt.pt")
+        cfg, method = ckpt["model_config"], name.split("-")[2]
+        assert (cfg["original_len"], cfg["rope_base"]) == (32, 200.0) and cfg["block_size"] == (32 if method == "pose"
+                                                                                                 else 64)
+        assert ckpt["iter"] == json.loads((out / "finetune" / name / "result.json").read_text())["plateau"]
     yarn = res["finetune"]["rope-b200-yarn-x2"]
-    assert list(yarn["loss"]) == ["0", "2", "4"] and set(yarn["loss"]["4"]) == {"32", "64", "128"}
-    assert len(yarn["loss"]["4"]["64"]["values"]) == 2 and set(yarn["retrieval"]["4"]) == {"16", "32", "64"}
-    assert set(yarn["retrieval"]["4"]["64"]) == {"0.0", "1.0"} and yarn["window"]["4"]["mean"] in (0, 16, 32, 64)
-    # step 0 is the base model with the scaling alone: at L0 linear changes it, none does not
-    assert res["finetune"]["rope-b200-linear-x2"]["loss"]["0"]["32"]["mean"] != \
-        res["finetune"]["rope-b200-none-x2"]["loss"]["0"]["32"]["mean"]
-    rope, learned = res["base"]["rope-b200"], res["base"]["learned"]
-    assert list(rope["curve"]) == ["2", "4"] and set(rope["retrieval"]) == {"none", "linear", "yarn"}
-    assert learned["retrieval"]["none"]["64"] is None and set(rope["retrieval"]["yarn"]) == {"64"}
-    assert {c["verdict"] for c in res["claims"]} <= {"holds", "does not hold", "inconclusive"}
+    assert set(yarn["by_step"]) == {"0", "2", "plateau"} and set(yarn["by_step"]["plateau"]["loss"]) == {"32", "64",
+                                                                                                          "128"}
+    run0 = yarn["runs"]["1337"]
+    assert set(run0["scores"]["2"]["retrieval"]["distance"]) and run0["plateau"] in (4, 6, 8)
+    assert [int(st) for st in run0["l0_curve"]] == list(range(0, run0["plateau"] + 1, 2))
+    assert res["regime"][-1]["name"].startswith("LLaMA-2-7B") and res["memory"]["pose x2"] < res["memory"]["linear x2"]
     md = (out / "results.md").read_text()
-    assert "(d) fine-tuned at 64, YaRN holds a lower loss than PI at 128 tokens (base 200, s = 2)" in md
-    assert "## The effective context window against fine-tuning steps" in md and "(2 at a time)" in md
+    family = int(re.search(r"one family of (\d+) tests", md)[1])
+    assert family == len(res["claims"]) == res["claims"][0]["family"]  # the family the guide states is the one run
+    assert {c["verdict"] for c in res["claims"]} <= {"holds", "does not hold", "inconclusive"}
 
     stamps = {p: p.stat().st_mtime_ns for p in out.rglob("*.pt")}
     again = run("lab/extend.py", *args)
     assert {p: p.stat().st_mtime_ns for p in out.rglob("*.pt")} == stamps, again.stdout
     assert json.loads((out / "results.json").read_text())["finetune"] == res["finetune"]
 
-    # the stages add up to one run: fine-tuning straight to step 4 gives the same weights
-    ft = json.loads((out / "finetune" / "rope-b200-yarn-x2-seed1337" / "config.json").read_text())
+    # the stages add up to one run: fine-tuning straight to the plateau gives the same weights
+    folder = out / "finetune" / "rope-b200-yarn-x2-lr{:g}-seed1337".format(yarn["lr"])
+    ft = json.loads((folder / "config.json").read_text())
     straight = tmp_path / "straight"
     run("train.py", *TINY, f"--data_dir={data_dir}", f"--out_dir={straight}",
         *(f"--{k}={v}" for k, v in {**ft["model"], **ft["train"], **ft["batches"]}.items()
           if k not in ("out_dir", "resume", "vocab_size") and v is not None))
-    assert same_tensors(load_checkpoint(straight / "ckpt.pt")["model"],
-                        load_checkpoint(out / "finetune" / "rope-b200-yarn-x2-seed1337" / "ckpt.pt")["model"])
-
-
-def test_an_unsettled_claim_brings_more_seeds(data_dir, tmp_path, monkeypatch, capsys):
-    flagged = iter([True])  # the first verdicts ask for more seeds, the next do not
-
-    def verdicts(claims):
-        ask = next(flagged, False)
-        return [dict(c, test={"mean": 0, "ci": None, "p": None}, p_holm=None, equivalence_p_holm=None,
-                     verdict="inconclusive", more_seeds=ask) for c in claims]
-    monkeypatch.setattr(extend_report, "verdicts", verdicts)
-    args = [a for a in LAB if not a.startswith(("--more_seeds", "--schemes", "--scalings"))]
-    extend.main([*args, "--schemes=rope", "--scalings=none,linear", "--more_seeds=1", f"--data_dir={data_dir}",
-                 f"--out_dir={tmp_path}"])
-    res = json.loads((tmp_path / "results.json").read_text())
-    assert res["seeds"]["finetune"] == [1337, 1338, 1339] and "adding seeds 1339" in capsys.readouterr().out
-    assert (tmp_path / "finetune" / "rope-b200-linear-x2-seed1339").is_dir()
+    assert same_tensors(load_checkpoint(straight / "ckpt.pt")["model"], load_checkpoint(folder / "ckpt.pt")["model"])
 
 
 def test_bad_lab_settings_give_one_line_errors(data_dir, tmp_path, capsys):
-    for bad, named in (("--schemes=alibi", "lacks rope"), ("--scalings=pi", "'pi' is unknown"),
-                       ("--finetune_steps=10,20", "must start at 0"), ("--factors=0.5", "factors='0.5'"),
-                       ("--recall_share=0", "recall_share=0"), ("--base_stages=2,3", "must end at max_iters=4"),
-                       ("--workers=0", "workers=0 must be a positive integer")):
+    for bad, named in (("--methods=pi", "'pi' is unknown"), ("--finetune_scored=10,20", "must start at 0"),
+                       ("--factors=0.5", "factors='0.5'"), ("--recall_share=0", "recall_share=0"),
+                       ("--selection_seed=1338", "selection_seed=1338 is one of the test seeds [1337, 1338]"),
+                       ("--pos_emb=alibi", "fine-tunes RoPE"), ("--workers=0", "workers=0 must be a positive integer"),
+                       ("--plateau_span=3", "multiples of finetune_eval=2")):
         try:
             extend.main([*LAB, f"--data_dir={data_dir}", f"--out_dir={tmp_path}", bad])
             code = 0
@@ -92,20 +79,28 @@ def test_bad_lab_settings_give_one_line_errors(data_dir, tmp_path, capsys):
     assert not any(tmp_path.iterdir())
 
 
-def test_claims_pair_the_seeds_and_are_left_out_without_their_scalings():
-    def ft(sc, loss, window):  # loss {step: {L: [per seed]}}, window {step: [per seed]}
-        return {"base": 200.0, "scaling": sc, "factor": 2.0, "loss": {st: {L: {"values": v} for L, v in by_l.items()}
-                                                                     for st, by_l in loss.items()},
-                "window": {st: {"values": v} for st, v in window.items()}}
+def test_a_fine_tune_stops_where_its_l0_loss_levels_off():
+    ec = extend.ExtendConfig(finetune_eval=50, plateau_span=100, plateau_tol=0.01)
+    assert not extend.plateaued({"0": 3.0, "50": 2.5}, ec)  # too early to say
+    assert not extend.plateaued({"0": 3.0, "50": 2.5, "100": 2.4}, ec)
+    assert extend.plateaued({"0": 3.0, "50": 2.5, "100": 2.495, "150": 2.491}, ec)  # -0.009 over the last 100 steps
 
-    def curve(a, b):  # losses at 32, 64, 128 tokens, two seeds, the same at both steps
-        return {st: {"32": a, "64": b, "128": b} for st in ("0", "10", "20")}
-    r = {"block_size": 32, "steps": [0, 10, 20], "bases": [200.0], "factors": [2.0], "finetune": {
-        "rope-b200-none-x2": ft("none", curve([2.0, 2.1], [2.5, 2.6]), {"0": [32, 32], "10": [32, 32], "20": [32, 64]}),
-        "rope-b200-linear-x2": ft("linear", curve([2.02, 2.13], [2.4, 2.45]), {"0": [32, 32], "10": [64, 64], "20": [64, 64]}),
+
+def test_claims_pair_the_seeds_read_each_run_at_its_own_plateau_and_skip_methods_not_run():
+    def arm(method, losses, kmaxes, plateaus):  # per seed: {step: loss at 64}, {step: k_max at 20%}, plateau
+        runs = {str(s): {"plateau": p, "scores": {st: {"loss": {"32": v, "64": v, "128": v},
+                                                       "retrieval": {"kmax": {"pi": kmaxes[i][st], "strict": 0}}}
+                                                  for st, v in losses[i].items()}}
+                for i, (s, p) in enumerate(zip((1, 2), plateaus))}
+        return {"base": 200.0, "method": method, "factor": 2.0, "runs": runs}
+    r = {"block_size": 32, "early_step": 2, "bases": [200.0], "factors": [2.0], "finetune": {
+        "rope-b200-none-x2": arm("none", [{"0": 2.5, "2": 2.4, "4": 2.3}, {"0": 2.6, "2": 2.5, "6": 2.4}],
+                                 [{"0": 4, "2": 4, "4": 8}, {"0": 4, "2": 4, "6": 8}], [4, 6]),
+        "rope-b200-linear-x2": arm("linear", [{"0": 2.9, "2": 2.45, "6": 2.2}, {"0": 3.0, "2": 2.55, "4": 2.35}],
+                                   [{"0": 0, "2": 8, "6": 64}, {"0": 0, "2": 8, "4": 64}], [6, 4]),
     }}
     made = {c["claim"][:3]: c for c in extend_report.claims(r)}
-    assert set(made) == {"(b)", "(e)", "(f)"}  # ntk and yarn did not run
-    assert made["(b)"]["diffs"] == pytest.approx([2.4 - 2.5, 2.45 - 2.6]) and made["(b)"]["expect"] == "lower"
+    assert set(made) == {"(b)", "(e)", "(f)", "(g)"}  # ntk, yarn and PoSE did not run
+    assert made["(b)"]["diffs"] == pytest.approx([2.2 - 2.3, 2.35 - 2.4]) and made["(b)"]["expect"] == "lower"
     assert made["(e)"]["expect"] == "same" and made["(e)"]["margin"] == extend_report.SAME_MARGIN
-    assert made["(f)"]["diffs"] == [32, 32] and made["(f)"]["expect"] == "higher"
+    assert made["(f)"]["diffs"] == [4, 4] and made["(g)"]["diffs"] == [56, 56] and made["(g)"]["expect"] == "higher"

@@ -148,6 +148,38 @@ def draw(logits, temperature, top_k=None, top_p=None, seed=None, generator=None)
 
 
 
+# ----------------------------------------------------------------------------- each row's own positions
+
+SKIPPED = torch.tensor([[0, 1, 2, 6, 7, 8, 9, 13, 14, 15], [0, 3, 4, 5, 6, 7, 8, 9, 10, 12]])  # PoSE-like ids, < 16
+
+
+@pytest.mark.parametrize("pos_emb", positions.SCHEMES)
+def test_cached_logits_at_each_rows_own_positions_equal_full_recompute(pos_emb):
+    model = tiny(pos_emb)
+    idx = torch.randint(0, 11, (2, 10), generator=torch.Generator().manual_seed(3))
+    full = all_logits(model, idx, position_ids=SKIPPED)
+    cache = KVCache(model.config, 2, 16, "cpu", torch.float32)
+    logits, _ = model(idx[:, :6], cache=cache, position_ids=SKIPPED[:, :6])
+    cache.advance(6)
+    steps = [logits[:, -1]]
+    for t in range(6, 9):
+        logits, _ = model(idx[:, t:t + 1], cache=cache, position_ids=SKIPPED[:, t:t + 1])
+        cache.advance(1)
+        steps.append(logits[:, -1])
+    torch.testing.assert_close(torch.stack(steps, 1), full[:, 5:9], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("pos_emb", [name for name, cls in positions.SCHEMES.items() if cls.extrapolates])
+def test_greedy_decoding_at_each_rows_own_positions_is_recomputes_across_window_slides(pos_emb):
+    model = tiny(pos_emb)
+    idx = torch.randint(0, 11, (2, 10), generator=torch.Generator().manual_seed(4))
+    tokens = {cache: torch.cat(list(generate(model, idx, 14, GREEDY, cache, max_context=12,
+                                             position_ids=SKIPPED)), 1) for cache in ("dynamic", "none")}
+    assert torch.equal(tokens["dynamic"], tokens["none"])
+    with pytest.raises(ValueError, match="static_cache takes no per-row position ids"):
+        next(generate(model, idx, 1, GREEDY, "static", position_ids=SKIPPED))
+
+
 def test_pick_controls():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
     g = torch.Generator().manual_seed(0)

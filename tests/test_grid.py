@@ -1,8 +1,27 @@
-"""lab/grid.py: the parsing of grid entries, the fixed evaluation sets and the per-position losses."""
+"""lab/grid.py and lab/slurm.py: the parsing of grid entries, the fixed evaluation sets and the per-position losses;
+launching a grid's runs here, in worker processes or as Slurm jobs (submitit's local executor stands in for Slurm),
+and stopping them: signals, a killed worker or job, damaged run files."""
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 import pytest
 import torch
 
+import config
+import train
+from config import opt
+from checkpoint import load_checkpoint
+from conftest import ONE_THREAD, ROOT, TINY, last_logged, same_tensors, wait_for
 from data.tokenizer import load_meta
 from lab import ablate, grid
 from model import GPT, GPTConfig
@@ -47,3 +66,305 @@ def test_position_losses_match_the_model_loss_on_each_prefix(data_dir):
     # the same windows for every model and every call: drawn from the evaluation seed alone
     (again,) = grid.eval_sets(data_dir / "shakespeare_char", meta, [12], 48, 24, "cpu").values()
     assert torch.equal(again.eval_starts["val"], batches.eval_starts["val"])
+
+
+# ----------------------------------------------------------------------------- launching: a toy lab tool
+
+@dataclass
+class Toy(grid.LaunchSettings):
+    runs: str = opt("a,b", "the toy grid's runs, at seed 1; ft-X fine-tunes run X; bad fails (no such dataset)")
+
+
+def toy_run(context, job):
+    """A tiny run of the toy grid: its summary, computed once (summary.json) as the lab tools do."""
+    gcfg, tc = context
+    name, seed = job
+    out = Path(tc.out_dir) / name
+    tc = replace(tc, seed=seed, dataset="nowhere" if name == "bad" else tc.dataset,
+                 init_from=str(Path(tc.out_dir) / name[3:]) if name.startswith("ft-") else "")
+    return grid.evaluated(out / "summary.json", lambda: grid.train_run(name, gcfg, tc, out))
+
+
+def toy_needs(job):
+    name, seed = job
+    return (name.removeprefix("ft-"), seed) if name.startswith("ft-") else None
+
+
+def toy_label(job):
+    return f"{job[0]} seed {job[1]}"
+
+
+def toy_context(gcfg, tc):
+    return gcfg, tc
+
+
+def toy(settings, gcfg, tc, bc=None):  # grid.command hands a BatchConfig too: plain text here
+    jobs = [(name, 1) for name in grid.split_list(settings.runs)]
+    return grid.run_jobs(jobs, toy_run, (gcfg, tc), (toy_context, (gcfg, tc)), settings, needs=toy_needs,
+                         pending=lambda job: not (Path(tc.out_dir) / job[0] / "summary.json").is_file(),
+                         label=toy_label, progress=False)
+
+
+def toy_main(argv=None):
+    grid.command(argv, "the toy grid of tests/test_grid.py\n", Toy, toy)
+
+
+def toy_args(data_dir, out, *more):
+    return [*TINY, f"--data_dir={data_dir}", f"--out_dir={out}", *more]
+
+
+def toy_results(data_dir, out, *more):
+    """toy()'s results, here and now."""
+    return toy(*config.parse(toy_args(data_dir, out, *more), Toy, GPTConfig, train.TrainConfig))
+
+
+def comparable(summary):
+    """A run summary less its timings and its settings (whose init_from names the grid's folder)."""
+    return {k: v for k, v in summary.items() if k not in ("train_s", "tokens_per_s", "settings")}
+
+
+def test_launch_settings_are_checked_in_one_line():
+    for bad, named in (({"launcher": "pbs"}, "launcher='pbs' must be one of local, slurm"),
+                       ({"workers": 0}, "workers=0 must be a positive integer"),
+                       ({"slurm_gpus": -1}, "slurm_gpus=-1 must be a finite number >= 0"),
+                       ({"slurm_time": 0}, "slurm_time=0 must be a positive integer")):
+        with pytest.raises(ValueError, match=named):
+            grid.LaunchSettings(**bad)
+
+
+def test_a_dry_run_prints_the_arrays_it_would_submit(data_dir, tmp_path, capsys):
+    toy_results(data_dir, tmp_path, "--runs=a", "--max_iters=2", "--eval_interval=2")  # finished: read, not submitted
+    toy_main(toy_args(data_dir, tmp_path, "--runs=a,b,ft-b", "--launcher=slurm", "--dry_run", "--slurm_partition=gpu",
+                      "--slurm_gpus=2", "--slurm_cpus=4", "--slurm_time=30", "--slurm_array_parallelism=5",
+                      f"--slurm_folder={tmp_path / 'logs'}", "--max_iters=2", "--eval_interval=2"))
+    assert capsys.readouterr().out.splitlines() == [
+        f"dry run: 2 Slurm jobs named 'runs' (1 of the 3 runs finished already), each 2 GPU(s), 4 CPUs and 30 min on "
+        f"partition gpu, at most 5 of an array at once; logs in {tmp_path / 'logs'}/",
+        "  array 1, submitted at once, 1 jobs: b seed 1",
+        "  array 2, each submitted once the run it needs is done, 1 jobs: ft-b seed 1"]
+    assert not (tmp_path / "b").exists() and not (tmp_path / "logs").exists()
+
+
+def test_a_damaged_run_file_is_redone_or_named_with_the_command_that_redoes_it(data_dir, tmp_path, capsys, monkeypatch):
+    first = toy_results(data_dir, tmp_path, "--runs=a", "--max_iters=2", "--eval_interval=2")
+    summary = tmp_path / "a" / "summary.json"
+    summary.write_text(summary.read_text()[:100])  # truncated, as a full device leaves a file written in place
+    assert toy_results(data_dir, tmp_path, "--runs=a", "--max_iters=2", "--eval_interval=2") == first
+    assert f"{summary} cannot be read (" in capsys.readouterr().err  # and computed again from the checkpoint
+    summary.write_text("{")
+    monkeypatch.setattr(sys, "argv", ["lab/toy.py", "--runs=a"])
+    with pytest.raises(SystemExit) as stop:
+        grid.command(None, "", Toy, lambda *_: grid.read_json(summary, delete=summary.parent))
+    assert stop.value.code == 1
+    assert capsys.readouterr().err == (
+        f"error: {summary} cannot be read (Expecting property name enclosed in double quotes: line 1 column 2 (char 1))"
+        f"; delete {summary.parent} and rerun the same command to redo that run (python lab/toy.py --runs=a)\n")
+
+
+# ----------------------------------------------------------------------------- local workers: stopping them
+
+def descendants(pid):
+    """The process ids under pid (its workers, multiprocessing's resource tracker), from /proc."""
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError):
+            parents[int(stat.parent.name)] = int(stat.read_text().rpartition(")")[2].split()[1])
+    found, todo = [], [pid]
+    while todo:
+        pid = todo.pop()
+        kids = [p for p, parent in parents.items() if parent == pid]
+        found += kids
+        todo += kids
+    return found
+
+
+def running(pid):
+    """Whether pid is a live process (a zombie, dead but not yet reaped, is not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def holder(out):
+    """The process that a run folder's lock names; None while a new holder writes it."""
+    with contextlib.suppress(ValueError):
+        return json.loads((out / ".lock").read_text())["pid"]
+
+
+def none_left(pids, timeout=10):
+    deadline = time.monotonic() + timeout
+    while any(map(running, pids)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [p for p in pids if running(p)]
+
+
+@pytest.fixture
+def toy_tool(tmp_path):
+    """toy_main as a script of its own (its workers re-import it, as they do a lab tool)."""
+    script = tmp_path / "toy.py"
+    script.write_text(f"import sys\nsys.path[:0] = [{str(ROOT)!r}, {str(ROOT / 'tests')!r}]\nimport test_grid\n\n"
+                      "if __name__ == '__main__':\n    test_grid.toy_main()\n")
+    return script
+
+
+def start_toy(script, data_dir, out, *more):
+    return subprocess.Popen([sys.executable, script, *toy_args(data_dir, out, "--workers=2", *more)], cwd=ROOT,
+                            env=ONE_THREAD, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def both_training(proc, out, runs=("a", "b")):
+    wait_for(lambda: all(last_logged(out / r) >= 10 for r in runs), proc)
+    return descendants(proc.pid)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_to_the_main_process_stops_every_worker_at_a_checkpoint(data_dir, tmp_path, toy_tool, sig):
+    out = tmp_path / "grid"
+    proc = start_toy(toy_tool, data_dir, out, "--max_iters=2000", "--eval_interval=2000")
+    children = both_training(proc, out)
+    assert len(children) >= 2  # two workers (and the resource tracker)
+    proc.send_signal(sig)  # to the main process alone, as kill PID or a scheduler sends it
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    assert err.endswith(f"\ninterrupted: {sig.name}: a seed 1, b seed 1 stopped at a checkpoint; rerun the same command "
+                        f"to resume (python {toy_tool} {' '.join(toy_args(data_dir, out, '--workers=2'))} "
+                        f"--max_iters=2000 --eval_interval=2000)\n"), err
+    assert not none_left(children)
+    for run in ("a", "b"):  # each at the step it was on
+        assert 10 <= load_checkpoint(out / run / "ckpt.pt")["iter"] < 2000
+
+
+def test_a_worker_that_dies_is_named_and_a_rerun_redoes_its_run(data_dir, tmp_path, toy_tool):
+    out, more = tmp_path / "grid", ["--max_iters=200", "--eval_interval=100"]
+    proc = start_toy(toy_tool, data_dir, out, *more)
+    children = both_training(proc, out)
+    os.kill(holder(out / "a"), signal.SIGKILL)  # as the OOM killer does
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1 and err.count("\n") == 1, err
+    assert err.startswith("error: the worker running a seed 1 died (SIGKILL); b seed 1 stopped at a checkpoint; rerun "
+                          f"the same command to redo that run (python {toy_tool} "), err
+    assert not none_left(children)
+    assert not (out / "a" / "ckpt.pt").exists() and (out / "b" / "ckpt.pt").exists()
+    # the rerun (here, one run at a time: the runs' results do not depend on it) trains a afresh and resumes b
+    again = toy_results(data_dir, out, *more)
+    assert [again[r, 1]["val_curve"] for r in "ab"] == [again["a", 1]["val_curve"]] * 2
+
+
+# ----------------------------------------------------------------------------- Slurm, through submitit's local executor
+
+@pytest.fixture
+def local_slurm(monkeypatch, tmp_path):
+    """launcher=slurm on submitit's local executor: each job a process here, with Slurm's signals and requeue."""
+    submitit = pytest.importorskip("submitit")
+    from lab import slurm
+    monkeypatch.setattr(slurm, "CLUSTER", "local")
+    monkeypatch.setattr(submitit.core.core.Job, "_results_timeout_s", 0)  # no shared filesystem to wait for here
+    monkeypatch.setattr(slurm, "POLL_S", 0.1)  # the jobs are processes here: a look costs nothing
+    return ["--launcher=slurm", "--slurm_gpus=0", "--slurm_cpus=1", f"--slurm_folder={tmp_path / 'logs'}"]
+
+
+def test_a_slurm_grid_gives_what_a_local_run_gives(data_dir, tmp_path, local_slurm):
+    grid_args = ["--max_iters=20", "--eval_interval=10"]
+    toy_results(data_dir, tmp_path / "slurm", "--runs=a", *grid_args, *local_slurm)
+    # a is read from its folder, the fine-tune submitted: its base is done
+    on_slurm = toy_results(data_dir, tmp_path / "slurm", "--runs=a,ft-a", *grid_args, *local_slurm)
+    here = toy_results(data_dir, tmp_path / "here", "--runs=a,ft-a", *grid_args)
+    assert list(on_slurm) == list(here) == [("a", 1), ("ft-a", 1)]
+    assert {j: comparable(s) for j, s in on_slurm.items()} == {j: comparable(s) for j, s in here.items()}
+    for run in ("a", "ft-a"):
+        assert same_tensors(load_checkpoint(tmp_path / "slurm" / run / "ckpt.pt")["model"],
+                            load_checkpoint(tmp_path / "here" / run / "ckpt.pt")["model"])
+
+
+def test_a_failed_slurm_job_is_named_with_its_log(data_dir, tmp_path, local_slurm):
+    with pytest.raises(grid.Failed) as failed:
+        toy_results(data_dir, tmp_path, "--runs=bad,ft-bad", "--max_iters=2", "--eval_interval=2", *local_slurm)
+    first, second, last = str(failed.value).splitlines()
+    assert first.startswith("run bad seed 1 failed: ValueError: no prepared dataset at ") and "; its log: " in first
+    assert Path(first.partition("; its log: ")[2]).is_file()
+    assert second == "run ft-bad seed 1 was not submitted: it needs bad seed 1"
+    assert last == "rerun the same command to redo them"
+
+
+SLURM_RUN = ["--max_iters=200", "--eval_interval=50"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(data_dir, tmp_path_factory):
+    """The weights of the toy's run a, 200 steps, trained here without a stop."""
+    out = tmp_path_factory.mktemp("uninterrupted")
+    toy_results(data_dir, out, "--runs=a", *SLURM_RUN)
+    return load_checkpoint(out / "a" / "ckpt.pt")["model"]
+
+
+class SignalWhen(threading.Thread):
+    """Sends signals to the process training out once ready() holds; join() returns that pid."""
+
+    def __init__(self, ready, out, *signals):
+        super().__init__(daemon=True)
+        self.ready, self.out, self.signals, self.pid = ready, out, signals, None
+        self.start()
+
+    def run(self):
+        deadline = time.monotonic() + 120
+        while not self.ready() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self.pid = holder(self.out)
+        for sig in self.signals:
+            os.kill(self.pid, sig)
+
+    def join(self):
+        super().join()
+        assert self.pid is not None, "no signal sent"
+        return self.pid
+
+
+def test_a_killed_slurm_job_is_resumed_by_the_next_submission_and_a_preempted_one_requeued(data_dir, tmp_path,
+                                                                                          local_slurm, uninterrupted):
+    from lab import slurm
+    a, args = tmp_path / "a", ["--runs=a", *SLURM_RUN, *local_slurm]
+    # killed as a node failure or the OOM killer kills it, a checkpoint at iteration 50 written
+    killer = SignalWhen(lambda: last_logged(a) >= 60, a, signal.SIGKILL)
+    with pytest.raises(grid.Failed, match=r"^run a seed 1 failed: it ended without a result \(state .*\); its log: "
+                                          r"\S+_log.err\nrerun the same command to redo them$"):
+        toy_results(data_dir, tmp_path, *args)
+    killed, left = killer.join(), last_logged(a)
+    assert 50 <= load_checkpoint(a / "ckpt.pt")["iter"] < 200
+    # resubmitted, it resumes and is preempted: SIGTERM, then submitit's signal, as Slurm sends them (the log, trimmed
+    # back to the checkpoint on resuming, grows past where the killed job left it)
+    preempter = SignalWhen(lambda: holder(a) not in (None, killed) and last_logged(a) > left + 10, a, signal.SIGTERM,
+                           slurm.PREEMPT)
+    results = toy_results(data_dir, tmp_path, *args)  # the same submission: the job is requeued within it
+    preempter.join()
+    log = (a / "train.log").read_text()
+    stopped = int(log.partition("stop requested: finishing at iteration ")[2].split()[0])
+    assert left + 10 < stopped < 200 and f"resuming from {a / 'ckpt.pt'} at iteration {stopped}" in log
+    assert results[("a", 1)]["val_curve"][-1] == [200, results[("a", 1)]["final_val_loss"]]
+    assert same_tensors(load_checkpoint(a / "ckpt.pt")["model"], uninterrupted)
+
+
+def test_the_slurm_settings_reach_the_sbatch_script(tmp_path, monkeypatch):
+    pytest.importorskip("submitit")
+    from lab import slurm
+    launch = grid.LaunchSettings(launcher="slurm", slurm_partition="gpu", slurm_gpus=2, slurm_cpus=4, slurm_time=30,
+                                 slurm_array_parallelism=2, slurm_folder=str(tmp_path / "logs"))
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    monkeypatch.setenv("PATH", f"{fake_bin}{os.pathsep}{os.environ['PATH']}")
+    if shutil.which("sbatch") is None:  # no Slurm here: launcher=slurm says so
+        with pytest.raises(ValueError, match="^launcher=slurm needs Slurm's sbatch and srun, not on PATH here; "):
+            slurm.executor(launch, "toy")
+    # stand-ins for Slurm's commands: sbatch keeps the script it is given and answers as Slurm does
+    for name, text in (("sbatch", 'cp "$1" "$SBATCH_COPY"; echo "Submitted batch job 4242"'), ("srun", "")):
+        (fake_bin / name).write_text(f"#!/bin/sh\n{text}\n")
+        (fake_bin / name).chmod(0o755)
+    monkeypatch.setenv("SBATCH_COPY", str(tmp_path / "sbatch.sh"))
+    jobs = slurm.submit(slurm.executor(launch, "toy"), [slurm.Task(toy_run, (toy_context, ()), (r, 1), 4) for r in "abc"])
+    assert [job.job_id for job in jobs] == ["4242_0", "4242_1", "4242_2"]
+    flags = {line.split()[1] for line in (tmp_path / "sbatch.sh").read_text().splitlines() if line.startswith("#SBATCH")}
+    assert {"--partition=gpu", "--gpus-per-node=2", "--cpus-per-task=4", "--time=30", "--array=0-2%2", "--nodes=1",
+            "--job-name=toy", f"--signal={slurm.PREEMPT.name.removeprefix('SIG')}@90"} <= flags, flags
+    (fake_bin / "sbatch").write_text('#!/bin/sh\necho "sbatch: error: invalid partition specified: gpu" >&2; exit 1\n')
+    with pytest.raises(ValueError, match="^sbatch refused the jobs: sbatch: error: invalid partition specified: gpu$"):
+        slurm.submit(slurm.executor(launch, "toy"), [slurm.Task(toy_run, (toy_context, ()), ("a", 1), 4)])

@@ -12,8 +12,8 @@ def test_micro_steps_draw_distinct_batches_and_seeds(data_dir):
     dataset = data_dir / "shakespeare_char"
     meta = load_meta(dataset)
     batches = Batches(dataset, meta, 32, 4, 1, "cpu", 1)
-    x, y = batches.train(0, 0)
-    assert torch.equal(y[:, :-1], x[:, 1:])  # targets are the inputs shifted by one
+    x, y, ids, seed = batches.train(0, 0)
+    assert torch.equal(y[:, :-1], x[:, 1:]) and ids is None and seed is None  # targets: the inputs shifted by one
     assert torch.equal(x, batches.train(0, 0)[0])  # a batch is a function of its coordinates
     assert not torch.equal(x, batches.train(0, 1)[0]) and not torch.equal(x, batches.train(1, 0)[0])
     other_seed = Batches(dataset, meta, 32, 4, 2, "cpu", 1)

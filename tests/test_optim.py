@@ -6,6 +6,7 @@ import torch
 import optim
 from conftest import tiny_model
 from runtime import Runtime
+from data.loader import Batch
 from train import TrainConfig, train_step
 
 
@@ -109,7 +110,7 @@ def test_muon_takes_the_blocks_matrices_and_adamw_the_rest_each_on_the_schedule(
     assert len(decay | no_decay) + len(matrices["params"]) == len(names)
     x = torch.randint(0, 11, (2, 16))
     before = {n: p.clone() for n, p in model.named_parameters()}
-    train_step(model.train(), optimizer, torch.amp.GradScaler("cpu", enabled=False), [(x, x, None)], 5e-4, 1.0, rt)
+    train_step(model.train(), optimizer, torch.amp.GradScaler("cpu", enabled=False), [Batch(x, x)], 5e-4, 1.0, rt)
     assert [g["lr"] for g in optimizer.param_groups] == [pytest.approx(0.015), 5e-4, 5e-4]  # muon_lr x 5e-4 / 1e-3
     assert all(not torch.equal(before[n], p) for n, p in model.named_parameters())
     assert type(optim.make_optimizer(model, TrainConfig(), rt)[0]) is torch.optim.AdamW  # the default
@@ -130,10 +131,10 @@ def test_muon_steps_under_float16_loss_scaling():
     x = torch.randint(0, 11, (2, 16))
     weight = model.blocks[0].attn.c_attn.weight
     before = weight.clone()
-    loss, _ = train_step(model, optimizer, scaler, [(x, x, None)], 1e-3, 1.0, rt)
+    loss, _ = train_step(model, optimizer, scaler, [Batch(x, x)], 1e-3, 1.0, rt)
     assert torch.isfinite(loss) and not torch.equal(weight, before)
     scaler.update(1e38)  # a scale that overflows float16: the scaler must skip both optimizers' step
     before = {n: p.clone() for n, p in model.named_parameters()}
-    train_step(model, optimizer, scaler, [(x, x, None)], 1e-3, 1.0, rt)
+    train_step(model, optimizer, scaler, [Batch(x, x)], 1e-3, 1.0, rt)
     assert all(torch.equal(before[n], p) for n, p in model.named_parameters())
     assert scaler.get_scale() < 1e38

@@ -111,7 +111,7 @@ def test_a_scheme_is_one_registered_class(monkeypatch):
         """Every score lowered by a constant beyond the causal mask: a softmax does not see it."""
 
         def bias(self, span, layer):
-            return positions.causal(torch.full((self.config.n_head, span.length, span.keys), -3.0), span.distances())
+            return positions.causal(torch.full((self.config.n_head, span.length, span.keys), -3.0), span)
 
     model, plain = tiny("toy"), tiny("none")
     idx = torch.randint(0, 11, (1, 12))
@@ -228,3 +228,30 @@ def test_rnope_layers_without_rope_ignore_position_and_the_others_rotate():
     assert [scheme.window(layer) for layer in range(4)] == [8, None, 8, None]
     mask, _ = at(0, 12).attention_mask(window=8)
     assert mask[11].tolist() == [False] * 4 + [True] * 8 and mask[3].tolist() == [True] * 4 + [False] * 8
+
+
+# ----------------------------------------------------------------------------- each row's own positions
+
+@pytest.mark.parametrize("pos_emb", positions.SCHEMES)
+def test_rows_at_the_default_positions_give_the_default_logits(pos_emb):
+    model = tiny(pos_emb)
+    idx = torch.randint(0, 11, (3, 12), generator=torch.Generator().manual_seed(5))
+    shared, rows = all_logits(model, idx), all_logits(model, idx, position_ids=torch.arange(12).expand(3, 12))
+    if model.pos.bias(at(0, 12), 0) is None:  # the same kernels: bit for bit (PoSE without skips trains as plain)
+        assert torch.equal(shared, rows)
+    else:  # a score bias per row is a (B, nh, T, S) mask, which attention sums in another order
+        torch.testing.assert_close(shared, rows, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("pos_emb", positions.SCHEMES)
+def test_each_row_at_positions_of_its_own_is_what_the_row_alone_gives(pos_emb):
+    model = tiny(pos_emb)
+    idx = torch.randint(0, 11, (2, 8), generator=torch.Generator().manual_seed(6))
+    ids = torch.tensor([[0, 1, 2, 3, 9, 10, 11, 12], [0, 4, 5, 6, 7, 8, 14, 15]])  # skips, below block_size 16
+    both = all_logits(model, idx, position_ids=ids)
+    for b in range(2):
+        torch.testing.assert_close(both[b], all_logits(model, idx[b:b + 1], position_ids=ids[b:b + 1])[0])
+    if pos_emb != "none":  # the positions are read: skipping them changes the logits after the skip
+        assert not torch.allclose(both[0, 4:], all_logits(model, idx[:1])[0, 4:])
+    if positions.SCHEMES[pos_emb].relative:  # shifting every position of a row changes nothing
+        torch.testing.assert_close(all_logits(model, idx[:1], position_ids=ids[:1] + 3), both[:1], atol=1e-5, rtol=1e-4)

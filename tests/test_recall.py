@@ -1,29 +1,36 @@
-"""data/recall.py: task rows written deterministically, every trained target an answer its needle tells; the probe
-scores a model that retrieves as 1 and one that guesses as 0, at every depth."""
-
-import contextlib
+"""data/recall.py: task rows written deterministically, every trained target an answer its needle tells, each
+query's needle drawn with replacement (no elimination cue); the probe windows' geometry: the asked needle exactly
+k before its query, needles never overlapping, the asked needle's recency rank uniform over what k allows."""
 
 import pytest
 import torch
 
-from data.recall import FILLER, KEYS, NEEDLE, VALUES, Recall
+from data.recall import FILLER, KEYS, NEEDLE, VALUES, Recall, distances, query_keys
 from data.tokenizer import CharTokenizer
 
 TOK = CharTokenizer(sorted(set("\n !',:;?" + FILLER + KEYS + VALUES)))
-
-
-class Runtime:
-    @staticmethod
-    def autocast():
-        return contextlib.nullcontext()
+KEY_IDS = {TOK.stoi[k] for k in KEYS}
 
 
 def text(*shape, seed=0):
     return torch.randint(len(TOK.chars), shape, generator=torch.Generator().manual_seed(seed))
 
 
+def letters(row):
+    """Positions of the key letters in a row of tokens."""
+    return [t for t, c in enumerate(row.tolist()) if c in KEY_IDS]
+
+
+def needles_of(row):
+    """{key: start} of a row's needles: each key's first occurrence (later ones are queries)."""
+    out = {}
+    for t in letters(row):
+        out.setdefault(row[t].item(), t)
+    return out
+
+
 def test_task_rows_are_deterministic_and_each_trained_target_is_its_needles_answer():
-    task = Recall(TOK, pairs=4)
+    task = Recall(TOK, pairs=4, queries=3)
     rows = text(64, 65)
     x, y = task.insert(rows, 0.5, seed=7)
     again = task.insert(rows, 0.5, seed=7)
@@ -33,45 +40,101 @@ def test_task_rows_are_deterministic_and_each_trained_target_is_its_needles_answ
     chosen = [i for i in range(64) if not torch.equal(full[i], rows[i])]
     assert 20 < len(chosen) < 44  # about half of the rows; the others are text, every target trained
     assert all((y[i] == rows[i, 1:]).all() for i in range(64) if i not in chosen)
-    keys, ends = {TOK.stoi[k] for k in KEYS}, set()
+    ends = set()
     for i in chosen:
-        letters = [t for t, c in enumerate(full[i].tolist()) if c in keys]
-        q0 = letters[4]  # 4 needles, then 4 queries one after another, ending anywhere up to the row's end
-        assert len(letters) == 8 and letters[4:] == [q0, q0 + 3, q0 + 6, q0 + 9] and letters[3] + NEEDLE <= q0
-        needles = {full[i, a].item(): full[i, a + 1:a + 3].tolist() for a in letters[:4]}
+        at = letters(full[i])
+        q0 = at[4]  # 4 needles, then 3 queries one after another, ending anywhere up to the row's end
+        assert len(at) == 7 and at[4:] == query_keys(q0 + 9, 3) == [q0, q0 + 3, q0 + 6] and at[3] + NEEDLE <= q0
+        needles = {full[i, a].item(): full[i, a + 1:a + 3].tolist() for a in at[:4]}
         assert len(needles) == 4 and len({c for v in needles.values() for c in v}) == 8  # distinct keys and capitals
-        assert all(b - a >= NEEDLE for a, b in zip(letters[:4], letters[1:4]))  # needles do not overlap
-        assert set((y[i] != -1).nonzero().flatten().tolist()) == {q + d for q in letters[4:] for d in (0, 1)}
-        for q in letters[4:]:  # the targets at a query's key and V are its needle's V and W
+        assert all(b - a >= NEEDLE for a, b in zip(at[:4], at[1:4]))  # needles do not overlap
+        assert set((y[i] != -1).nonzero().flatten().tolist()) == {q + d for q in at[4:] for d in (0, 1)}
+        for q in at[4:]:  # the targets at a query's key and V are its needle's V and W
             assert y[i, q:q + 2].tolist() == needles[full[i, q].item()]
-        others = [c for t, c in enumerate(full[i].tolist()) if c >= 0 and all(not 0 <= t - a < NEEDLE for a in letters)]
+        others = [c for t, c in enumerate(full[i].tolist()) if c >= 0 and all(not 0 <= t - a < NEEDLE for a in at)]
         assert set(others) <= {TOK.stoi[c] for c in FILLER}  # the rest is filler, without letters
-        ends.add(q0 + 12)
+        ends.add(q0 + 9)
     assert len(ends) > 5  # the queries end at many places
 
 
-@pytest.mark.parametrize("depth", [0.0, 0.5, 1.0])
-def test_the_probe_scores_retrieval_as_one_and_guessing_as_zero(depth):
-    task = Recall(TOK)
-    seen = {}
+def test_each_query_draws_its_needle_with_replacement():
+    pairs, queries = 4, 4
+    x, _ = Recall(TOK, pairs, queries).insert(torch.zeros(2000, 65, dtype=torch.long), 1.0, seed=3)
+    fresh, repeats, last_needle = 0, 0, []
+    for row in x:
+        at = letters(row)
+        asked = [row[t].item() for t in at[pairs:]]
+        order = list(needles_of(row))
+        repeats += len(set(asked)) < queries
+        fresh += asked[-1] not in asked[:-1]
+        last_needle.append(order.index(asked[-1]))
+    # the last query asks a needle the earlier ones did not with probability ((pairs - 1) / pairs)^(queries - 1),
+    # not 1 as when every needle is queried once: the needles asked before say nothing of the next one
+    expected, sd = (3 / 4) ** 3, ((3 / 4) ** 3 * (1 - (3 / 4) ** 3) / 2000) ** 0.5
+    assert abs(fresh / 2000 - expected) < 4 * sd and repeats > 1000
+    counts = torch.bincount(torch.tensor(last_needle), minlength=pairs) / 2000
+    assert (counts - 1 / pairs).abs().max() < 0.04  # uniform over the needles, whatever their place
 
-    class Windows:
-        def eval_batches(self, split):
-            yield text(8, 32, seed=1), text(8, 32, seed=2)
 
-    def retriever(x, y):  # at each letter, the two tokens after its earlier occurrence
-        seen["x"] = x
-        logits = torch.zeros(*x.shape, len(TOK.chars))
-        for b, row in enumerate(x.tolist()):
-            for t, token in enumerate(row):
-                earlier = [s for s in range(t) if row[s] == token]
-                if earlier and earlier[-1] + 1 < t:
-                    logits[b, t, row[earlier[-1] + 1]] = 1
-        return logits, None
+def test_distances_spread_evenly_from_a_needle_right_before_the_query_to_one_at_the_window_start():
+    d = distances(64, 32)
+    assert d[0] == NEEDLE and d[-1] == 62 and len(d) == 32 and d == sorted(set(d))
+    assert max(b - a for a, b in zip(d, d[1:])) <= 2
+    assert distances(16, 32) == list(range(NEEDLE, 15))  # fewer than asked: every distance
+    with pytest.raises(ValueError, match="n=1 must be >= 2"):
+        distances(64, 1)
 
-    assert task.scores(retriever, Windows(), depth, Runtime) == {"answer": 1.0, "first": 1.0}
-    keys = [t for t, c in enumerate(seen["x"][0].tolist()) if TOK.chars[c] in KEYS]
-    assert keys[-4:] == [21, 24, 27, 30] and round(depth * 18) in keys  # the queries at the end, the asked needle at its depth
-    assert seen["x"][0, round(depth * 18)] == seen["x"][0, 30]  # the last query asks it
-    guess = task.scores(lambda x, y: (torch.zeros(*x.shape, len(TOK.chars)), None), Windows(), depth, Runtime)
-    assert guess["answer"] == 0.0 and guess["first"] <= 0.0
+
+@pytest.mark.parametrize("W", [40, 64])
+def test_distance_windows_put_the_asked_key_exactly_k_before_the_query(W):
+    task, g = Recall(TOK, pairs=6), torch.Generator().manual_seed(0)
+    query = W - 2  # the query's key in the window x = row[:-1]; its answer the row's last two tokens
+    for k in distances(W, 8):
+        rows = task.distance_windows(W, k, 30, g)
+        assert rows.shape == (30, W + 1)
+        for row in rows:
+            needles = needles_of(row)
+            assert letters(row)[-1] == query and len(needles) == 6  # one query, at the end
+            assert needles[row[query].item()] == query - k  # its needle's key exactly k before
+            assert row[-2:].tolist() == row[query - k + 1:query - k + 3].tolist()
+            starts = sorted(needles.values())
+            assert all(b - a >= NEEDLE for a, b in zip(starts, starts[1:])) and starts[-1] + NEEDLE <= query
+            assert len({c for a in starts for c in row[a + 1:a + 3].tolist()}) == 12  # distinct capitals
+
+
+def test_the_asked_needles_recency_rank_is_uniform_over_what_the_distance_leaves_room_for():
+    task, g = Recall(TOK, pairs=6), torch.Generator().manual_seed(1)
+    W, query = 64, 62
+    for k, ranks in ((3, [0]), (9, [0, 1, 2]), (40, [0, 1, 2, 3, 4, 5]), (62, [5])):
+        seen = []
+        for row in task.distance_windows(W, k, 600, g):
+            seen.append(sum(query - k < a < query for a in needles_of(row).values()))  # needles in between
+        counts = torch.bincount(torch.tensor(seen), minlength=6)[ranks] / 600
+        assert set(seen) == set(ranks) and (counts - 1 / len(ranks)).abs().max() < 0.07
+
+
+def test_slot_windows_query_every_needle_once_at_the_end():
+    task = Recall(TOK, pairs=5)
+    rows = task.slot_windows(40, 20, torch.Generator().manual_seed(2))
+    keys = query_keys(41, 5)
+    for row in rows:
+        needles = needles_of(row)
+        assert letters(row)[5:] == keys and {row[q].item() for q in keys} == set(needles)  # each key once
+        assert all(row[q + 1:q + 3].tolist() == row[needles[row[q].item()] + 1:][:2].tolist() for q in keys)
+        assert max(needles.values()) + NEEDLE <= keys[0]
+
+
+def test_windows_too_short_for_the_needles_fail_with_what_is_valid():
+    task = Recall(TOK, pairs=10)
+    g = torch.Generator().manual_seed(0)
+    # 13 tokens before the asked needle hold 4 others, the 14 after it 4: not the 9 others
+    with pytest.raises(ValueError, match="W=32 tokens cannot hold 10 needles with the asked one k=17 tokens before"):
+        task.distance_windows(32, 17, 1, g)
+    for k in distances(35, 40):  # 3 pairs + 5 tokens hold every split
+        task.distance_windows(35, k, 1, g)
+    with pytest.raises(ValueError, match="valid: W >= 59"):
+        task.slot_windows(40, 1, g)
+    with pytest.raises(ValueError, match=r"block_size=24 cannot hold 10 needles and their queries \(42 tokens\)"):
+        Recall(TOK, 10, 4).insert(torch.zeros(1, 25, dtype=torch.long), 1.0, 0)
+    with pytest.raises(ValueError, match="recall_queries=0 must be a positive integer"):
+        Recall(TOK, 4, 0)

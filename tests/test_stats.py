@@ -1,35 +1,87 @@
-"""lab/stats.py: Student's t against known values and the paired test."""
+"""lab/stats.py: our use of scipy.stats against closed forms of Student's t (df = 1 and 2) and exact sign-test
+values, Holm's step-down by hand, the Holm family of a table, the verdicts and the detectable effect."""
 
 import math
+import statistics
 
 import pytest
 
 from lab import stats
 
 
-@pytest.mark.parametrize("t", [-7.5, -1.3, 0.0, 0.4, 2.0, 12.0])
-def test_t_cdf_matches_the_closed_forms_for_one_and_two_degrees_of_freedom(t):
-    assert stats.t_cdf(t, 1) == pytest.approx(0.5 + math.atan(t) / math.pi, abs=1e-10)  # Cauchy
-    assert stats.t_cdf(t, 2) == pytest.approx(0.5 + t / (2 * math.sqrt(t * t + 2)), abs=1e-10)
+def t_cdf(t, df):
+    """Student's t CDF in closed form, the reference the scipy-based tests are held to."""
+    return {1: 0.5 + math.atan(t) / math.pi, 2: 0.5 + t / (2 * math.sqrt(t * t + 2))}[df]  # df = 1: Cauchy
 
 
-@pytest.mark.parametrize("df, q", [(2, 4.302652730), (4, 2.776445105), (10, 2.228138852), (30, 2.042272456)])
-def test_t_quantile_matches_published_critical_values(df, q):
-    assert stats.t_quantile(0.975, df) == pytest.approx(q, abs=1e-7)
-    assert stats.t_quantile(0.025, df) == pytest.approx(-q, abs=1e-7)
+def t_quantile_df2(p):
+    """The inverse of t_cdf(t, 2)."""
+    return (2 * p - 1) * math.sqrt(2 / (4 * p * (1 - p)))
 
 
-def test_paired_test_p_and_interval_agree_with_the_t_distribution():
+def mean_se(diffs):
+    n = len(diffs)
+    return sum(diffs) / n, statistics.stdev(diffs) / math.sqrt(n)
+
+
+def test_mean_std_uses_n_minus_one_and_has_no_spread_for_one_value():
+    assert stats.mean_std([1.0, 2.0, 4.0]) == {"mean": pytest.approx(7 / 3), "std": pytest.approx(math.sqrt(7 / 3)),
+                                               "values": [1.0, 2.0, 4.0]}
+    assert stats.mean_std([3.0])["std"] is None
+
+
+@pytest.mark.parametrize("diffs", [[0.031, 0.012], [0.031, 0.012, 0.024], [-0.2, 0.05, -0.1]])
+def test_paired_t_p_matches_the_closed_form_of_its_degrees_of_freedom(diffs):
+    r = stats.paired_test(diffs)
+    mean, se = mean_se(diffs)
+    t = mean / se
+    assert r["test"] == "paired t" and r["n"] == len(diffs) and r["mean"] == pytest.approx(mean)
+    assert r["t"] == pytest.approx(t) and r["p"] == pytest.approx(2 * t_cdf(-abs(t), len(diffs) - 1), abs=1e-12)
+
+
+def test_the_interval_holds_exactly_the_shifts_a_test_at_005_would_not_reject():
     diffs = [0.031, 0.012, 0.024]
     r = stats.paired_test(diffs)
-    mean = sum(diffs) / 3
-    se = math.sqrt(sum((d - mean) ** 2 for d in diffs) / 2 / 3)
-    t = mean / se
-    assert r["t"] == pytest.approx(t) and r["p"] == pytest.approx(1 - t / math.sqrt(t * t + 2), abs=1e-9)  # df = 2
-    # a 95% interval holds exactly the shifts that a two-sided test would not reject at p = 0.05
+    mean, se = mean_se(diffs)
+    q = t_quantile_df2(0.975)
+    assert r["ci"] == pytest.approx([mean - q * se, mean + q * se], abs=1e-12)
     for end in r["ci"]:
         assert stats.paired_test([d - end for d in diffs])["p"] == pytest.approx(0.05, abs=1e-9)
-    assert stats.paired_test([0.5])["ci"] is None
+
+
+@pytest.mark.filterwarnings("ignore:Precision loss")  # scipy's warning on the nearly constant case, made on purpose
+def test_no_spread_takes_the_exact_sign_test_and_no_p_is_zero():
+    r = stats.paired_test([0.25] * 5)  # every seed moved by the same amount, as in a capped window
+    assert r == {"test": "sign (exact)", "n": 5, "mean": 0.25, "ci": None, "t": None, "p": 0.0625}  # 2 / 2**5
+    assert stats.paired_test([-3.0] * 3)["p"] == 0.25
+    assert stats.paired_test([0.0] * 4)["p"] == 1.0 and stats.paired_test([0.0] * 4)["test"] == "sign (exact)"
+    for diffs in ([1e9] * 12, [1.0, 1.0 + 1e-15, 1.0], [5.0, 5.1, 5.05, 5.02]):
+        assert stats.paired_test(diffs)["p"] > 0
+        assert stats.equivalence_test(diffs, 1e12) > 0
+
+
+def test_one_seed_allows_no_test_and_none_is_an_error():
+    assert stats.paired_test([0.5]) == {"test": None, "n": 1, "mean": 0.5, "ci": None, "t": None, "p": None}
+    assert stats.equivalence_test([0.5], 1.0) is None
+    with pytest.raises(ValueError, match="diffs"):
+        stats.paired_test([])
+
+
+@pytest.mark.parametrize("diffs, margin", [([0.001, -0.002, 0.0015], 0.01), ([0.004, 0.012], 0.02),
+                                           ([0.001, -0.002, 0.0015], 0.001)])
+def test_equivalence_is_the_larger_one_sided_p_of_the_closed_form(diffs, margin):
+    mean, se = mean_se(diffs)
+    df = len(diffs) - 1
+    above, below = 1 - t_cdf((mean + margin) / se, df), t_cdf((mean - margin) / se, df)
+    assert stats.equivalence_test(diffs, margin) == pytest.approx(max(above, below), abs=1e-12)
+
+
+def test_equivalence_without_spread_is_the_exact_sign_version():
+    assert stats.equivalence_test([0.001] * 4, 0.01) == 0.0625  # both one-sided sign tests: 0.5**4
+    assert stats.equivalence_test([-0.02] * 4, 0.01) == 1.0
+    assert stats.equivalence_test([0.01] * 4, 0.01) == 1.0  # on the margin is not inside it
+    with pytest.raises(ValueError, match="margin=0"):
+        stats.equivalence_test([0.1, 0.2], 0)
 
 
 def test_holm_matches_its_step_down_rule_and_keeps_none():
@@ -40,30 +92,65 @@ def test_holm_matches_its_step_down_rule_and_keeps_none():
     assert stats.holm([0.02]) == [0.02]
 
 
-def test_equivalence_is_the_larger_one_sided_p_and_needs_the_margin():
-    diffs = [0.001, -0.002, 0.0015, 0.0005, -0.001]
-    inside, outside = stats.equivalence_test(diffs, 0.01), stats.equivalence_test(diffs, 0.001)
-    assert inside < 0.001 < 0.05 < outside  # +-0.01 is shown, +-0.001 is not
-    # by hand: the two one-sided t statistics against -margin and +margin
-    n, mean = len(diffs), sum(diffs) / len(diffs)
-    se = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1) / n)
-    lower, upper = 1 - stats.t_cdf((mean + 0.01) / se, n - 1), stats.t_cdf((mean - 0.01) / se, n - 1)
-    assert inside == pytest.approx(max(lower, upper))
-    assert stats.equivalence_test([0.1, 0.1], 0.5) is None  # no spread: no test
+WIN, LOSS, NOISE = [-0.10, -0.12, -0.11], [0.10, 0.12, 0.11], [-0.02, 0.03, -0.01]
+FLAT = [0.001, -0.001, 0.0005, -0.0005, 0.0002]  # well within +-0.01
 
 
-def test_verdicts_follow_the_holm_adjusted_tests():
+def test_the_holm_family_is_every_deciding_test_of_the_table():
     claims = [
-        {"diffs": [-0.10, -0.12, -0.11], "expect": "lower"},  # a clear win: holds
-        {"diffs": [0.10, 0.12, 0.11], "expect": "lower"},  # a clear loss: does not hold
-        {"diffs": [-0.02, 0.03, -0.01], "expect": "lower"},  # noise: inconclusive
-        {"diffs": [0.001, -0.001, 0.0005, -0.0005, 0.0002], "expect": "same", "margin": 0.01},  # equivalent: holds
-        {"diffs": [0.001, -0.001, 0.0005, -0.0005, 0.0002], "expect": "lower", "margin": 0.01},  # no difference
+        {"diffs": WIN, "expect": "lower"},
+        {"diffs": LOSS, "expect": "higher", "margin": None},
+        {"diffs": NOISE, "expect": "lower"},
+        {"diffs": FLAT, "expect": "lower", "margin": 0.01},  # its difference test and its equivalence test
+        {"diffs": FLAT, "expect": "same", "margin": 0.01},  # its equivalence test only
+        {"diffs": [-0.5], "expect": "lower"},  # one seed: no test, not counted
     ]
     out = stats.verdicts(claims)
-    assert [c["verdict"] for c in out] == ["holds", "does not hold", "inconclusive", "holds", "does not hold"]
-    raw = [c["test"]["p"] for c in out] + [c["equivalence_p"] for c in out]
-    assert [c["p_holm"] for c in out] == pytest.approx(stats.holm(raw)[:5])
-    assert all(c["p_holm"] >= c["test"]["p"] for c in out)
-    # a p between 0.01 and 0.1 on three seeds asks for more
-    assert stats.verdicts([{"diffs": [-0.03, -0.02, -0.04], "expect": "lower"}])[0]["more_seeds"]  # p = 0.035
+    assert [c["family"] for c in out] == [6] * 6
+    ps = [c["test"]["p"] for c in out[:4]] + [out[3]["equivalence_p"], out[4]["equivalence_p"]]
+    assert [c["p_holm"] for c in out] == pytest.approx(stats.holm(ps)[:4] + [None, None])
+    assert [c["equivalence_p_holm"] for c in out] == pytest.approx([None] * 3 + stats.holm(ps)[4:] + [None])
+    adjusted = [p for c in out for p in (c["p_holm"], c["equivalence_p_holm"]) if p is not None]
+    assert min(adjusted) == pytest.approx(6 * min(ps))  # the smallest p pays for the whole family
+    assert out[4]["test"]["p"] is not None  # a "same" claim's paired test is shown, not judged
+
+
+def test_each_verdict_branch():
+    claims = [
+        ({"diffs": WIN, "expect": "lower"}, "holds"),
+        ({"diffs": LOSS, "expect": "higher"}, "holds"),
+        ({"diffs": LOSS, "expect": "lower"}, "does not hold"),  # the other side
+        ({"diffs": NOISE, "expect": "lower"}, "inconclusive"),
+        ({"diffs": FLAT, "expect": "lower", "margin": 0.01}, "does not hold"),  # equivalence where a gap was expected
+        ({"diffs": FLAT, "expect": "higher", "margin": 0.001}, "inconclusive"),  # too tight a margin to show
+        ({"diffs": FLAT, "expect": "same", "margin": 0.01}, "holds"),
+        ({"diffs": WIN, "expect": "same", "margin": 0.01}, "inconclusive"),  # no difference test in the family
+    ]
+    out = stats.verdicts([c for c, _ in claims])
+    assert [c["verdict"] for c in out] == [v for _, v in claims]
+    assert all(c["p_holm"] >= c["test"]["p"] for c in out if c["p_holm"] is not None)
+
+
+def test_verdicts_reject_an_unknown_side_and_a_same_claim_without_margin():
+    with pytest.raises(ValueError, match="expect='below'"):
+        stats.verdicts([{"diffs": WIN, "expect": "below"}])
+    with pytest.raises(ValueError, match="margin"):
+        stats.verdicts([{"diffs": FLAT, "expect": "same"}])
+
+
+def test_detectable_is_the_effect_at_holms_strictest_step():
+    diffs, family, alpha = [0.031, 0.012, 0.024], 2, 0.04  # alpha / family = 0.02: the 0.99 quantile, df = 2
+    _, se = mean_se(diffs)
+    d = stats.detectable(diffs, family, alpha)
+    assert d == pytest.approx(t_quantile_df2(0.99) * se, abs=1e-12)
+    mean = sum(diffs) / 3
+    assert stats.paired_test([x - mean + d for x in diffs])["p"] == pytest.approx(alpha / family, abs=1e-9)
+
+
+def test_detectable_without_spread_asks_whether_the_sign_test_can_settle_anything():
+    assert stats.detectable([0.1] * 5, 1) is None  # the smallest p is 0.0625 > 0.05
+    assert stats.detectable([0.1] * 6, 1) == 0.0  # 0.03125 < 0.05
+    assert stats.detectable([0.1] * 6, 2) is None  # 0.03125 > 0.025
+    assert stats.detectable([0.1], 1) is None
+    with pytest.raises(ValueError, match="family=0"):
+        stats.detectable([0.1, 0.2], 0)

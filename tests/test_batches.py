@@ -1,0 +1,46 @@
+"""data/batches.py: the batches a run's settings choose, and PoSE's skipped position ids against the paper's rule."""
+
+import pytest
+import torch
+
+import train
+from checkpoint import load_checkpoint
+from conftest import flags, log, same_tensors
+from data.batches import BatchConfig, PoSE, make_batches
+from data.tokenizer import load_meta
+
+
+def test_pose_ids_skip_ahead_in_chunks_to_the_target_and_cover_every_distance():
+    L0, factor, n = 16, 4, 512
+    ids = torch.cat([PoSE(factor, 2).ids(n, L0, seed) for seed in range(4)])  # (4n, L0)
+    steps = ids[:, 1:] - ids[:, :-1]
+    assert (steps >= 1).all() and ids[:, 0].eq(0).all()  # increasing, the first chunk from 0 (u_0 = 0)
+    assert ((steps > 1).sum(1) <= 1).all()  # two chunks: at most one skip a row, inside each chunk +1
+    assert ids.max() == factor * L0 - 1  # the ids reach L_t - 1
+    covered = {int(d) for row in ids for d in (row[:, None] - row[None, :]).flatten() if d > 0}
+    assert covered == set(range(1, factor * L0))  # every relative distance below L_t, across the batch
+    three = PoSE(factor, 3).ids(n, L0, 0)
+    assert (((three[:, 1:] - three[:, :-1]) > 1).sum(1) <= 2).all() and three.max() <= factor * L0 - 1
+    assert torch.equal(PoSE(1, 2).ids(8, L0, 0), torch.arange(L0).expand(8, L0))  # no room: the plain ids
+    assert torch.equal(PoSE(factor, 2).ids(8, L0, 5), PoSE(factor, 2).ids(8, L0, 5))  # a function of its seed
+
+
+def test_pose_without_skips_trains_exactly_as_ordinary_training(data_dir, tmp_path):
+    plain, pose = tmp_path / "plain", tmp_path / "pose"
+    train.main(flags(data_dir, plain, "--max_iters=3", "--log_interval=1"))
+    train.main(flags(data_dir, pose, "--max_iters=3", "--log_interval=1", "--pose_factor=1"))  # ids 0..T-1, given
+    a, b = (load_checkpoint(d / "ckpt.pt") for d in (plain, pose))
+    assert same_tensors(a["model"], b["model"]) and [m["train_loss"] for m in log(plain)] == [
+        m["train_loss"] for m in log(pose)]
+
+
+def test_the_settings_choose_the_batches_and_a_setting_that_does_nothing_is_refused(data_dir):
+    meta = load_meta(data_dir / "shakespeare_char")
+    batches = make_batches(BatchConfig(recall_share=0.5, recall_pairs=2, pose_factor=2.0), data_dir / "shakespeare_char",
+                           meta, 32, 4, 0, "cpu", 1)
+    b = batches.train(0, 0)
+    assert b.position_ids.shape == (4, 32) and b.position_ids.max() < 64 and (b.y == -1).any()  # the task's rows
+    with pytest.raises(ValueError, match="pose_chunks=3 does nothing without a pose_factor"):
+        BatchConfig(pose_chunks=3)
+    with pytest.raises(ValueError, match=r"recall_pairs=20 must lie in \[1, 13\]"):
+        BatchConfig(recall_pairs=20)
