@@ -16,8 +16,7 @@ from data.tokenizer import tokenizer_from_meta
 class BatchConfig:
     recall_share: float = opt(0.0, "share of training sequences that carry the associative-recall task "
                                    "(data/recall.py)", check=SHARE)
-    recall_pairs: int = opt(4, "needles in a sequence that carries the recall task (chance of a whole answer: "
-                               "1/recall_pairs)", check=("lie in [1, 13]: each needle has a key letter and two "
+    recall_pairs: int = opt(4, "needles in a sequence that carries the recall task", check=("lie in [1, 13]: each needle has a key letter and two "
                                                          "capitals of its own", lambda v: 1 <= v <= 13))
     recall_queries: int | None = opt(None, "queries at the end of a recall sequence, each a needle drawn with "
                                            "replacement (default recall_pairs)", check=POSITIVE)
@@ -58,8 +57,7 @@ class PoSE:
 
 def make_batches(bc, dataset_dir, meta, block_size, batch_size, seed, device, eval_iters):
     """The Batches of a run: text, with the recall task in a share of the training rows and PoSE's ids as bc says."""
-    task = (Recall(tokenizer_from_meta(meta), bc.recall_pairs, bc.recall_queries or bc.recall_pairs)
-            if bc.recall_share else None)
+    task = Recall(tokenizer_from_meta(meta), bc.recall_pairs, bc.recall_queries) if bc.recall_share else None
     if task:
         task.insert(torch.zeros(1, block_size + 1, dtype=torch.long), 1.0, 0)  # a row too short fails now
     if bc.pose_factor is not None and bc.pose_chunks > block_size:

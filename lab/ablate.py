@@ -373,7 +373,7 @@ def make_plan(ac, gcfg, tc, bc):
     scales = numbers("lr_scales", ac.lr_scales, float, 1e-9, "0.5,1,2")
     if 1 not in scales:
         raise ValueError(f"lr_scales={ac.lr_scales!r} must include 1, the shared rate every scheme is ranked at")
-    probe = (Probe(meta, gcfg.block_size, ac, bc.recall_pairs, tc.batch_size * gcfg.block_size, rt.device)
+    probe = (Probe(meta, gcfg.block_size, ac, ac.probe_pairs, tc.batch_size * gcfg.block_size, rt.device)
              if bc.recall_share else None)
     seeds = [tc.seed + i for i in range(ac.seeds)]
     if len(scales) > 1 and ac.selection_seed in seeds:

@@ -15,7 +15,8 @@ tests allow.
    `finetune_warmup` steps and then stays constant. A fine-tune runs until its L0 loss levels off (fell by less than
    `plateau_tol` over the last `plateau_span` steps, measured every `finetune_eval` steps), `finetune_max` steps at
    the most (the PI paper's 1,000); it is scored at each of `finetune_scored` below that and at its plateau: loss at
-   L0, s L0 and 2s L0, and retrieval by distance in windows of 2s L0. Step 0 is the base model with the scaling alone.
+   L0, s L0 and 2s L0, and retrieval by distance in windows of s L0 (the target), at the plateau also of 2s L0.
+   Step 0 is the base model with the scaling alone.
 3. Rates: each method and factor fine-tunes the selection seed (`selection_seed`, in no test) at each of
    `finetune_lrs`, widened by one more rate where the best is at the sweep's edge; its lowest loss at s L0 at the
    plateau sets the rate of every test seed.
@@ -112,7 +113,7 @@ class Lab:
     seeds: list  # the test seeds
     rt: Runtime
     meta: dict  # the dataset's
-    probe: Probe  # retrieval at L0 and at each fine-tune's 2s L0
+    probe: Probe  # retrieval at L0 and at each fine-tune's s L0 and 2s L0
     windows: dict  # {L: Batches holding the fixed validation windows of L tokens}, L in s*L0 multiples
 
     @property
@@ -174,8 +175,8 @@ def make_lab(ec, gcfg, tc, bc):
     per_forward = tc.batch_size * L0
     lengths = sorted({L0} | {round(m * L0) for s in factors for m in (s, 2 * s)})
     windows = eval_sets(dataset_dir, meta, lengths, ec.eval_tokens, per_forward, rt.device)
-    probe = Probe(meta, L0, ec, bc.recall_pairs, per_forward, rt.device,
-                  lengths=[L0] + [round(2 * s * L0) for s in factors])
+    probe = Probe(meta, L0, ec, ec.probe_pairs, per_forward, rt.device,
+                  lengths=[L0] + [round(m * s * L0) for s in factors for m in (1, 2)])
     lab = Lab(ec, gcfg, tc, bc, numbers("rope_bases", ec.rope_bases, float, 1.0, "200,10000"), methods, factors,
               numbers("finetune_lrs", ec.finetune_lrs, float, 1e-12, "3e-4,1e-3,3e-3"), scored, seeds, rt, meta, probe,
               windows)
@@ -270,11 +271,15 @@ def finetune_run(lab, b, method, s, seed, lr):
     out, gcfg, tc, bc = lab.finetune(b, method, s, seed, lr)
     check_settings(out, gcfg, tc, bc)
     base_out, L0, ec = lab.base(b, seed)[0], lab.L0, lab.ec
-    lengths, W = [L0, round(s * L0), round(2 * s * L0)], round(2 * s * L0)
+    lengths = [L0, round(s * L0), round(2 * s * L0)]
 
-    def scores(where, step=None, **changes):
+    def scores(where, step=None, past=False, **changes):
+        """Loss at L0, s L0 and 2s L0; retrieval by distance in windows of the target s L0 (PI's passkey test spreads
+        its distances over the target window), and at the plateau past it, in windows of 2s L0."""
         model = checked_model(where, lab.rt, step, **changes)
-        return {"loss": {str(L): loss_at(model, lab, L) for L in lengths}, "retrieval": retrieval(model, lab, W)}
+        found = {"target": retrieval(model, lab, lengths[1])} | ({"past": retrieval(model, lab, lengths[2])} if past
+                                                                  else {})
+        return {"loss": {str(L): loss_at(model, lab, L) for L in lengths}, "retrieval": found}
     scaled = {"rope_scaling": gcfg.rope_scaling, "rope_scaling_factor": gcfg.rope_scaling_factor}
     done = {"0": evaluated(out / "step0.json", lambda: scores(base_out, **scaled))}
     l0_curve, step = {"0": done["0"]["loss"][str(L0)]}, 0
@@ -285,8 +290,7 @@ def finetune_run(lab, b, method, s, seed, lr):
             "loss": loss_at(checked_model(out, lab.rt, step), lab, L0)})["loss"]
         if step in lab.scored:
             done[str(step)] = evaluated(out / f"step{step}.json", lambda: scores(out, step))
-    if str(step) not in done:  # the plateau
-        done[str(step)] = evaluated(out / f"step{step}.json", lambda: scores(out, step))
+    done[str(step)] = evaluated(out / f"plateau{step}.json", lambda: scores(out, step, past=True))  # the plateau
     return {"l0_curve": l0_curve, "plateau": step, "scores": done, "lr": lr, "train_s": trained_seconds(out),
             "tokens": step * tc.batch_size * gcfg.block_size}
 

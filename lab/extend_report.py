@@ -45,19 +45,27 @@ def lab_results(lab, done, sweeps, rates):
 
 def value(run, step, what, name):
     """A run's figure at a fine-tuning step (PLATEAU: its own plateau; a step past it: the plateau's, where it had
-    levelled off): its loss at a length ("loss", "128"), or its k_max at a threshold ("kmax", "pi")."""
+    levelled off): its loss at a length ("loss", "128"), or its k_max at a threshold ("kmax", "pi") in windows of
+    the target s L0, or past it in windows of 2s L0 ("kmax_past", at the plateau)."""
     step = run["plateau"] if step == PLATEAU or int(step) > run["plateau"] else int(step)
     scores = run["scores"][str(step)]
-    return scores["loss"][name] if what == "loss" else scores["retrieval"]["kmax"][name]
+    if what == "loss":
+        return scores["loss"][name]
+    return scores["retrieval"]["past" if what == "kmax_past" else "target"]["kmax"][name]
 
 
 def by_step(runs, scored, s, L0):
     """{step: {"loss": {L: mean_std}, "kmax": {threshold: mean_std}}} over the seeds at each scored step and the
-    plateau (a seed that levelled off before a step counts with its plateau's figures)."""
+    plateau (a seed that levelled off before a step counts with its plateau's figures); the plateau's also
+    "kmax_past", in windows of 2s L0."""
     lengths = [str(L) for L in (L0, round(s * L0), round(2 * s * L0))]
-    return {str(st): {"loss": {L: mean_std(value(r, st, "loss", L) for r in runs.values()) for L in lengths},
-                      "kmax": {n: mean_std(value(r, st, "kmax", n) for r in runs.values()) for n in THRESHOLDS}}
-            for st in [*scored, PLATEAU]}
+
+    def over_seeds(step, what):
+        return {n: mean_std(value(r, step, what, n) for r in runs.values()) for n in THRESHOLDS}
+    out = {str(st): {"loss": {L: mean_std(value(r, st, "loss", L) for r in runs.values()) for L in lengths},
+                     "kmax": over_seeds(st, "kmax")} for st in [*scored, PLATEAU]}
+    out[PLATEAU]["kmax_past"] = over_seeds(PLATEAU, "kmax_past")
+    return out
 
 
 # ----------------------------------------------------------------------------- the papers' claims at this scale
@@ -99,8 +107,9 @@ def claims(r):
             for step, when in ((early, f"after {early} steps"), (PLATEAU, "at the plateau")):
                 claim(f"({'f' if step == early else 'g'}) {when}, PI's k_max at 20% is longer than direct "
                       f"fine-tuning's {at}", k("linear", step), k("none", step), "higher")
-            claim(f"(h) at the plateau, YaRN's k_max at 20% in {far}-token windows is longer than PI's {at}",
-                  k("yarn", PLATEAU), k("linear", PLATEAU), "higher")
+            claim(f"(h) at the plateau, YaRN's k_max at 20% in {far}-token windows, past the fine-tuned length, is longer "
+                  f"than PI's {at}", values(b, "yarn", s, PLATEAU, "kmax_past", "pi"),
+                  values(b, "linear", s, PLATEAU, "kmax_past", "pi"), "higher")
             for m, how in (("pose", "at PI's steps and rows"), ("pose-tokens", "at PI's tokens")):
                 claim(f"(i) at the plateau, PoSE {how} has a loss at {near} tokens within {SAME_MARGIN} nats of PI's "
                       f"{at}", loss(m, PLATEAU), loss("linear", PLATEAU), "same", SAME_MARGIN)
@@ -178,13 +187,18 @@ def md_plateaus(r, ex):
 
 def md_kmax(r):
     steps = [*map(str, r["scored"]), PLATEAU]
+
+    def cell(k):
+        return f"{pm(k['pi'], '.0f')} / {pm(k['strict'], '.0f')}"
     rows = [[f"{x['factor']:g}", x["method"], round(x["factor"] * r["block_size"]),
-             *(f"{pm(x['by_step'][st]['kmax']['pi'], '.0f')} / {pm(x['by_step'][st]['kmax']['strict'], '.0f')}"
-               for st in steps)] for x in r["finetune"].values()]
+             *(cell(x["by_step"][st]["kmax"]) for st in steps), cell(x["by_step"][PLATEAU]["kmax_past"])]
+            for x in r["finetune"].values()]
     return ("## The effective window k_max against fine-tuning steps\n\nk_max at 20% (PI's) / at 90% (ours), in "
-            "tokens, in windows of 2s L0, mean ± std over the test seeds; the target s L0 beside (a seed past its "
-            "plateau counts with its plateau's figures).\n\n"
-            + md_table(["s", "method", "s L0", *(f"step {st}" for st in steps)], rows, text_columns=2))
+            "tokens, in windows of the target s L0 (as the PI paper spreads its distances over the target window), "
+            "mean ± std over the test seeds (a seed past its plateau counts with its plateau's figures); last, at the "
+            "plateau in windows of 2s L0, past the fine-tuned length.\n\n"
+            + md_table(["s", "method", "s L0", *(f"step {st}" for st in steps), "plateau, 2s L0 windows"], rows,
+                       text_columns=2))
 
 
 def md_loss(r):
@@ -255,8 +269,9 @@ def write_plots(r, out):
         fig.suptitle(title)
         plots.save(fig, f"window_b{b:g}.png", title)
         panels = [(f"{x['method']} x{x['factor']:g}, plateau",
-                   {str(round(2 * x["factor"] * L0)): mean_distance([run["scores"][str(run["plateau"])] for run in
-                                                                     x["runs"].values()])}) for x in arms]
+                   {str(round(m * x["factor"] * L0)): mean_distance([run["scores"][str(run["plateau"])] for run in
+                                                                     x["runs"].values()], where)
+                    for m, where in ((1, "target"), (2, "past"))}) for x in arms]
         distance_plots(plots, panels, L0, r["chance"], f"retrieval_b{b:g}.png",
                        f"RoPE base {b:g}: whole answers by distance at each fine-tune's plateau (mean over seeds)")
         curve = [(f"seed {seed}, step {st}", {str(L0): c["distance"]}) for seed, run in r["base"][f"rope-b{b:g}"].items()
@@ -266,7 +281,7 @@ def write_plots(r, out):
     return plots
 
 
-def mean_distance(scores):
-    """The mean over seeds of their retrieval by distance."""
-    by_k = [s["retrieval"]["distance"] for s in scores]
+def mean_distance(scores, where):
+    """The mean over seeds of their retrieval by distance in windows of the target ("target") or past it ("past")."""
+    by_k = [s["retrieval"][where]["distance"] for s in scores]
     return {k: sum(d[k] for d in by_k) / len(by_k) for k in by_k[0]}

@@ -306,7 +306,7 @@ class Worker:
             return None
         try:
             kind, value = self.conn.recv()
-        except EOFError:
+        except (EOFError, ConnectionResetError):  # the pipe closed with the worker, or was cut as it died
             self.process.join()
             code = self.process.exitcode
             kind, value = "died", signal.Signals(-code).name if code < 0 else f"exit status {code}"

@@ -36,6 +36,8 @@ class ProbeSettings:
     probe_distances: int = opt(32, "needle-to-query distances probed per window, spread evenly from the shortest to "
                                    "the window's length (PI's passkey test spreads its distances alike)")
     probe_trials: int = opt(16, "probe windows per length and distance")
+    probe_pairs: int = opt(10, "needles in a probe window, the asked one among them: a whole answer by copying some "
+                               "needle without reading the key is right 1 time in probe_pairs (chance)")
 
     def __post_init__(self):
         if self.probe_trials < 1:

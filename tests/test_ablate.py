@@ -21,7 +21,7 @@ from model import GPTConfig
 # 2 schemes x 2 seeds of a tiny model, a few steps; L0 = 32, scored at 16, 32 and 64 tokens
 GRID = [*TINY, "--schemes=rope,learned", "--seeds=2", "--max_iters=4", "--eval_interval=2",
         "--log_interval=2", "--eval_lengths=0.5,1,2", "--eval_tokens=128", "--sample_tokens=8", "--recall_share=0.5",
-        "--recall_pairs=2", "--probe_lengths=1,2", "--probe_distances=4", "--probe_trials=2"]
+        "--recall_pairs=2", "--probe_pairs=2", "--probe_lengths=1,2", "--probe_distances=4", "--probe_trials=2"]
 
 
 def has_matplotlib():
@@ -139,7 +139,7 @@ def test_dry_run_prints_the_grid_and_an_estimate_and_trains_nothing(data_dir, tm
 @pytest.mark.parametrize("arg, named", [
     ("--schemes=rope,zpos", "'zpos'"), ("--variants=b: rope_bse=5", "rope_bse"),
     ("--variants=d: drop_rope_at=5000", "scheme 'd': drop_rope_at=5000 must lie between 0 and max_iters=4"),
-    ("--variants=d: recalibration_lr=1e-3", "variant 'd': DroPE's recalibration_lr needs drop_rope_at, the step of the drop"),
+    ("--variants=d: recalibration_lr=1e-3", "variant 'd': DroPE's recalibration_lr needs drop_rope_at"),
     ("--variants=b: rope_fraction=0.1", "'b': "), ("--schemes=rope,rope", "repeated: rope"), ("--eval_lengths=1,abc", "abc"), ("--rope_scalings=ntk,nope", "'nope'"),
     ("--eval_lengths=8000", "does not fit"), ("--sample_prompt=ROMEO€", "€"), ("--seeds=0", "seeds=0"),
     ("--lr_scales=0.5,2", "must include 1"), ("--probe_lengths=0.25", "a probe window of W=8 tokens cannot hold 2"),
@@ -223,3 +223,14 @@ def test_drope_recalibrates_on_a_schedule_of_its_own_when_given_a_peak():
     assert lrs[19] == pytest.approx(0.05 + 0.5 * (1 + np.cos(np.pi * 6 / 7)) * 0.45)  # cosine to a tenth of it
     assert [ablate.DropSchedule(tc, ablate.DroPE(10)).lr(it) for it in range(20)] == [
         train.Schedule(tc).lr(it) for it in range(20)]  # without a peak of its own: the run's schedule goes on
+
+
+def test_the_gpu_config_runs_shrunk_on_the_cpu(data_dir, tmp_path):
+    """configs/ablate_gpu.toml's own settings, with a tiny model, few steps and float32 on the CPU."""
+    out = tmp_path / "abl"
+    run("lab/ablate.py", "configs/ablate_gpu.toml", *TINY, "--schemes=rope,learned", "--seeds=2", "--max_iters=2",
+        "--eval_interval=2", "--eval_tokens=128", "--probe_trials=2", "--probe_distances=2", "--recall_pairs=2",
+        "--recall_queries=2", "--probe_pairs=2", "--sample_tokens=4", "--device=cpu", f"--data_dir={data_dir}",
+        f"--out_dir={out}")
+    res = json.loads((out / "results.json").read_text())
+    assert set(res["schemes"]) == {"rope", "learned"} and res["lengths"] == [32, 64]

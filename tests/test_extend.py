@@ -13,9 +13,9 @@ from lab import extend, extend_report
 
 # L0 = 32: RoPE (base 200) on 2 test seeds and the selection seed, 2 stages of 2 steps; fine-tuned at 64 tokens
 LAB = [*TINY, "--rope_bases=200", "--seeds=2", "--methods=none,linear,yarn,pose", "--factors=2", "--base_check=2",
-       "--max_iters=4", "--eval_interval=2", "--finetune_lrs=1e-3,3e-3", "--finetune_eval=2", "--plateau_span=4",
+       "--max_iters=4", "--eval_interval=2", "--finetune_lrs=3e-3", "--finetune_eval=2", "--plateau_span=4",
        "--finetune_max=8", "--finetune_scored=0,2", "--early_step=2", "--eval_tokens=128", "--probe_trials=2",
-       "--probe_distances=4", "--recall_share=0.5", "--recall_pairs=2", "--recall_queries=3"]
+       "--probe_distances=4", "--recall_share=0.5", "--recall_pairs=2", "--recall_queries=3", "--probe_pairs=2"]
 
 
 def test_the_lab_sweeps_rates_on_a_held_out_seed_fine_tunes_to_the_plateau_and_a_rerun_trains_nothing(data_dir,
@@ -26,7 +26,7 @@ def test_the_lab_sweeps_rates_on_a_held_out_seed_fine_tunes_to_the_plateau_and_a
     res = json.loads((out / "results.json").read_text())
     sweep = sorted(p.name for p in (out / "sweep").iterdir())
     tests = sorted(p.name for p in (out / "finetune").iterdir())
-    assert all(name.endswith("-seed1000") for name in sweep) and len(sweep) >= 8  # 4 methods x 2 rates, or widened
+    assert all(name.endswith("-seed1000") for name in sweep) and len(sweep) == 4  # a rate for each method
     assert {name.rsplit("-seed", 1)[1] for name in tests} == {"1337", "1338"}  # the selection seed tests nothing
     for arm in res["finetune"].values():
         assert set(arm["runs"]) == {"1337", "1338"} and arm["lr"] == float(min(arm["sweep"], key=arm["sweep"].get))
@@ -40,7 +40,9 @@ def test_the_lab_sweeps_rates_on_a_held_out_seed_fine_tunes_to_the_plateau_and_a
     assert set(yarn["by_step"]) == {"0", "2", "plateau"} and set(yarn["by_step"]["plateau"]["loss"]) == {"32", "64",
                                                                                                           "128"}
     run0 = yarn["runs"]["1337"]
-    assert set(run0["scores"]["2"]["retrieval"]["distance"]) and run0["plateau"] in (4, 6, 8)
+    assert set(run0["scores"]["2"]["retrieval"]) == {"target"} and run0["plateau"] in (4, 6, 8)
+    assert set(run0["scores"][str(run0["plateau"])]["retrieval"]) == {"target", "past"}  # 64 and 128 tokens
+    assert max(map(int, run0["scores"]["2"]["retrieval"]["target"]["distance"])) < 64
     assert [int(st) for st in run0["l0_curve"]] == list(range(0, run0["plateau"] + 1, 2))
     assert res["regime"][-1]["name"].startswith("LLaMA-2-7B") and res["memory"]["pose x2"] < res["memory"]["linear x2"]
     md = (out / "results.md").read_text()
@@ -88,9 +90,10 @@ def test_a_fine_tune_stops_where_its_l0_loss_levels_off():
 
 def test_claims_pair_the_seeds_read_each_run_at_its_own_plateau_and_skip_methods_not_run():
     def arm(method, losses, kmaxes, plateaus):  # per seed: {step: loss at 64}, {step: k_max at 20%}, plateau
-        runs = {str(s): {"plateau": p, "scores": {st: {"loss": {"32": v, "64": v, "128": v},
-                                                       "retrieval": {"kmax": {"pi": kmaxes[i][st], "strict": 0}}}
-                                                  for st, v in losses[i].items()}}
+        def scores(v, k):
+            return {"loss": {"32": v, "64": v, "128": v},
+                    "retrieval": {where: {"kmax": {"pi": k, "strict": 0}} for where in ("target", "past")}}
+        runs = {str(s): {"plateau": p, "scores": {st: scores(v, kmaxes[i][st]) for st, v in losses[i].items()}}
                 for i, (s, p) in enumerate(zip((1, 2), plateaus))}
         return {"base": 200.0, "method": method, "factor": 2.0, "runs": runs}
     r = {"block_size": 32, "early_step": 2, "bases": [200.0], "factors": [2.0], "finetune": {
@@ -104,3 +107,16 @@ def test_claims_pair_the_seeds_read_each_run_at_its_own_plateau_and_skip_methods
     assert made["(b)"]["diffs"] == pytest.approx([2.2 - 2.3, 2.35 - 2.4]) and made["(b)"]["expect"] == "lower"
     assert made["(e)"]["expect"] == "same" and made["(e)"]["margin"] == extend_report.SAME_MARGIN
     assert made["(f)"]["diffs"] == [4, 4] and made["(g)"]["diffs"] == [56, 56] and made["(g)"]["expect"] == "higher"
+
+
+@pytest.mark.parametrize("name", ["extend_gpu.toml", "extend_l256_cpu.toml"])
+def test_the_gpu_and_second_scale_configs_run_shrunk_on_the_cpu(data_dir, tmp_path, name):
+    """Each config's own settings, with a tiny model, few steps and float32 on the CPU in place of its scale."""
+    out = tmp_path / "ext"
+    shrunk = [*TINY, "--seeds=1", "--methods=none,pose", "--base_check=2", "--max_iters=2", "--eval_interval=2",
+              "--finetune_lrs=1e-3", "--finetune_eval=2", "--plateau_span=2", "--finetune_max=4",
+              "--finetune_scored=0,2", "--early_step=2", "--eval_tokens=128", "--probe_trials=2", "--probe_distances=2",
+              "--recall_pairs=2", "--recall_queries=2", "--probe_pairs=2", "--device=cpu"]
+    run("lab/extend.py", f"configs/{name}", *shrunk, f"--data_dir={data_dir}", f"--out_dir={out}")
+    res = json.loads((out / "results.json").read_text())
+    assert set(res["finetune"]) == {f"rope-b{res['bases'][0]:g}-{m}-x{res['factors'][0]:g}" for m in ("none", "pose")}

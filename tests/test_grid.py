@@ -368,3 +368,10 @@ def test_the_slurm_settings_reach_the_sbatch_script(tmp_path, monkeypatch):
     (fake_bin / "sbatch").write_text('#!/bin/sh\necho "sbatch: error: invalid partition specified: gpu" >&2; exit 1\n')
     with pytest.raises(ValueError, match="^sbatch refused the jobs: sbatch: error: invalid partition specified: gpu$"):
         slurm.submit(slurm.executor(launch, "toy"), [slurm.Task(toy_run, (toy_context, ()), ("a", 1), 4)])
+
+
+def test_a_sweep_widens_past_the_edge_its_best_lies_on_and_stops_at_its_most():
+    assert grid.widen([0.5, 1, 2], 2, 5) == 4.0 and grid.widen([0.5, 1, 2], 0.5, 5) == 0.25
+    assert grid.widen([0.5, 1, 2], 1, 5) is None  # the best inside: nothing to widen
+    assert grid.widen([0.25, 0.5, 1, 2, 4], 4, 5) is None and grid.widen([1], 1, 5) is None
+    assert grid.widen([1e-3, 3e-3, 9e-3], 9e-3, 5) == 0.027  # named as its run folder will be
