@@ -5,14 +5,16 @@
 
 Every run of a seed sees the same batches in the same order (data.loader.Batches draws them from
 (seed, step), not from global RNG state) and the same token budget, so differences between
-schemes are paired by seed. With lr_scales, each scheme first trains on the first seed at each
-multiple of the learning rates, and its best takes every seed: one ranking at the shared rate, one
-with each scheme at its own (DroPE's variants run at the shared rate: they are RoPE until the drop, and the
-recalibration's own rate is their axis). After training at context L0 = block_size each model is scored on
-fixed validation windows at multiples of L0 (RoPE models also with inference-time scaling, factor
-L/L0, beyond L0), on retrieval over depth x length where training carries the recall task, and its
-first seed's attention and score biases are recorded. Each scheme against the reference is a paired
-test with Holm's correction over the table (lab/stats.py); a p between 0.01 and 0.1 brings more seeds.
+schemes are paired by seed. With lr_scales, each scheme first trains on the selection seed (in no test) at each
+multiple of the learning rates, the sweep widened where its best lies at an edge, and its best takes every test
+seed: one ranking at the shared rate, one with each scheme at its own (DroPE's variants run at the shared rate:
+they are RoPE until the drop, and the recalibration's own rate is their axis). After training at context
+L0 = block_size each model is scored on fixed validation windows at multiples of L0 (RoPE models also with
+inference-time scaling, factor L/L0, beyond L0), on retrieval by needle-to-query distance (lab/retrieval.py)
+where training carries the recall task, and its first seed's attention and score biases are recorded. Each
+scheme against the reference is a paired test, one Holm family over the table (lab/stats.py). The runs go
+through lab/grid.run_jobs: workers on this machine (each run's thread count is recorded, and tokens/s compared
+only between equal counts) or Slurm jobs.
 out_dir receives runs/<scheme>[-lr<scale>]-seed<S>/ (one train.py run each), results.json, and from
 ablate_report.py results.md, results.csv and PNG plots (when matplotlib is installed).
 Rerunning the same command skips finished runs and resumes an interrupted one.

@@ -2,6 +2,8 @@
 (lab/extend.py). Statistics are lab/stats.py's, output formats lab/report.py's; this module knows nothing of
 training."""
 
+import statistics
+
 from lab.report import Plots, dress, md_regime, md_table, pm, regime_rows
 from lab.retrieval import THRESHOLDS, distance_plots
 from lab.stats import detectable, mean_std, verdicts
@@ -36,11 +38,14 @@ def lab_results(lab, done, sweeps, rates):
                "elimination": lab.probe.elimination, "base_gate": lab.ec.base_gate,
                "regime": regime_rows([(f"this config (base {b:g})", lab.gcfg.head_dim, b, L0) for b in lab.bases]),
                "base": base, "finetune": finetune, "train_s": sum(r["train_s"] for r in done.values())}
-    results["claims"] = verdicts(claims(results))
-    family = results["claims"][0]["family"] if results["claims"] else 0
-    for c in results["claims"]:
-        c["detectable"] = detectable(c["diffs"], family)
+    results["claims"] = judged(claims(results))
     return results
+
+
+def judged(claims):
+    """The claims with their tests and verdicts (lab/stats.py), each with the smallest difference its seeds settle."""
+    claims = verdicts(claims)
+    return [c | {"detectable": detectable(c["diffs"], c["family"])} for c in claims]
 
 
 def value(run, step, what, name):
@@ -216,19 +221,19 @@ def pct(x):
 def md_claims(claims):
     rows = []
     for c in claims:
-        t = c["test"]
+        t, same = c["test"], c["expect"] == "same"
         ci = "—" if t["ci"] is None else f"[{t['ci'][0]:+.3f}, {t['ci'][1]:+.3f}]"
-        p = "—" if t["p"] is None else f"{t['p']:.2g}"
-        holm = c["equivalence_p_holm"] if c["expect"] == "same" else c["p_holm"]
+        test, p, holm = ((f"TOST ±{c['margin']:g}", c["equivalence_p"], c["equivalence_p_holm"]) if same
+                         else (t["test"] or "—", t["p"], c["p_holm"]))
         settled = "none" if c["detectable"] is None else f"{c['detectable']:.3g}"
-        rows.append([c["claim"], f"{t['mean']:+.3f}", ci, t["test"] or "—", p, "—" if holm is None else f"{holm:.2g}",
-                     f"**{c['verdict']}**", len(c["diffs"]), settled])
+        rows.append([c["claim"], f"{t['mean']:+.3f}", ci, test, "—" if p is None else f"{p:.2g}",
+                     "—" if holm is None else f"{holm:.2g}", f"**{c['verdict']}**", len(c["diffs"]), settled])
     family = claims[0]["family"] if claims else 0
     return ("## The papers' claims at this scale\n\nEach claim as per-seed differences A − B (loss in nats, k_max in "
             "tokens): their mean, the 95% CI (unadjusted), the test (the paired t-test; the exact sign test where every "
-            "seed gives the same difference, where t is undefined) and its p, and p Holm-adjusted over one family of "
-            f"{family} tests: each directional claim's difference test and each \"same\" claim's equivalence test "
-            f"(two one-sided tests within ±{SAME_MARGIN} nats; its p is the one shown). \"holds\" needs p (Holm) < 0.05 "
+            "seed gives the same difference, where t is undefined; for a \"same\" claim its equivalence test) and its "
+            f"p, and p Holm-adjusted over one family of {family} tests: each directional claim's difference test and each \"same\" claim's equivalence test "
+            f"(TOST: two one-sided tests within ±{SAME_MARGIN} nats). \"holds\" needs p (Holm) < 0.05 "
             "on the expected side, \"does not hold\" on the other; a \"same\" claim holds when equivalence is shown, "
             "else it is inconclusive. The last column is the smallest mean difference these seeds could settle given "
             "the spread seen (none: an exact test on this many seeds cannot reach Holm's first threshold).\n\n"
@@ -247,25 +252,28 @@ def write_plots(r, out):
     L0, steps = r["block_size"], [*map(str, r["scored"]), PLATEAU]
     for b in r["bases"]:
         arms = [x for x in r["finetune"].values() if x["base"] == b]
+        color = {m: f"C{i}" for i, m in enumerate(dict.fromkeys(x["method"] for x in arms))}  # a method's, everywhere
         fig, axes = plt.subplots(2, len(r["factors"]), figsize=(6 * len(r["factors"]), 7), squeeze=False)
         for col, s in enumerate(r["factors"]):
             for x in (x for x in arms if x["factor"] == s):
-                xs = [max(int(st) if st != PLATEAU else 0, 1) for st in steps[:-1]]
+                plateau = statistics.mean(run["plateau"] for run in x["runs"].values())  # drawn at the seeds' mean
+                xs = [max(int(st), 1) for st in steps[:-1]] + [plateau]
                 for name, style in (("pi", "o-"), ("strict", "x--")):
-                    ys = [x["by_step"][st]["kmax"][name]["mean"] for st in steps[:-1]]
-                    axes[0, col].plot(xs, ys, style, label=f"{x['method']} ({THRESHOLDS[name]:.0%})")
+                    ys = [x["by_step"][st]["kmax"][name]["mean"] for st in steps]
+                    axes[0, col].plot(xs, ys, style, color=color[x["method"]],
+                                      label=f"{x['method']} ({THRESHOLDS[name]:.0%})")
                 for seed, run in x["runs"].items():
                     curve = sorted((int(st), v) for st, v in run["l0_curve"].items())
                     axes[1, col].plot([max(st, 1) for st, _ in curve], [v for _, v in curve], lw=0.8,
-                                      label=x["method"] if seed == next(iter(x["runs"])) else None)
+                                      color=color[x["method"]], label=x["method"] if seed == next(iter(x["runs"])) else None)
             axes[0, col].axhline(s * L0, color="gray", linestyle=":")
             axes[0, col].set(xscale="log")
             axes[1, col].set(xscale="log")
-            dress(axes[0, col], f"s = {s:g} (dotted: s L0)", "fine-tuning step (0 drawn at 1)", "k_max (tokens)",
-                  legend="inside")
+            dress(axes[0, col], f"s = {s:g} (dotted: s L0; last point: the plateau)", "fine-tuning step (0 drawn at 1)",
+                  "k_max (tokens)", legend="inside")
             dress(axes[1, col], f"s = {s:g}: loss at L0 = {L0} while fine-tuning (each seed)", "fine-tuning step",
                   "val loss at L0", legend="inside")
-        title = f"RoPE base {b:g}: k_max (20%, 90%) and the L0 loss against fine-tuning steps"
+        title = f"RoPE base {b:g}: k_max (20%, 90%) and the L0 loss while fine-tuning"
         fig.suptitle(title)
         plots.save(fig, f"window_b{b:g}.png", title)
         panels = [(f"{x['method']} x{x['factor']:g}, plateau",

@@ -107,6 +107,9 @@ def test_claims_pair_the_seeds_read_each_run_at_its_own_plateau_and_skip_methods
     assert made["(b)"]["diffs"] == pytest.approx([2.2 - 2.3, 2.35 - 2.4]) and made["(b)"]["expect"] == "lower"
     assert made["(e)"]["expect"] == "same" and made["(e)"]["margin"] == extend_report.SAME_MARGIN
     assert made["(f)"]["diffs"] == [4, 4] and made["(g)"]["diffs"] == [56, 56] and made["(g)"]["expect"] == "higher"
+    row = next(line for line in extend_report.md_claims(extend_report.judged(list(made.values()))).splitlines()
+               if line.startswith("| (e)"))
+    assert f"| TOST ±{extend_report.SAME_MARGIN:g} |" in row  # a "same" claim shows its equivalence test's p
 
 
 @pytest.mark.parametrize("name", ["extend_gpu.toml", "extend_l256_cpu.toml"])
@@ -116,7 +119,7 @@ def test_the_gpu_and_second_scale_configs_run_shrunk_on_the_cpu(data_dir, tmp_pa
     shrunk = [*TINY, "--seeds=1", "--methods=none,pose", "--base_check=2", "--max_iters=2", "--eval_interval=2",
               "--finetune_lrs=1e-3", "--finetune_eval=2", "--plateau_span=2", "--finetune_max=4",
               "--finetune_scored=0,2", "--early_step=2", "--eval_tokens=128", "--probe_trials=2", "--probe_distances=2",
-              "--recall_pairs=2", "--recall_queries=2", "--probe_pairs=2", "--device=cpu"]
+              "--recall_pairs=2", "--recall_queries=2", "--probe_pairs=2", "--device=cpu", "--workers=1"]
     run("lab/extend.py", f"configs/{name}", *shrunk, f"--data_dir={data_dir}", f"--out_dir={out}")
     res = json.loads((out / "results.json").read_text())
     assert set(res["finetune"]) == {f"rope-b{res['bases'][0]:g}-{m}-x{res['factors'][0]:g}" for m in ("none", "pose")}
