@@ -13,7 +13,7 @@ import numpy as np
 from files import atomic_write
 from lab.report import Plots, dress, md_regime, md_table, palette, pm
 from lab.retrieval import THRESHOLDS, distance_plots, grid_mean, kmax
-from lab.stats import detectable, mean_std, verdicts
+from lab.stats import mean_std, verdicts
 from rope import NO_SCALING as AS_TRAINED  # the loss tables' key of a model scored as it was trained
 
 # ----------------------------------------------------------------------------- figures over seeds
@@ -64,8 +64,7 @@ def verdicts_against(schemes, reference, ranking, margin):
             common = sorted(mine.keys() & ref_loss.keys())
             claims.append({"scheme": name, "diffs": [mine[s] - ref_loss[s] for s in common], "expect": "lower",
                            "margin": margin})
-    judged = verdicts(claims)
-    return [c | {"detectable": detectable(c["diffs"], c["family"])} for c in judged]
+    return verdicts(claims)
 
 
 def verdict_words(claim, reference):

@@ -6,7 +6,7 @@ import statistics
 
 from lab.report import Plots, dress, md_regime, md_table, pm, regime_rows
 from lab.retrieval import THRESHOLDS, distance_plots
-from lab.stats import detectable, mean_std, verdicts
+from lab.stats import mean_std, verdicts
 
 PLATEAU = "plateau"  # the step key of each run's own plateau
 # nats: a "same" claim's margin, the largest change of loss at the original window the PI paper reports: Table 2,
@@ -38,14 +38,8 @@ def lab_results(lab, done, sweeps, rates):
                "elimination": lab.probe.elimination, "base_gate": lab.ec.base_gate,
                "regime": regime_rows([(f"this config (base {b:g})", lab.gcfg.head_dim, b, L0) for b in lab.bases]),
                "base": base, "finetune": finetune, "train_s": sum(r["train_s"] for r in done.values())}
-    results["claims"] = judged(claims(results))
+    results["claims"] = verdicts(claims(results))
     return results
-
-
-def judged(claims):
-    """The claims with their tests and verdicts (lab/stats.py), each with the smallest difference its seeds settle."""
-    claims = verdicts(claims)
-    return [c | {"detectable": detectable(c["diffs"], c["family"])} for c in claims]
 
 
 def value(run, step, what, name):

@@ -99,8 +99,8 @@ def verdicts(claims, alpha=ALPHA):
       does not hold  the difference is on the other side, or equivalence shown where a difference was expected;
       inconclusive   neither (for "same": equivalence not shown, since no test of a difference is in the family).
     Returns new dicts: each claim with "test" (paired_test), "equivalence_p" (None without a margin), "p_holm",
-    "equivalence_p_holm", "family" (the number of tests in the table's Holm family, the same on every claim)
-    and "verdict"."""
+    "equivalence_p_holm", "family" (the number of tests in the table's Holm family, the same on every claim),
+    "verdict" and "detectable" (the smallest difference its seeds could settle in this family)."""
     out = [judged(c) for c in claims]
     differences = [None if c["expect"] == "same" else c["test"]["p"] for c in out]
     adjusted = holm(differences + [c["equivalence_p"] for c in out])
@@ -108,7 +108,8 @@ def verdicts(claims, alpha=ALPHA):
     for c, p, q in zip(out, adjusted, adjusted[len(out):]):
         differs, same = p is not None and p < alpha, q is not None and q < alpha
         c |= {"p_holm": p, "equivalence_p_holm": q, "family": family,
-              "verdict": verdict(c["expect"], c["test"]["mean"], differs, same)}
+              "verdict": verdict(c["expect"], c["test"]["mean"], differs, same),
+              "detectable": detectable(c["diffs"], family, alpha) if family else None}
     return out
 
 

@@ -225,12 +225,13 @@ def test_drope_recalibrates_on_a_schedule_of_its_own_when_given_a_peak():
         train.Schedule(tc).lr(it) for it in range(20)]  # without a peak of its own: the run's schedule goes on
 
 
-def test_the_gpu_config_runs_shrunk_on_the_cpu(data_dir, tmp_path):
+def test_the_gpu_config_runs_shrunk_on_the_cpu(data_dir, tmp_path, capsys):
     """configs/ablate_gpu.toml's own settings, with a tiny model, few steps and float32 on the CPU."""
     out = tmp_path / "abl"
-    run("lab/ablate.py", "configs/ablate_gpu.toml", *TINY, "--schemes=rope,learned", "--seeds=2", "--max_iters=2",
-        "--eval_interval=2", "--eval_tokens=128", "--probe_trials=2", "--probe_distances=2", "--recall_pairs=2",
-        "--recall_queries=2", "--probe_pairs=2", "--sample_tokens=4", "--device=cpu", f"--data_dir={data_dir}",
-        f"--out_dir={out}")
+    code, _, err = ablate_main(capsys, "configs/ablate_gpu.toml", *TINY, "--schemes=rope,learned", "--seeds=2",
+                               "--max_iters=2", "--eval_interval=2", "--eval_tokens=128", "--probe_trials=2",
+                               "--probe_distances=2", "--recall_pairs=2", "--recall_queries=2", "--probe_pairs=2",
+                               "--sample_tokens=4", "--device=cpu", f"--data_dir={data_dir}", f"--out_dir={out}")
+    assert code == 0, err
     res = json.loads((out / "results.json").read_text())
     assert set(res["schemes"]) == {"rope", "learned"} and res["lengths"] == [32, 64]

@@ -7,9 +7,11 @@ import re
 
 import pytest
 
+import train
 from checkpoint import load_checkpoint
 from conftest import TINY, run, same_tensors
 from lab import extend, extend_report
+from lab.stats import verdicts
 
 # L0 = 32: RoPE (base 200) on 2 test seeds and the selection seed, 2 stages of 2 steps; fine-tuned at 64 tokens
 LAB = [*TINY, "--rope_bases=200", "--seeds=2", "--methods=none,linear,yarn,pose", "--factors=2", "--base_check=2",
@@ -19,7 +21,7 @@ LAB = [*TINY, "--rope_bases=200", "--seeds=2", "--methods=none,linear,yarn,pose"
 
 
 def test_the_lab_sweeps_rates_on_a_held_out_seed_fine_tunes_to_the_plateau_and_a_rerun_trains_nothing(data_dir,
-                                                                                                      tmp_path):
+                                                                                                      tmp_path, capsys):
     out = tmp_path / "ext"
     args = [*LAB, f"--data_dir={data_dir}", f"--out_dir={out}"]
     run("lab/extend.py", *args, "--workers=2")  # two runs at a time, each in a process of its own
@@ -51,17 +53,17 @@ def test_the_lab_sweeps_rates_on_a_held_out_seed_fine_tunes_to_the_plateau_and_a
     assert {c["verdict"] for c in res["claims"]} <= {"holds", "does not hold", "inconclusive"}
 
     stamps = {p: p.stat().st_mtime_ns for p in out.rglob("*.pt")}
-    again = run("lab/extend.py", *args)
-    assert {p: p.stat().st_mtime_ns for p in out.rglob("*.pt")} == stamps, again.stdout
+    extend.main(args)  # in-process from here on: the command itself ran above
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*.pt")} == stamps, capsys.readouterr().out
     assert json.loads((out / "results.json").read_text())["finetune"] == res["finetune"]
 
     # the stages add up to one run: fine-tuning straight to the plateau gives the same weights
     folder = out / "finetune" / "rope-b200-yarn-x2-lr{:g}-seed1337".format(yarn["lr"])
     ft = json.loads((folder / "config.json").read_text())
     straight = tmp_path / "straight"
-    run("train.py", *TINY, f"--data_dir={data_dir}", f"--out_dir={straight}",
-        *(f"--{k}={v}" for k, v in {**ft["model"], **ft["train"], **ft["batches"]}.items()
-          if k not in ("out_dir", "resume", "vocab_size") and v is not None))
+    train.main([*TINY, f"--data_dir={data_dir}", f"--out_dir={straight}",
+                *(f"--{k}={v}" for k, v in {**ft["model"], **ft["train"], **ft["batches"]}.items()
+                  if k not in ("out_dir", "resume", "vocab_size") and v is not None)])
     assert same_tensors(load_checkpoint(straight / "ckpt.pt")["model"], load_checkpoint(folder / "ckpt.pt")["model"])
 
 
@@ -107,7 +109,7 @@ def test_claims_pair_the_seeds_read_each_run_at_its_own_plateau_and_skip_methods
     assert made["(b)"]["diffs"] == pytest.approx([2.2 - 2.3, 2.35 - 2.4]) and made["(b)"]["expect"] == "lower"
     assert made["(e)"]["expect"] == "same" and made["(e)"]["margin"] == extend_report.SAME_MARGIN
     assert made["(f)"]["diffs"] == [4, 4] and made["(g)"]["diffs"] == [56, 56] and made["(g)"]["expect"] == "higher"
-    row = next(line for line in extend_report.md_claims(extend_report.judged(list(made.values()))).splitlines()
+    row = next(line for line in extend_report.md_claims(verdicts(list(made.values()))).splitlines()
                if line.startswith("| (e)"))
     assert f"| TOST ±{extend_report.SAME_MARGIN:g} |" in row  # a "same" claim shows its equivalence test's p
 
@@ -120,6 +122,6 @@ def test_the_gpu_and_second_scale_configs_run_shrunk_on_the_cpu(data_dir, tmp_pa
               "--finetune_lrs=1e-3", "--finetune_eval=2", "--plateau_span=2", "--finetune_max=4",
               "--finetune_scored=0,2", "--early_step=2", "--eval_tokens=128", "--probe_trials=2", "--probe_distances=2",
               "--recall_pairs=2", "--recall_queries=2", "--probe_pairs=2", "--device=cpu", "--workers=1"]
-    run("lab/extend.py", f"configs/{name}", *shrunk, f"--data_dir={data_dir}", f"--out_dir={out}")
+    extend.main([f"configs/{name}", *shrunk, f"--data_dir={data_dir}", f"--out_dir={out}"])
     res = json.loads((out / "results.json").read_text())
     assert set(res["finetune"]) == {f"rope-b{res['bases'][0]:g}-{m}-x{res['factors'][0]:g}" for m in ("none", "pose")}

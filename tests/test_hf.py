@@ -15,7 +15,7 @@ import hf  # noqa: E402
 import sample  # noqa: E402
 import train  # noqa: E402
 from checkpoint import load_source  # noqa: E402
-from conftest import TINY, run  # noqa: E402
+from conftest import TINY  # noqa: E402
 from data import prepare  # noqa: E402
 from huggingface_hub import constants  # noqa: E402
 
@@ -85,24 +85,27 @@ def test_an_imported_model_exports_back_to_its_architecture(checkpoint):
     assert (again(idx).logits - theirs(idx).logits).abs().max().item() < TOLERANCE
 
 
-def test_fine_tune_from_a_checkpoint_resume_and_sample(checkpoint, corpus, tmp_path):
-    folder, theirs = checkpoint
+def test_fine_tune_from_a_checkpoint_resume_and_sample(checkpoint, corpus, tmp_path, capsys):
+    folder, theirs = checkpoint  # in-process: each command in a subprocess spent ~4 s importing transformers
     data = tmp_path / "data"
-    run("data/prepare.py", "--input", corpus, "--data_dir", data, "--dataset", "tiny", "--tokenizer", f"hf:{folder}")
+    assert prepare.main(["--input", str(corpus), "--data_dir", str(data), "--dataset", "tiny",
+                         "--tokenizer", f"hf:{folder}"]) == 0
     assert json.loads((data / "tiny" / "meta.json").read_text())["tokenizer"] == "hf"
     out = tmp_path / "run"
     args = [*TINY, f"--data_dir={data}", "--dataset=tiny", f"--out_dir={out}", f"--init_from=hf:{folder}",
             "--eval_interval=2", "--learning_rate=1e-3"]
-    run("train.py", *args, "--max_iters=4")
+    train.main([*args, "--max_iters=4"])
     # the checkpoint's weights moved by 4 steps of at most ~lr each, not a fresh model's (std 0.02, noise 0.1 apart)
     embedding = torch.load(out / "ckpt.pt", weights_only=True)["model"]["wte.weight"]
     assert (embedding - theirs.get_input_embeddings().weight).abs().max() < 0.01
-    run("train.py", *args, "--max_iters=6", "--resume")
+    train.main([*args, "--max_iters=6", "--resume"])
     assert [json.loads(line)["iter"] for line in (out / "metrics.jsonl").read_text().splitlines()][-1] == 6
-    text = run("sample.py", f"--out_dir={out}", "--start=ROMEO:", "--max_new_tokens=20", "--temperature=0").stdout
+    capsys.readouterr()
+    sample.main([f"--out_dir={out}", "--start=ROMEO:", "--max_new_tokens=20", "--temperature=0"])
+    text = capsys.readouterr().out
     assert text.startswith("ROMEO:") and len(text) == len("ROMEO:") + 20 + 1
-    original = run("sample.py", f"--out_dir=hf:{folder}", "--start=ROMEO:", "--max_new_tokens=20").stdout
-    assert original.startswith("ROMEO:")
+    sample.main([f"--out_dir=hf:{folder}", "--start=ROMEO:", "--max_new_tokens=20"])
+    assert capsys.readouterr().out.startswith("ROMEO:")
 
 
 def test_what_cannot_be_imported_is_one_line_and_nothing_is_written(corpus, data_dir, tmp_path, monkeypatch, capsys):

@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from conftest import TINY, run
 from files import read_log
 from lab import recipe
@@ -19,7 +21,7 @@ def first_at_or_below(out, target):
     return None
 
 
-def test_recipes_train_their_changes_and_time_the_first_evaluation_at_the_target(data_dir, tmp_path):
+def test_recipes_train_their_changes_and_time_the_first_evaluation_at_the_target(data_dir, tmp_path, capsys):
     out = tmp_path / "rec"
     base = [*GRID, f"--data_dir={data_dir}", f"--out_dir={out}"]
     run(*base, HOT, "--target_loss=3.5")
@@ -41,18 +43,21 @@ def test_recipes_train_their_changes_and_time_the_first_evaluation_at_the_target
             assert x["steps"]["mean"] == sum(h[0] for h in got) / len(got)
     assert "| hot | mlp_act=relu2, learning_rate=0.01 |" in (out / "results.md").read_text()
 
-    # another target re-reports without training again: the checkpoints stay as they were
+    # another target re-reports without training again: the checkpoints stay as they were (in-process from here)
     stamps = {p: p.stat().st_mtime_ns for p in out.glob("runs/*/ckpt.pt")}
-    run(*base, HOT, "--target_loss=0.1")
+    recipe.main([*base[1:], HOT, "--target_loss=0.1"])
     assert stamps == {p: p.stat().st_mtime_ns for p in out.glob("runs/*/ckpt.pt")}
     results = json.loads((out / "results.json").read_text())
     assert all(x["reached"] == 0 and x["steps"] is None for x in results["recipes"].values())
     assert "| 0/2 | N/A | N/A | N/A |" in (out / "results.md").read_text()
 
     # the same name with other changes is refused, naming the setting, before anything trains
-    proc = run(*base, "--recipes=hot: mlp_act=gelu, learning_rate=0.01", check=False)
-    assert proc.returncode == 1
-    assert "mlp_act: 'relu2' there, 'gelu' now" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as refused:
+        recipe.main([*base[1:], "--recipes=hot: mlp_act=gelu, learning_rate=0.01"])
+    err = capsys.readouterr().err
+    assert refused.value.code == 1
+    assert "mlp_act: 'relu2' there, 'gelu' now" in err and len(err.strip().splitlines()) == 1
 
 
 def test_reached_is_the_first_evaluation_at_or_below_the_target(tmp_path):

@@ -113,6 +113,7 @@ def test_the_holm_family_is_every_deciding_test_of_the_table():
     adjusted = [p for c in out for p in (c["p_holm"], c["equivalence_p_holm"]) if p is not None]
     assert min(adjusted) == pytest.approx(6 * min(ps))  # the smallest p pays for the whole family
     assert out[4]["test"]["p"] is not None  # a "same" claim's paired test is shown, not judged
+    assert [c["detectable"] for c in out] == [stats.detectable(c["diffs"], 6) for c in claims]  # in this family
 
 
 def test_each_verdict_branch():

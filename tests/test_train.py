@@ -268,20 +268,21 @@ def test_a_full_disk_stops_the_run_with_one_line_and_the_last_checkpoint_intact(
     assert [m["iter"] for m in log(out) if "val_loss" in m] == [2, 4, 6]
 
 
-def test_a_second_run_in_a_training_out_dir_is_refused_until_the_first_dies(data_dir, tmp_path):
+def test_a_second_run_in_a_training_out_dir_is_refused_until_the_first_dies(data_dir, tmp_path, capsys):
     out = tmp_path / "run"
     first = trainer(flags(data_dir, out, "--max_iters=1000000", "--log_interval=1", "--eval_interval=1000000"))
     try:
         wait_for(lambda: last_logged(out) >= 1, first)  # training, and no checkpoint yet
-        second = run("train.py", *flags(data_dir, out, "--max_iters=5"), check=False, env=ONE_THREAD)
-        lines = second.stderr.strip().splitlines()
-        assert second.returncode == 1 and len(lines) == 1, second.stderr
+        with pytest.raises(SystemExit) as second:  # in this process: another pid than the first's
+            train.main(flags(data_dir, out, "--max_iters=5"))
+        line = one_error_line(capsys)
+        assert second.value.code == 1
         assert re.fullmatch(rf"error: {out} is in use by another training run \(pid {first.pid}, started .*: "
-                            r"train\.py .*\); wait for it to finish, stop it, or use another folder", lines[0])
+                            r"train\.py .*\); wait for it to finish, stop it, or use another folder", line)
     finally:
         first.kill()
         first.communicate()
-    run("train.py", *flags(data_dir, out, "--max_iters=2"), env=ONE_THREAD)  # the killed run left no stale lock
+    train.main(flags(data_dir, out, "--max_iters=2"))  # the killed run left no stale lock
     assert [m["iter"] for m in log(out)] == [2]  # a fresh run's log starts empty, without the killed run's lines
 
 
