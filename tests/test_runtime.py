@@ -92,7 +92,8 @@ def test_the_guard_sees_a_bf16_newton_schulz():  # torch.optim.Muon's, the cliff
 
 @pytest.mark.parametrize("settings", [
     ["--optimizer=adamw"], ["--optimizer=muon"], ["--optimizer=muon", "--qk_norm"], ["--mlp_act=relu2"],
-    ["--logit_softcap=15"], ["--tie_embeddings=false"], ["--optimizer=muon", "drope"]],
+    ["--logit_softcap=15"], ["--tie_embeddings=false"], ["--optimizer=muon", "drope"],
+    ["--pose_factor=2", "--recall_share=0.5", "--recall_pairs=2"]],  # per-row position ids, task rows
     ids=lambda s: ",".join(a.removeprefix("--") for a in s))
 def test_a_float32_run_computes_no_matmul_in_reduced_precision(data_dir, tmp_path, settings):
     """One training step with each optimizer and recipe option (DroPE's drop at step 1 too), its evaluation, and
