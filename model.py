@@ -23,7 +23,8 @@ ACTIVATIONS = {  # mlp_act -> the MLP's nonlinearity
 }
 
 
-RoPE_ONLY, XPOS_ONLY, RNOPE_ONLY = positions.RoPE, positions.XPos, positions.RNoPE  # what a setting applies to
+# what a setting applies to: a scheme class and its subclasses (xpos and rnope are rotary, so rope_* reach them)
+ROTARY, XPOS, RNOPE = positions.RoPE, positions.XPos, positions.RNoPE
 FIXED_ON_BUILT = ("block_size", "dropout")  # no weight depends on them, but modules are built with them
 
 
@@ -41,22 +42,22 @@ class GPTConfig:
     original_len: int | None = opt(None, "L0, the context the model first learned (default block_size): every "
                                          "length-relative default reads it, and a fine-tune at a longer block_size "
                                          "keeps its checkpoint's", weights=False, check=POSITIVE)
-    rope_base: float = opt(10000.0, "RoPE base b in theta_i = b^(-2(i-1)/d)", RoPE_ONLY)
-    rope_fraction: float = opt(1.0, "fraction of each head's dims that RoPE rotates", RoPE_ONLY)
-    rope_layout: str = opt("interleaved", "RoPE pairing: " + ", ".join(rope.LAYOUTS), RoPE_ONLY,
+    rope_base: float = opt(10000.0, "RoPE base b in theta_i = b^(-2(i-1)/d)", ROTARY)
+    rope_fraction: float = opt(1.0, "fraction of each head's dims that RoPE rotates", ROTARY)
+    rope_layout: str = opt("interleaved", "RoPE pairing: " + ", ".join(rope.LAYOUTS), ROTARY,
                            check=one_of(rope.LAYOUTS))
-    rope_scaling: str = opt(rope.NO_SCALING, "RoPE context scaling: " + ", ".join(rope.SCALINGS), RoPE_ONLY,
+    rope_scaling: str = opt(rope.NO_SCALING, "RoPE context scaling: " + ", ".join(rope.SCALINGS), ROTARY,
                             weights=False, check=one_of(tuple(rope.SCALINGS)))
-    rope_scaling_factor: float = opt(1.0, "RoPE scaling factor s (1: plain RoPE)", RoPE_ONLY, weights=False,
+    rope_scaling_factor: float = opt(1.0, "RoPE scaling factor s (1: plain RoPE)", ROTARY, weights=False,
                                      check=("be a finite number >= 1", lambda v: 1 <= v < math.inf))
-    rope_p: float = opt(1.0, "p-RoPE: fraction of RoPE's frequencies that rotate, the highest (1 = all)", RoPE_ONLY,
+    rope_p: float = opt(1.0, "p-RoPE: fraction of RoPE's frequencies that rotate, the highest (1 = all)", ROTARY,
                         check=SHARE)
     xpos_scale_base: float | None = opt(None, "xpos: B in the decay zeta^((m - n)/B) of its scores (default L0 / 2, "
-                                              "the paper's ratio)", XPOS_ONLY)
-    nope_every: int = opt(4, "rnope: every this many layers, the last has no positional information", RNOPE_ONLY,
+                                              "the paper's ratio)", XPOS)
+    nope_every: int = opt(4, "rnope: every this many layers, the last has no positional information", RNOPE,
                           check=POSITIVE)
     rnope_window: int | None = opt(None, "rnope: keys a RoPE layer's query sees, sliding-window attention (default "
-                                         "L0 / 2, the paper's ratio)", RNOPE_ONLY, check=POSITIVE)
+                                         "L0 / 2, the paper's ratio)", RNOPE, check=POSITIVE)
     qk_norm: bool = opt(False, "layer-normalise each head's queries and keys (learned gain) before positions and scores")
     mlp_act: str = opt("gelu", "MLP activation: " + ", ".join(ACTIVATIONS), check=one_of(tuple(ACTIVATIONS)))
     tie_embeddings: bool = opt(True, "the head reuses the token embedding (false: a head of its own)")

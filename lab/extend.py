@@ -187,11 +187,6 @@ def make_lab(ec, gcfg, tc, bc):
 
 # ----------------------------------------------------------------------------- evaluation
 
-def load_model(out, rt, **changes):
-    model = model_from_checkpoint(load_checkpoint(out / "ckpt.pt", rt.device), rt.device).eval()
-    return model.reconfigure(**changes) if changes else model
-
-
 def loss_at(model, lab, L):
     return position_losses(model, lab.windows[L], lab.rt).mean().item()
 

@@ -158,11 +158,6 @@ def kmax(by_distance, threshold):
     return longest
 
 
-def kmax_grid(grid):
-    """{str(W): {threshold name: k_max}} of a grid, at each of THRESHOLDS; None past a scheme's reach."""
-    return {W: None if d is None else {name: kmax(d, th) for name, th in THRESHOLDS.items()} for W, d in grid.items()}
-
-
 def grid_mean(grids):
     """The grids of several seeds as one: each (length, distance) cell's share averaged (None past a reach)."""
     return {W: None if by_k is None else {k: sum(g[W][k] for g in grids) / len(grids) for k in by_k}

@@ -12,7 +12,7 @@ import torch
 
 from data.recall import FILLER, KEYS, NEEDLE, VALUES, distances
 from data.tokenizer import CharTokenizer
-from lab.retrieval import THRESHOLDS, Probe, ProbeSettings, distance_plots, grid_mean, kmax, kmax_grid
+from lab.retrieval import THRESHOLDS, Probe, ProbeSettings, distance_plots, grid_mean, kmax
 
 TOK = CharTokenizer(sorted(set("\n !',:;?" + FILLER + KEYS + VALUES)))
 KEY_IDS, WRONG = {TOK.stoi[k] for k in KEYS}, TOK.stoi["."]
@@ -115,15 +115,14 @@ def test_copying_the_latest_needle_passes_only_the_shortest_distances_whatever_t
 def test_k_max_is_the_largest_distance_retrieved_all_the_way_up_to():
     by_k = {"3": 0.95, "10": 0.9, "20": 0.5, "30": 0.95, "40": 0.1}
     assert kmax(by_k, 0.9) == 10 and kmax(by_k, 0.2) == 30 and kmax(by_k, 0.99) == 0 and kmax(None, 0.2) is None
-    grid = {"64": by_k, "128": None}
-    assert kmax_grid(grid) == {"64": {"pi": 30, "strict": 10}, "128": None}
 
 
 def test_the_grid_spans_the_lengths_with_none_past_a_schemes_reach_and_is_the_same_every_time():
     p, D = probe("1,2,4", trials=2), distances(L0, 32)[20]
     grid = p.grid(Answerer(oracle(D), pos_emb="learned"), Runtime)
     assert list(grid) == ["64", "128", "256"] and grid["128"] is grid["256"] is None  # learned positions stop at L0
-    assert kmax_grid(grid)["64"] == {"pi": D, "strict": D} and list(grid["64"]) == [str(k) for k in distances(64, 32)]
+    assert kmax(grid["64"], THRESHOLDS["pi"]) == kmax(grid["64"], THRESHOLDS["strict"]) == D
+    assert list(grid["64"]) == [str(k) for k in distances(64, 32)]
     assert all(torch.equal(a, b) for a, b in zip(p.windows[64].values(), probe("1", trials=2).windows[64].values()))
 
 
