@@ -23,8 +23,7 @@ ACTIVATIONS = {  # mlp_act -> the MLP's nonlinearity
 }
 
 
-# what a setting applies to: a scheme class and its subclasses (xpos and rnope are rotary, so rope_* reach them)
-ROTARY, XPOS, RNOPE = positions.RoPE, positions.XPos, positions.RNoPE
+ROTARY, XPOS, RNOPE = positions.RoPE, positions.XPos, positions.RNoPE  # a setting applies to these and subclasses
 FIXED_ON_BUILT = ("block_size", "dropout")  # no weight depends on them, but modules are built with them
 
 
