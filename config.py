@@ -29,11 +29,13 @@ def one_of(choices):
     return "be one of " + ", ".join(choices), lambda v: v in choices
 
 
-def opt(default, help, applies=None, weights=True, check=None):
+def opt(default, help, applies=None, weights=True, check=None, resume=False):
     """A dataclass field with its help string. applies: what the setting acts on (the owner checks a setting that
     is not at its default against it); weights=False: no weight depends on it, so it may change on a built or
-    loaded model; check: one of the checks above, which `validate` applies (None values pass: a default rule)."""
-    return field(default=default, metadata={"help": help, "applies": applies, "weights": weights, "check": check})
+    loaded model; check: one of the checks above, which `validate` applies (None values pass: a default rule);
+    resume=True: a resumed run may change it (how long it runs, where, what it evaluates and logs)."""
+    return field(default=default, metadata={"help": help, "applies": applies, "weights": weights, "check": check,
+                                            "resume": resume})
 
 
 def check_of(cls, name):
@@ -44,6 +46,11 @@ def check_of(cls, name):
 def weightless(cls):
     """The fields of cls declared weights=False."""
     return tuple(f.name for f in fields(cls) if not f.metadata.get("weights", True))
+
+
+def resumable(*classes):
+    """The fields of classes declared resume=True."""
+    return {f.name for cls in classes for f in fields(cls) if f.metadata.get("resume")}
 
 
 def validate(settings):
@@ -129,39 +136,52 @@ def command_line(args, known):
     return cli
 
 
-def parse(argv, *classes):
-    """One instance of each dataclass from [CONFIG.toml] [--key=value ...]."""
+def given(argv, *classes):
+    """{key: value} of what [CONFIG.toml] [--key=value ...] sets, each value of its field's type: the settings typed,
+    told apart from defaults even where they are equal."""
     known = known_keys(classes)
     args = list(argv)
     values = read_toml(args.pop(0)) if args and not args[0].startswith("--") else {}
     cli = command_line(args, known)
-    kwargs = {cls: {} for cls in classes}
+    out = {}
     for key, value in (values | cli).items():
         if key not in known:
             close = difflib.get_close_matches(key, known, n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
             raise ValueError(f"unknown config key {key!r}; {hint}--help lists every key")
-        cls, type_ = known[key]
-        kwargs[cls][key] = coerce(key, value, type_, key in cli)
-    return tuple(cls(**kwargs[cls]) for cls in classes)
+        out[key] = coerce(key, value, known[key][1], key in cli)
+    return out
+
+
+def build(values, *classes):
+    """One instance of each dataclass from {key: value} (their defaults elsewhere)."""
+    return tuple(cls(**{f.name: values[f.name] for f in fields(cls) if f.name in values}) for cls in classes)
+
+
+def parse(argv, *classes):
+    """One instance of each dataclass from [CONFIG.toml] [--key=value ...]."""
+    return build(given(argv, *classes), *classes)
 
 
 def help_text(*classes):
     return "\n".join(f"  {f'--{f.name}={f.default}':<34} {f.metadata['help']}" for cls in classes for f in fields(cls))
 
 
-def main(argv, doc, classes, run):
-    """A command's main: --help prints doc and every setting of classes; else run(*their parsed values). Bad input
-    (any ValueError) is one `error:` line and exit 1; Ctrl-C exits 130."""
+def main(argv, doc, classes, run, read=parse, error=lambda e: f"error: {e}", interrupted=lambda e: "", stops=()):
+    """Every command's main: --help prints doc and every setting of classes; else run(*read(argv, *classes)). Bad input
+    (any ValueError e) prints the one line error(e) (None: nothing, another process says it) and exits 1; Ctrl-C
+    (KeyboardInterrupt, or one of the exception types in stops) prints interrupted(e) and exits 130."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if "-h" in argv or "--help" in argv:
         print(doc + "\nSettings (defaults < CONFIG.toml < --key=value):\n" + help_text(*classes))
         return
     try:
-        run(*parse(argv, *classes))
+        run(*read(argv, *classes))
     except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
+        line = error(e)
+        if line is not None:
+            print(line, file=sys.stderr)
         sys.exit(1)
-    except KeyboardInterrupt:
-        print(file=sys.stderr)
+    except (KeyboardInterrupt, *stops) as e:
+        print(interrupted(e), file=sys.stderr)
         sys.exit(130)

@@ -113,6 +113,7 @@ class Scheme(nn.Module):
     name = None  # set by register
     relative = True  # scores depend on m - n alone: shifting every position changes nothing
     extrapolates = True  # it can read positions past block_size
+    reads_positions = True  # position ids change what it computes (PoSE's skipped ids act through them)
     attn_factor = 1.0  # multiplier of the softmax scale
 
     def __init__(self, config):
@@ -279,6 +280,8 @@ class ALiBi(Scheme):
 @register("none")
 class NoPE(Scheme):
     """No positional information (NoPE, Kazemnejad et al. 2023): the causal mask alone lets a decoder count."""
+
+    reads_positions = False
 
 
 def pairwise(per_pair, layout, head_dim, fill):

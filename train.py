@@ -23,6 +23,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import config
+import positions
 import trackers
 from trackers import Progress
 from checkpoint import fine_tune_config, load_source, pack, resumable_checkpoint, save_checkpoint, unpack
@@ -39,16 +40,17 @@ from runtime import DTYPES, Runtime, StopFlag, any_rank, mean_and_any, run_recor
 @dataclass
 class TrainConfig:
     dataset: str = opt("shakespeare_char", "dataset folder name under data_dir (made by data/prepare.py)")
-    data_dir: str = opt("data", "folder holding the prepared datasets")
-    out_dir: str = opt("out", "where checkpoints, config.json and metrics.jsonl go")
-    resume: bool = opt(False, "continue from out_dir/ckpt.pt")
+    data_dir: str = opt("data", "folder holding the prepared datasets", resume=True)
+    out_dir: str = opt("out", "where checkpoints, config.json and metrics.jsonl go", resume=True)
+    resume: bool = opt(False, "continue from out_dir/ckpt.pt with the run's own settings (its config.json); only those "
+                              "a resume may change can be given", resume=True)
     batch_size: int = opt(12, "sequences per micro-batch (per process)", check=POSITIVE)
     gradient_accumulation_steps: int = opt(1, "micro-batches per optimizer step, summed over all processes",
                                            check=POSITIVE)
     learning_rate: float = opt(6e-4, "peak learning rate", check=RATE)
     min_lr: float | None = opt(None, "final learning rate of the cosine decay (default learning_rate / 10)",
                                check=NON_NEGATIVE)
-    max_iters: int = opt(5000, "optimizer steps in total", check=POSITIVE)
+    max_iters: int = opt(5000, "optimizer steps in total", check=POSITIVE, resume=True)
     warmup_iters: int = opt(100, "steps of linear warmup", check=NON_NEGATIVE)
     lr_decay_iters: int | None = opt(None, "step where the cosine decay ends (default max_iters)", check=POSITIVE)
     weight_decay: float = opt(0.1, "AdamW weight decay on matrices (not on biases, norms)", check=NON_NEGATIVE)
@@ -66,17 +68,19 @@ class TrainConfig:
     muon_split_qkv: bool = opt(False, "Muon orthogonalises q, k and v apart, not their fused projection as one")
     grad_clip: float = opt(1.0, "clip the global gradient norm to this (0 = off)", check=NON_NEGATIVE)
     eval_interval: int = opt(250, "evaluate and checkpoint every this many steps (and at the end)",
-                             check=POSITIVE)
-    eval_iters: int = opt(20, "validation batches per evaluation (a fixed set)", check=POSITIVE)
-    log_interval: int = opt(10, "write a train line to metrics.jsonl every this many steps", check=POSITIVE)
-    device: str = opt("auto", "auto, cpu, cuda, cuda:N or mps")
+                             check=POSITIVE, resume=True)
+    eval_iters: int = opt(20, "validation batches per evaluation (a fixed set)", check=POSITIVE, resume=True)
+    log_interval: int = opt(10, "write a train line to metrics.jsonl every this many steps", check=POSITIVE,
+                            resume=True)
+    device: str = opt("auto", "auto, cpu, cuda, cuda:N or mps", resume=True)
     dtype: str = opt("auto", "auto (CUDA: bfloat16 if supported, else float16; CPU: bfloat16 where a probe finds "
                              "its matmuls 1.5x float32's, else float32; mps: float32), float32, bfloat16, float16",
                      check=one_of(DTYPES))
-    compile: bool | None = opt(None, "torch.compile the model (default: on for CUDA only)")
+    compile: bool | None = opt(None, "torch.compile the model (default: on for CUDA only)", resume=True)
     seed: int = opt(1337, "seed for initialisation, batches and dropout", check=NON_NEGATIVE)
-    progress: bool = opt(True, "show a progress bar")
-    log: str = opt("none", "also log what metrics.jsonl gets to wandb or tensorboard (each an optional package)")
+    progress: bool = opt(True, "show a progress bar", resume=True)
+    log: str = opt("none", "also log what metrics.jsonl gets to wandb or tensorboard (each an optional package)",
+                   resume=True)
     init_from: str = opt("", "start from this model's weights with a fresh optimizer: a run's out_dir or a checkpoint "
                              "file (fine-tuning, e.g. at a longer block_size with a context scaling), or hf:NAME_OR_PATH, "
                              "a transformers GPT-2 or GPT-NeoX checkpoint: its architecture, with this run's block_size, "
@@ -248,6 +252,7 @@ def start(gcfg, tc, bc, schedule):
     source = load_source(tc.init_from, "init_from") if tc.init_from else None
     gcfg = (fine_tune_config(source, gcfg, meta, f"init_from={tc.init_from}") if source
             else replace(gcfg, vocab_size=meta["vocab_size"]))
+    bc.check_model(gcfg, positions.scheme(gcfg.pos_emb))  # a fine-tune's scheme is its source's
     batches = make_batches(bc, dataset_dir, meta, gcfg.block_size, tc.batch_size, tc.seed, rt.device, tc.eval_iters)
     out = check_out_dir(tc) if rt.master else Path(tc.out_dir)
     ckpt = resumable_checkpoint(out / "ckpt.pt", gcfg, meta, tc.max_iters, tc.optimizer) if tc.resume else None
@@ -365,29 +370,60 @@ def save(state, val_loss, out, info):
     save_checkpoint(pack(state, info), out / "ckpt.pt")
 
 
+SETTINGS = (GPTConfig, TrainConfig, BatchConfig)
+
+
+def run_settings(path):
+    """{key: value} of every setting a run recorded in its config.json (path)."""
+    try:
+        record = json.loads(path.read_text())
+        return {k: v for part in ("model", "train", "batches") for k, v in record.get(part, {}).items()}
+    except (OSError, ValueError, AttributeError) as e:
+        raise ValueError(f"cannot resume: {path} is damaged ({type(e).__name__}: {str(e)[:120]}); pass every "
+                         "setting of the run with --resume, or use a new out_dir") from None
+
+
+def settings(argv, *classes):
+    """The settings of [CONFIG.toml] [--key=value ...]. A resume continues the run as it was started: its settings
+    are the run's own (out_dir/config.json) but for those the command gives, which must be ones a resume may change
+    (declared resume=True) or equal the run's. A folder without a config.json leaves the checkpoint's own checks."""
+    typed = config.given(argv, *classes)
+    recorded = Path(typed.get("out_dir", TrainConfig.out_dir)) / "config.json"
+    if not typed.get("resume") or not recorded.is_file():
+        return config.build(typed, *classes)
+    run = run_settings(recorded)
+    built = config.build(run | typed, *classes)  # a typed value is checked where it is declared first
+    free = config.resumable(*classes)
+    clash = [f"{k}: the run has {run[k]!r}, now {v!r}" for k, v in typed.items() if k in run and k not in free
+             and run[k] != v]
+    if clash:
+        raise ValueError(f"cannot resume: this command contradicts the run in {recorded} ({'; '.join(clash)}); leave "
+                         f"them out to continue with the run's, which a resume keeps but for {', '.join(sorted(free))}")
+    return built
+
+
+def error_line(e):
+    if isinstance(e, Divergence):  # every rank raises it at the same step: one message is enough
+        return f"error: {e}" if int(os.environ.get("RANK", 0)) == 0 else None
+    return f"{rank_prefix()}error: {e}"  # may be one rank's alone (a node without the data), so each says it
+
+
+def rank_prefix():
+    return f"[rank {os.environ.get('RANK', 0)}] " if int(os.environ.get("WORLD_SIZE", 1)) > 1 else ""
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
-    if "-h" in argv or "--help" in argv:
-        print(__doc__ + config.help_text(GPTConfig, TrainConfig, BatchConfig))
-        return
-    rank = int(os.environ.get("RANK", 0))
-    who = f"[rank {rank}] " if int(os.environ.get("WORLD_SIZE", 1)) > 1 else ""
-    try:
-        gcfg, tc, bc = config.parse(argv, GPTConfig, TrainConfig, BatchConfig)
-        train(gcfg, tc, bc, argv=argv)
-    except Divergence as e:
-        if rank == 0:  # every rank raises it together; one message is enough
-            print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
-    except ValueError as e:  # may be one rank's alone (a node without the data), so each says it
-        print(f"{who}error: {e}", file=sys.stderr)
-        sys.exit(1)
-    except KeyboardInterrupt:
-        print(f"{who}interrupted: quit at once, without a new checkpoint; those on disk are whole", file=sys.stderr)
-        sys.exit(130)
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+
+    def run(gcfg, tc, bc):
+        try:
+            train(gcfg, tc, bc, argv=argv)
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+    config.main(argv, __doc__, SETTINGS, run, read=settings, error=error_line,
+                interrupted=lambda e: f"{rank_prefix()}interrupted: quit at once, without a new checkpoint; those on "
+                                      "disk are whole")
 
 
 if __name__ == "__main__":

@@ -8,8 +8,11 @@ import torch
 
 from config import POSITIVE, SHARE, opt, validate
 from data.loader import Batches
-from data.recall import Recall
 from data.tokenizer import tokenizer_from_meta
+
+# PoSE's ids reach pose_factor x block_size - 1: past 2^24, float32 (the precision of the scores the distances enter)
+# no longer tells a position from its neighbour, so a longer target would train positions the model cannot tell apart
+POSE_MOST_POSITIONS = 1 << 24
 
 
 @dataclass
@@ -30,6 +33,27 @@ class BatchConfig:
         validate(self)
         if self.pose_chunks != 2 and self.pose_factor is None:
             raise ValueError(f"pose_chunks={self.pose_chunks} does nothing without a pose_factor")
+
+    def check_model(self, gcfg, scheme):
+        """Refuse PoSE where the model in force (gcfg, its positional scheme class `scheme`) cannot act on it."""
+        if self.pose_factor is None:
+            return
+        target = round(self.pose_factor * gcfg.block_size)  # L_t: the ids reach L_t - 1
+        if not scheme.reads_positions:
+            raise ValueError(f"pose_factor={self.pose_factor:g} does nothing for pos_emb={gcfg.pos_emb!r}: it reads no "
+                             "position ids, which are all PoSE changes; use a scheme that does (e.g. rope)")
+        if not scheme.extrapolates and target > gcfg.block_size:
+            raise ValueError(f"pose_factor={self.pose_factor:g} puts position ids up to {target - 1}, past "
+                             f"pos_emb={gcfg.pos_emb!r}'s table of block_size={gcfg.block_size} positions; PoSE "
+                             "needs a scheme that reads positions past block_size (e.g. rope)")
+        if target > POSE_MOST_POSITIONS:
+            raise ValueError(f"pose_factor={self.pose_factor:g} x block_size={gcfg.block_size} asks for "
+                             f"{target:.4g} positions, past 2^24 = {POSE_MOST_POSITIONS:,}, beyond which float32 (the "
+                             "scores' precision) cannot tell a position from its neighbour; use pose_factor <= "
+                             f"{POSE_MOST_POSITIONS // gcfg.block_size:,}")
+        if self.pose_chunks > gcfg.block_size:
+            raise ValueError(f"pose_chunks={self.pose_chunks} exceeds block_size={gcfg.block_size}: each chunk holds a "
+                             "token")
 
 
 class PoSE:
@@ -57,10 +81,10 @@ class PoSE:
 
 def make_batches(bc, dataset_dir, meta, block_size, batch_size, seed, device, eval_iters):
     """The Batches of a run: text, with the recall task in a share of the training rows and PoSE's ids as bc says."""
-    task = Recall(tokenizer_from_meta(meta), bc.recall_pairs, bc.recall_queries) if bc.recall_share else None
-    if task:
+    task = None
+    if bc.recall_share:
+        from data.recall import Recall  # a lab task: imported where one is asked for, so a plain run reads none of it
+        task = Recall(tokenizer_from_meta(meta), bc.recall_pairs, bc.recall_queries)
         task.insert(torch.zeros(1, block_size + 1, dtype=torch.long), 1.0, 0)  # a row too short fails now
-    if bc.pose_factor is not None and bc.pose_chunks > block_size:
-        raise ValueError(f"pose_chunks={bc.pose_chunks} exceeds block_size={block_size}: each chunk holds a token")
     pose = PoSE(bc.pose_factor, bc.pose_chunks) if bc.pose_factor is not None else None
     return Batches(dataset_dir, meta, block_size, batch_size, seed, device, eval_iters, task, bc.recall_share, pose)

@@ -1,10 +1,10 @@
 """Prepare a dataset: corpus text -> DIR/NAME/{train.bin, val.bin, meta.json}.
 
-    python data/prepare.py                                   # tiny Shakespeare, char-level
-    python data/prepare.py --tokenizer bpe --vocab_size 4096 # byte-level BPE trained on train
-    python data/prepare.py --input my.txt --dataset mine     # any local UTF-8 text file
-    python data/prepare.py --input corpus/ --dataset web --tokenizer gpt2     # a folder: its *.txt and *.jsonl
-    python data/prepare.py --input 'dumps/*.jsonl' --dataset web --tokenizer gpt2  # a glob, quoted
+    python -m data.prepare                                   # tiny Shakespeare, char-level
+    python -m data.prepare --tokenizer bpe --vocab_size 4096 # byte-level BPE trained on train
+    python -m data.prepare --input my.txt --dataset mine     # any local UTF-8 text file
+    python -m data.prepare --input corpus/ --dataset web --tokenizer gpt2     # a folder: its *.txt and *.jsonl
+    python -m data.prepare --input 'dumps/*.jsonl' --dataset web --tokenizer gpt2  # a glob, quoted
 
 The corpus is one file, a folder (its *.txt and *.jsonl files, recursively) or a glob, its files read in sorted
 order. A text file is one document; a .jsonl file holds one document a line, the "text" field of a JSON object.
@@ -40,16 +40,10 @@ import numpy as np
 import regex
 from tqdm import tqdm
 
-# Run as a script, sys.path[0] is data/; import through the repo root so there is one
-# data.tokenizer module whether prepare is run or imported.
-REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
-
-import config  # noqa: E402
-from config import POSITIVE, opt, validate  # noqa: E402
-from files import Stream, atomic_write, staged_folder  # noqa: E402
-from data.tokenizer import (  # noqa: E402
+import config
+from config import POSITIVE, opt, validate
+from files import Stream, atomic_write, staged_folder
+from data.tokenizer import (
     DATA_DIR,
     GPT2_PATTERN,
     HF_FILE,
@@ -620,10 +614,9 @@ def prepare(args: PrepareConfig) -> dict:
 def main(argv: list[str] | None = None) -> int:
     """The exit status: 0; 1 for bad input or an unreachable resource (one line); 130 for a stop (Ctrl-C, SIGTERM)."""
     try:
-        config.main(argv, __doc__, (PrepareConfig,), prepare)
+        config.main(argv, __doc__, (PrepareConfig,), prepare,
+                    interrupted=lambda e: "\nstopped: no dataset was written, and one prepared before is as it was")
     except SystemExit as e:
-        if e.code == 130:
-            print("stopped: no dataset was written, and one prepared before is as it was", file=sys.stderr)
         return e.code
     return 0
 

@@ -354,7 +354,7 @@ def dtype_for_vocab(vocab_size: int) -> str:
 def prepare_command(dataset_dir: str | os.PathLike) -> str:
     """The prepare.py command that (re)creates dataset_dir, for error messages."""
     path = Path(dataset_dir).resolve()
-    cmd = "python data/prepare.py"
+    cmd = "python -m data.prepare"
     tokenizer = path.name.rsplit("_", 1)[-1]
     if path.name in {f"shakespeare_{t}" for t in TOKENIZERS}:
         cmd += f" --tokenizer {tokenizer}"  # the default dataset name for that tokenizer

@@ -44,7 +44,7 @@ def corpus():
 def data_dir(corpus, tmp_path_factory):
     """A data root holding shakespeare_char, prepared from the shared corpus."""
     root = tmp_path_factory.mktemp("data")
-    run("data/prepare.py", "--input", corpus, "--data_dir", root)
+    run("-m", "data.prepare", "--input", corpus, "--data_dir", root)
     return root
 
 

@@ -44,7 +44,7 @@ def run_prepare(*args: str, env: dict | None = None) -> subprocess.CompletedProc
         full_env.pop(var, None)
     full_env |= env or {}
     return subprocess.run(
-        [sys.executable, "data/prepare.py", *args],
+        [sys.executable, "-m", "data.prepare", *args],
         cwd=REPO, env=full_env, capture_output=True, text=True, timeout=120,
     )
 
@@ -319,7 +319,7 @@ def test_dtype_for_vocab():
 
 
 def test_missing_dataset_errors_say_how_to_prepare(tmp_path):
-    with pytest.raises(ValueError, match=r"python data/prepare.py --tokenizer bpe --data_dir"):
+    with pytest.raises(ValueError, match=r"python -m data.prepare --tokenizer bpe --data_dir"):
         tk.load_meta(tmp_path / "shakespeare_bpe")
     (tmp_path / "mine").mkdir()
     meta = {"dtype": "uint16"}
@@ -351,7 +351,7 @@ def out_of_vocabulary(path):
         f.write(np.array([70], dtype=np.uint16).tobytes())  # 65 characters in the vocabulary
 
 
-FIX = re.escape("the dataset is damaged; re-create it with `python data/prepare.py --tokenizer char --data_dir ")
+FIX = re.escape("the dataset is damaged; re-create it with `python -m data.prepare --tokenizer char --data_dir ")
 DAMAGE = [  # (file, change, what the error says before the fix)
     ("meta.json", lambda p: p.write_text("{'vocab_size': 65}"), r"meta\.json is not valid JSON \(Expecting property"),
     ("meta.json", lambda p: p.write_text('{"vocab_size": 65}'), r"meta\.json lacks dataset, tokenizer, dtype"),

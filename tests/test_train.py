@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+import config
 import files
 import rope
 import runtime
@@ -299,18 +300,23 @@ def test_a_diverging_run_stops_naming_the_iteration_and_causes(data_dir, tmp_pat
     assert "no checkpoint had been written yet" in err and not (out / "ckpt.pt").exists()
 
 
+class Spike(train.Schedule):
+    """The plain schedule but a learning rate of 1e30 at step 3: its training loss is fine, the weights it leaves
+    are not."""
+
+    def lr(self, it):
+        return 1e30 if it == 2 else super().lr(it)
+
+
 def test_divergence_found_by_evaluation_leaves_the_last_good_checkpoint(data_dir, tmp_path, capsys):
     out = tmp_path / "run"
-    train.main(flags(data_dir, out, "--max_iters=2"))
-    before = {p: (out / p).read_bytes() for p in ("ckpt.pt", "best.pt")}
-    capsys.readouterr()
-    with pytest.raises(SystemExit):  # the training loss of step 3 is fine; the weights it leaves are not
-        train.main(flags(data_dir, out, "--resume", "--max_iters=4", "--learning_rate=1e30", "--eval_interval=1"))
-    err = one_error_line(capsys)
-    assert "evaluation gave a non-finite loss at iteration 3" in err
-    assert f"the last checkpoint, {out / 'ckpt.pt'} (iteration 2), is untouched" in err
-    assert all((out / p).read_bytes() == b for p, b in before.items())
-    train.main(flags(data_dir, out, "--resume", "--max_iters=3"))  # and it resumes
+    gcfg, tc, bc = config.parse(flags(data_dir, out, "--max_iters=3", "--eval_interval=2"), *train.SETTINGS)
+    with pytest.raises(train.Divergence) as e:
+        train.train(gcfg, tc, bc, Spike(tc))
+    assert "evaluation gave a non-finite loss at iteration 3" in str(e.value)
+    assert f"the last checkpoint, {out / 'ckpt.pt'} (iteration 2), is untouched" in str(e.value)
+    assert load_checkpoint(out / "ckpt.pt")["iter"] == 2
+    train.main(flags(data_dir, out, "--resume"))  # and it resumes
     assert load_checkpoint(out / "ckpt.pt")["iter"] == 3
 
 
@@ -323,8 +329,9 @@ def world(data_dir, tmp_path_factory):
     train.main(flags(data_dir, root / "run", "--max_iters=2"))
     good = (root / "run" / "ckpt.pt").read_bytes()
     ckpt = torch.load(root / "run" / "ckpt.pt", weights_only=True)
-    for name in ("corrupt", "truncated", "evil", "weights_only", "empty"):
+    for name in ("corrupt", "truncated", "evil", "weights_only", "empty", "damaged"):
         (root / name).mkdir()
+    (root / "damaged" / "config.json").write_text('{"model": {"n_layer": 2}, "train": [')
     (root / "corrupt" / "ckpt.pt").write_bytes(random.Random(0).randbytes(4000))
     (root / "truncated" / "ckpt.pt").write_bytes(good[: len(good) // 2])
     torch.save({"model": Payload(root / "pwned"), "model_config": {}}, root / "evil" / "ckpt.pt")
@@ -343,7 +350,9 @@ def world(data_dir, tmp_path_factory):
 
 
 # (case, arguments after the base command, what the one-line message must say); the base command
-# resumes the trained run in {root}/run, so every case also checks that nothing there changes
+# resumes the trained run in {root}/run, so every case also checks that nothing there changes; a case that checks a
+# fresh run's settings starts one in a new folder instead (a resume refuses any change of those first)
+FRESH = ["--resume=false", "--out_dir={root}/fresh"]
 BATTERY = [
     ("unknown key", ["--n_layers=3"], "unknown config key 'n_layers'; did you mean 'n_layer'?"),
     ("wrong type", ["--max_iters=ten"], "max_iters='ten' is not a valid int"),
@@ -354,9 +363,10 @@ BATTERY = [
     ("odd RoPE head size", ["--n_embd=6", "--n_head=2"], "head size n_embd/n_head=3 times rope_fraction=1.0 gives 3 rotated dims; choose them so this is even"),
     ("odd rope_fraction width", ["--rope_fraction=0.2"], "head size n_embd/n_head=16 times rope_fraction=0.2 gives 3 rotated dims; choose them so this is even"),
     ("dropout out of range", ["--dropout=1"], "dropout=1.0 must lie in [0, 1)"),
-    ("block_size > val split", ["--block_size=200000"], "block_size=200000 is too large for the val split"),
-    ("dataset not prepared", ["--dataset=nope"], "(meta.json is missing); create it with `python data/prepare.py"),
-    ("train.bin missing", ["--data_dir={root}/data", "--dataset=notrain"], "train.bin is missing; create it with"),
+    ("block_size > val split", [*FRESH, "--block_size=200000"], "block_size=200000 is too large for the val split"),
+    ("dataset not prepared", [*FRESH, "--dataset=nope"],
+     "(meta.json is missing); create it with `python -m data.prepare"),
+    ("train.bin missing", [*FRESH, "--data_dir={root}/data", "--dataset=notrain"], "train.bin is missing; create it with"),
     ("max_iters <= 0", ["--max_iters=0"], "max_iters=0 must be a positive integer"),
     ("negative learning rate", ["--learning_rate=-1e-3"], "learning_rate=-0.001 must be a finite number > 0"),
     ("batch size 0", ["--batch_size=0"], "batch_size=0 must be a positive integer"),
@@ -373,23 +383,24 @@ BATTERY = [
      "truncated or corrupt (RuntimeError: PytorchStreamReader failed reading zip archive: failed finding central directory)"),
     ("checkpoint carrying code", ["--out_dir={root}/evil"], "refused to load '{root}/evil/ckpt.pt': it asks to call"),
     ("weights-only checkpoint", ["--out_dir={root}/weights_only"], "lacks optimizer, scaler, iter, best_val_loss, rng"),
-    ("resume, other model shape", ["--n_layer=3", "--n_embd=64"], "n_layer: checkpoint 2, now 3; n_embd: checkpoint 32"),
-    ("resume, other tokenizer", ["--data_dir={root}/data", "--dataset=small"],
-     "vocab_size: checkpoint 65, now 5; tokenizer: dataset 'small' has another vocabulary"),
+    ("resume, other model shape", ["--n_layer=3", "--n_embd=64"],
+     "cannot resume: this command contradicts the run in {root}/run/config.json (n_layer: the run has 2, now 3; "
+     "n_embd: the run has 32, now 64); leave them out"),
+    ("resume, other dataset", ["--data_dir={root}/data", "--dataset=small"],
+     "dataset: the run has 'shakespeare_char', now 'small'"),
     ("resume, nothing to do", ["--max_iters=2"], "nothing to do: the checkpoint is at iteration 2 and max_iters=2"),
     ("resume, other RoPE scaling", ["--rope_scaling=linear", "--rope_scaling_factor=2"],
-     "rope_scaling: checkpoint 'none', now 'linear'; rope_scaling_factor: checkpoint 1.0, now 2.0"),
+     "rope_scaling: the run has 'none', now 'linear'; rope_scaling_factor: the run has 1.0, now 2.0"),
     ("recall_share out of range", ["--recall_share=1.5"], "recall_share=1.5 must lie in [0, 1]"),
-    ("recall in a short block", ["--recall_share=0.5", "--recall_pairs=5", "--block_size=24"],
+    ("recall in a short block", [*FRESH, "--recall_share=0.5", "--recall_pairs=5", "--block_size=24"],
      "block_size=24 cannot hold 5 needles and their queries (30 tokens)"),
     ("unknown optimizer", ["--optimizer=sgd"], "optimizer='sgd' must be one of adamw, muon"),
     ("no Newton-Schulz steps", ["--optimizer=muon", "--muon_ns_steps=0"], "muon_ns_steps=0 must be a positive integer"),
     ("muon_momentum >= 1", ["--optimizer=muon", "--muon_momentum=1"], "muon_momentum=1.0 must lie in [0, 1)"),
-    ("resume, other optimizer", ["--optimizer=muon"],
-     "the checkpoint was trained with optimizer='adamw', this run asks for optimizer='muon'"),
-    ("resume muon as adamw", ["--out_dir={root}/muon"],
-     "the checkpoint was trained with optimizer='muon', this run asks for optimizer='adamw'"),
-    ("resume, other recipe option", ["--qk_norm"], "qk_norm: checkpoint False, now True"),
+    ("resume, other optimizer", ["--optimizer=muon"], "optimizer: the run has 'adamw', now 'muon'"),
+    ("resume muon as adamw", ["--out_dir={root}/muon", "--optimizer=adamw"], "optimizer: the run has 'muon', now 'adamw'"),
+    ("resume, other recipe option", ["--qk_norm"], "qk_norm: the run has False, now True"),
+    ("resume, damaged config.json", ["--out_dir={root}/damaged"], "cannot resume: {root}/damaged/config.json is damaged"),
     ("init_from another shape", ["--resume=false", "--out_dir={root}/ft", "--init_from={root}/run", "--n_embd=64"],
      "init_from={root}/run is another model (n_embd: init_from={root}/run has 32, this run 64); a fine-tune keeps its "
      "architecture and may change only block_size, dropout, original_len, rope_scaling, rope_scaling_factor"),
@@ -398,7 +409,7 @@ BATTERY = [
      "block_size=64 is past init_from={root}/learned's learned position table (32 positions)"),
     ("init_from missing", ["--resume=false", "--out_dir={root}/ft", "--init_from={root}/nowhere"],
      "init_from={root}/nowhere: no such run folder or checkpoint file"),
-    ("gas not divisible by ranks", ["--gradient_accumulation_steps=3", "WORLD_SIZE=2"],
+    ("gas not divisible by ranks", [*FRESH, "--gradient_accumulation_steps=3", "WORLD_SIZE=2"],
      "gradient_accumulation_steps=3 must be divisible by the number of processes (2)"),
     ("one GPU named for all ranks", ["--device=cuda:1", "WORLD_SIZE=2"], "device='cuda:1' cannot serve 2 processes"),
 ]
@@ -442,13 +453,14 @@ def test_battery_config_files(world, data_dir, case, first, expected, monkeypatc
     assert expected.format(root=world) in run_battery_case(world, [first, *base], monkeypatch, capsys)
 
 
-# as real commands: exit status, one stderr line, no traceback (data/prepare.py and sample.py too)
+# as real commands: exit status, one stderr line, no traceback (python -m data.prepare and sample.py too)
 COMMANDS = [
     ("train: unknown key", ["train.py", "--max_iter=5"], "unknown config key 'max_iter'; did you mean 'max_iters'?"),
     ("train: corrupt checkpoint", ["train.py", *TINY, "--data_dir={data}", "--out_dir={root}/corrupt", "--resume"],
      "truncated or corrupt"),
-    ("prepare: empty corpus", ["data/prepare.py", "--input={root}/empty.txt", "--data_dir={root}/data"], "is empty"),
-    ("prepare: binary corpus", ["data/prepare.py", "--input={root}/binary.txt", "--data_dir={root}/data"],
+    ("prepare: empty corpus", ["-m", "data.prepare", "--input={root}/empty.txt", "--data_dir={root}/data"],
+     "is empty"),
+    ("prepare: binary corpus", ["-m", "data.prepare", "--input={root}/binary.txt", "--data_dir={root}/data"],
      "is not UTF-8 text"),
     ("sample: text outside the vocabulary", ["sample.py", "--out_dir={root}/smallrun", "--start=ROMEO:"],
      "text contains 5 character(s) outside the vocabulary: 'R', 'O', 'M', 'E', ':'"),
