@@ -44,3 +44,19 @@ def test_the_settings_choose_the_batches_and_a_setting_that_does_nothing_is_refu
         BatchConfig(pose_chunks=3)
     with pytest.raises(ValueError, match=r"recall_pairs=20 must lie in \[1, 13\]"):
         BatchConfig(recall_pairs=20)
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--pos_emb=none"], "pose_factor=2 does nothing for pos_emb='none': it reads no position ids"),
+    (["--pos_emb=learned"], "pose_factor=2 puts position ids up to 63, past pos_emb='learned''s table of "
+                            "block_size=32 positions"),
+    (["--pose_factor=1e9"], "pose_factor=1e+09 x block_size=32 asks for 3.2e+10 positions, past 2^24 = 16,777,216, "
+                            "beyond which float32 (the scores' precision) cannot tell a position from its neighbour; "
+                            "use pose_factor <= 524,288"),
+], ids=["nope", "learned table", "huge"])
+def test_pose_where_it_cannot_act_is_refused_naming_itself_before_anything_is_written(data_dir, tmp_path, capsys,
+                                                                                     args, expected):
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as e:
+        train.main(flags(data_dir, out, "--max_iters=2", "--pose_factor=2", *args))
+    assert e.value.code == 1 and expected in capsys.readouterr().err and not out.exists()

@@ -320,6 +320,37 @@ def test_divergence_found_by_evaluation_leaves_the_last_good_checkpoint(data_dir
     assert load_checkpoint(out / "ckpt.pt")["iter"] == 3
 
 
+# ----------------------------------------------------------------------------- what a run loads and resumes
+
+LOADED = ("import sys, train; train.main(sys.argv[1:]); "
+          "print([m for m in ('data.recall', 'hf', 'transformers', 'wandb', 'scipy') if m in sys.modules])")
+
+
+@pytest.mark.parametrize("task, loaded", [([], []), (["--recall_share=0.5", "--recall_pairs=2"], ["data.recall"])],
+                         ids=["plain", "recall task"])
+def test_a_run_imports_the_recall_task_only_when_asked_and_never_the_interop(data_dir, tmp_path, task, loaded):
+    # a process of its own: the test session's imports must not count
+    proc = run("-c", LOADED, *flags(data_dir, tmp_path / "run", "--max_iters=1", *task), env=ONE_THREAD)
+    assert proc.stdout.splitlines()[-1] == str(loaded)
+
+
+def test_a_resume_takes_the_runs_own_settings_and_only_a_resumable_one_may_change(data_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    train.main(flags(data_dir, out, "--pos_emb=sinusoidal", "--n_layer=1", "--seed=7", "--max_iters=2"))
+    train.main([f"--out_dir={out}", "--resume", "--max_iters=3", "--log_interval=1"])  # nothing else given
+    record = json.loads((out / "config.json").read_text())
+    assert (record["model"]["pos_emb"], record["model"]["n_layer"], record["train"]["seed"]) == ("sinusoidal", 1, 7)
+    assert (record["train"]["max_iters"], record["train"]["log_interval"]) == (3, 1)
+    assert load_checkpoint(out / "ckpt.pt")["iter"] == 3
+    for typed, named in (("--seed=8", "seed: the run has 7, now 8"), ("--pos_emb=rope", "pos_emb: the run has "
+                                                                                       "'sinusoidal', now 'rope'")):
+        with pytest.raises(SystemExit):
+            train.main([f"--out_dir={out}", "--resume", "--max_iters=4", typed])
+        assert named in one_error_line(capsys)
+    train.main([f"--out_dir={out}", "--resume", "--max_iters=4", "--seed=7", "--n_layer=1"])  # typed as the run's
+    assert load_checkpoint(out / "ckpt.pt")["iter"] == 4
+
+
 # ----------------------------------------------------------------------------- bad input battery
 
 @pytest.fixture(scope="module")
