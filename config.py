@@ -8,6 +8,7 @@ dataclasses parsed together, so a flat TOML file or command line can set any of 
 
 import contextlib
 import difflib
+import importlib
 import math
 import sys
 import tomllib
@@ -71,6 +72,24 @@ def known_keys(classes):
             assert f.name not in out, f"config key {f.name} is defined twice"
             out[f.name] = (cls, hints[f.name])
     return out
+
+
+def optional_package(name, needed_by, install=None):
+    """The optional package (or module) name, imported, or one ValueError line naming it and what needed_by (the
+    setting or tool that asks for it) should do: install it if it is missing (install: the command, default pip
+    install NAME), reinstall it if it is installed but its import fails, whatever that failure raises."""
+    install = install or f"pip install {name.partition('.')[0]}"
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        if e.name is not None and (name + ".").startswith(e.name + "."):  # name itself, or a package above it
+            raise ValueError(f"{needed_by} needs the {name} package, which is not installed: {install}") from None
+        broken = e  # a module that name imports is missing: a broken install
+    except Exception as e:  # a broken install fails in any way (ImportError, AttributeError, OSError, ...)
+        broken = e
+    why = (str(broken).strip().splitlines() or [""])[0][:160]
+    raise ValueError(f"{needed_by} needs the {name} package, which is installed but fails to import "
+                     f"({type(broken).__name__}: {why}); reinstall it: {install}") from None
 
 
 BOOL_WORDS = ("true", "1", "yes", "false", "0", "no")  # what a bool setting reads from the command line, true first

@@ -176,22 +176,39 @@ def open_log(path):
 
 
 def read_log(path):
-    """The JSON objects of a log written with append_line, one a line; a line torn by a crash is skipped."""
+    """The lines of a metrics log written with append_line: JSON objects, each with its integer "iter". The last
+    line, if torn by a crash, is skipped; any other line that is not one is damage, refused naming the file and the
+    line, as is a file that is not text."""
+    path = Path(path)
+    try:
+        texts = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is damaged: it is not text ({e.reason} at byte {e.start}); delete it, or the run "
+                         "folder, to start afresh") from None
     lines = []
-    for text in Path(path).read_text().splitlines() if Path(path).is_file() else []:
-        with contextlib.suppress(ValueError):
-            lines.append(json.loads(text))
+    for n, text in enumerate(texts, 1):
+        try:
+            line = json.loads(text)
+        except ValueError:
+            if n == len(texts):  # what a crash mid-write leaves: a prefix of an object, which never parses
+                break
+            line = None
+        if not (isinstance(line, dict) and isinstance(line.get("iter"), int)):
+            raise ValueError(f"{path} is damaged: line {n} is not a metrics line ({text[:60]!r}); delete that line, "
+                             "or the file to start its log afresh")
+        lines.append(line)
     return lines
 
 
 def trim_log(path, upto):
-    """Keep the log lines of iterations up to upto (torn ones dropped): the resumed run logs the later ones again."""
+    """Keep the log lines of iterations up to upto (a torn last one dropped): the resumed run logs the later ones
+    again."""
     kept = "".join(json.dumps(m) + "\n" for m in read_log(path) if m["iter"] <= upto)
     atomic_write(path, lambda f: f.write(kept.encode()))
 
 
 def append_line(f, line):
-    """Append one text line to the open log f and flush it; a torn line is what a crash leaves (readers skip
+    """Append one text line to the open log f and flush it; a torn last line is what a crash leaves (readers skip
     it). A failed write raises WriteError."""
     try:
         f.write(line + "\n")

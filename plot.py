@@ -35,12 +35,9 @@ def read_run(folder):
 
 def plot(runs, out):
     """runs [(label, lines)] as two panels, loss against step and against elapsed seconds, saved to out."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")  # files only: no display needed
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise ValueError("plot.py needs matplotlib: pip install matplotlib (or pip install -e \".[plots]\")") from None
+    install = 'pip install matplotlib (or pip install -e ".[plots]")'
+    config.optional_package("matplotlib", "plot.py", install).use("Agg")  # files only: no display needed
+    plt = config.optional_package("matplotlib.pyplot", "plot.py", install)
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]

@@ -11,17 +11,10 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from config import optional_package
 from files import append_line, atomic_write, open_log
 
 TRACKERS = ("none", "wandb", "tensorboard")
-
-
-def package(log, name):
-    """The optional package a tracker needs, or one line saying how to install it."""
-    try:
-        return __import__(name)
-    except ImportError:
-        raise ValueError(f"log={log} needs the {name} package, which is not installed: pip install {name}") from None
 
 
 class WandB:
@@ -29,7 +22,7 @@ class WandB:
     (its id kept in out_dir/wandb_id). WANDB_MODE=offline keeps it on this machine."""
 
     def __init__(self, out, config, resume):
-        wandb = package("wandb", "wandb")
+        wandb = optional_package("wandb", "log=wandb")
         id_file = Path(out) / "wandb_id"
         if resume and id_file.is_file():
             run_id = id_file.read_text().strip()
@@ -50,9 +43,8 @@ class TensorBoard:
     """TensorBoard event files in out_dir/tensorboard (`tensorboard --logdir out_dir`)."""
 
     def __init__(self, out, config, resume):
-        package("tensorboard", "tensorboard")
-        from torch.utils.tensorboard import SummaryWriter
-        self.writer = SummaryWriter(log_dir=str(Path(out) / "tensorboard"))
+        tensorboard = optional_package("torch.utils.tensorboard", "log=tensorboard", "pip install tensorboard")
+        self.writer = tensorboard.SummaryWriter(log_dir=str(Path(out) / "tensorboard"))
 
     def log(self, line):
         for key, value in line.items():
@@ -77,9 +69,9 @@ def check(log):
     if log not in TRACKERS:
         raise ValueError(f"log={log!r} is unknown; choose one of {', '.join(TRACKERS)}")
     if log != "none":
-        package(log, log)
+        optional_package(log, f"log={log}")
     if log == "wandb" and os.environ.get("WANDB_MODE") not in ("offline", "disabled", "dryrun"):
-        if not package(log, "wandb").login(prompt=False):  # False at once when no API key is set up: no network
+        if not optional_package("wandb", "log=wandb").login(prompt=False):  # False at once when no API key is set up: no network
             raise ValueError("log=wandb: not logged in to Weights & Biases; run `wandb login`, or set "
                              "WANDB_MODE=offline to keep the run on this machine")
 

@@ -34,6 +34,8 @@ import regex  # installed with tiktoken, which needs it; unlike re it knows \p{L
 import tiktoken
 from tqdm import tqdm
 
+from config import optional_package
+
 DATA_DIR = Path(__file__).resolve().parent  # default root of the prepared datasets
 TOKENIZERS = ("char", "gpt2", "bpe", "hf:NAME_OR_PATH")
 HF_PREFIX = "hf:"
@@ -112,8 +114,9 @@ class HFTokenizer:
     without added special tokens, as the other tokenizers encode ordinary text."""
 
     def __init__(self, tokenizer_json: str, name: str):
-        from tokenizers import Tokenizer  # installed with transformers, which importing a model needs anyway
-        self.backend = Tokenizer.from_str(tokenizer_json)
+        # installed with transformers, which importing a model needs anyway
+        tokenizers = optional_package("tokenizers", f"the {name} tokenizer", "pip install -e '.[hf]'")
+        self.backend = tokenizers.Tokenizer.from_str(tokenizer_json)
         self.name = f"hf:{name}"
         self.vocab_size = self.backend.get_vocab_size(with_added_tokens=True)
 
@@ -150,10 +153,7 @@ def hf_checkpoint(name: str, where: str) -> str:
 def hf_tokenizer_fields(name: str, where: str) -> dict:
     """meta's tokenizer fields of a transformers checkpoint's tokenizer (downloaded and cached by transformers as
     usual), its tokenizer.json inlined as 'hf_tokenizer'; one line where there is none."""
-    try:
-        from transformers import AutoTokenizer
-    except ImportError:
-        raise ValueError(f"{where} needs Hugging Face transformers: pip install -e '.[hf]'") from None
+    AutoTokenizer = optional_package("transformers", where, "pip install -e '.[hf]'").AutoTokenizer
     found = hf_checkpoint(name, where)
     try:
         tok = AutoTokenizer.from_pretrained(found)

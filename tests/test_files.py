@@ -4,6 +4,7 @@ import errno
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -136,3 +137,21 @@ def test_a_stream_that_fills_the_device_is_a_write_error(tmp_path, monkeypatch):
     stream.write(b"12345")
     with pytest.raises(files.WriteError, match=r"cannot write .*train\.bin: the device is full .* free there\)$"):
         stream.write(b"67890abc")
+
+
+def test_a_metrics_log_skips_a_torn_last_line_and_names_any_other_damage(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    good = ['{"iter": 1, "train_loss": 4.0}', '{"iter": 2, "train_loss": 3.5}']
+    path.write_text("\n".join(good) + '\n{"iter": 3, "tra')  # what a crash mid-write leaves
+    assert [m["iter"] for m in files.read_log(path)] == [1, 2]
+    files.trim_log(path, 1)
+    assert path.read_text() == good[0] + "\n"
+    for garbage in ("not json", "[1, 2]", '{"train_loss": 3.0}', '{"iter": "2"}'):  # each in the middle
+        path.write_text("\n".join([good[0], garbage, good[1]]) + "\n")
+        for read in (files.read_log, lambda p: files.trim_log(p, 2)):
+            with pytest.raises(ValueError, match=rf"^{re.escape(str(path))} is damaged: line 2 is not a metrics line "
+                                                 rf"\({re.escape(repr(garbage))}\); delete that line"):
+                read(path)
+    path.write_bytes(b'{"iter": 1}\n\xff\xfe\n')
+    with pytest.raises(ValueError, match=f"^{re.escape(str(path))} is damaged: it is not text"):
+        files.read_log(path)

@@ -6,7 +6,7 @@ import pytest
 
 import plot
 import train
-from conftest import flags
+from conftest import ONE_THREAD, flags, run
 
 
 @pytest.fixture(scope="module")
@@ -46,3 +46,20 @@ def test_a_folder_without_a_run_is_one_line(tmp_path, capsys):
         err = capsys.readouterr().err
         assert e.value.code == 1 and err.startswith("error: ") and says in err and err.count("\n") == 1
 
+
+
+def test_a_damaged_log_or_a_broken_matplotlib_is_one_line_naming_it(runs, tmp_path):
+    folder = shutil.copytree(runs / "rope", tmp_path / "rope")
+    lines = (folder / "metrics.jsonl").read_text().splitlines()
+    (folder / "metrics.jsonl").write_text("\n".join([*lines[:2], "garbage", *lines[2:]]) + "\n")
+    proc = run("plot.py", f"--runs={folder}", check=False, env=ONE_THREAD)
+    assert proc.returncode == 1 and proc.stderr == (f"error: {folder / 'metrics.jsonl'} is damaged: line 3 is not a "
+                                                    "metrics line ('garbage'); delete that line, or the file to start "
+                                                    "its log afresh\n")
+    (tmp_path / "site" / "matplotlib").mkdir(parents=True)
+    (tmp_path / "site" / "matplotlib" / "__init__.py").write_text("raise ImportError('libpng16.so.16: cannot open')\n")
+    proc = run("plot.py", f"--runs={runs / 'rope'}", f"--out={tmp_path / 'x.png'}", check=False,
+               env={**ONE_THREAD, "PYTHONPATH": str(tmp_path / "site")})
+    assert proc.returncode == 1 and proc.stderr == (
+        "error: plot.py needs the matplotlib package, which is installed but fails to import (ImportError: "
+        'libpng16.so.16: cannot open); reinstall it: pip install matplotlib (or pip install -e ".[plots]")\n')

@@ -1,13 +1,14 @@
 """trackers.py: --log=tensorboard and --log=wandb (offline) get what metrics.jsonl gets, read back from their own
-files; a missing package or an unknown tracker is one line."""
+files; a missing or broken package or an unknown tracker is one line."""
 
 import json
 import struct
+import sys
 
 import pytest
 
 import train
-from conftest import flags, log
+from conftest import ONE_THREAD, flags, log, run
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 RUN = ["--max_iters=4", "--eval_interval=2", "--log_interval=1"]
@@ -67,15 +68,40 @@ def test_wandb_offline_run_holds_the_metrics_and_a_resume_continues_it(data_dir,
 def test_an_unknown_tracker_or_a_missing_package_is_one_line(monkeypatch):
     with pytest.raises(ValueError, match="log='mlflow' is unknown; choose one of none, wandb, tensorboard"):
         train.TrainConfig(log="mlflow")
-    real_import = __builtins__["__import__"] if isinstance(__builtins__, dict) else __builtins__.__import__
-
-    def no_wandb(name, *args, **kwargs):
-        if name == "wandb":
-            raise ImportError(name)
-        return real_import(name, *args, **kwargs)
-    monkeypatch.setattr("builtins.__import__", no_wandb)
+    monkeypatch.setitem(sys.modules, "wandb", None)  # what an import then meets: no such module
     with pytest.raises(ValueError, match="log=wandb needs the wandb package, which is not installed: pip install wandb"):
         train.TrainConfig(log="wandb")
+
+
+def broken_package(root, name, error):
+    """A package name under root whose import raises error, as a broken install's does."""
+    (root / name).mkdir(parents=True)
+    (root / name / "__init__.py").write_text(f"raise {error}\n")
+    return root
+
+
+@pytest.mark.parametrize("error", ["ImportError('libfoo.so: cannot open shared object file')",
+                                   "AttributeError(\"module 'numpy' has no attribute 'float'\")",
+                                   "OSError(5, 'Input/output error')",
+                                   "ModuleNotFoundError(\"No module named 'foo'\", name='foo')"],
+                         ids=["ImportError", "AttributeError", "OSError", "a dependency missing"])
+def test_a_tracker_whose_package_is_installed_but_broken_is_one_line_naming_it(tmp_path, monkeypatch, error):
+    monkeypatch.syspath_prepend(str(broken_package(tmp_path, "wandb", error)))
+    monkeypatch.delitem(sys.modules, "wandb", raising=False)
+    kind = error.partition("(")[0]
+    with pytest.raises(ValueError, match=rf"^log=wandb needs the wandb package, which is installed but fails to import "
+                                         rf"\({kind}: .+\); reinstall it: pip install wandb$"):
+        train.TrainConfig(log="wandb")
+
+
+def test_a_broken_tensorboard_stops_train_py_in_one_line_before_anything_is_written(data_dir, tmp_path):
+    fake = broken_package(tmp_path / "site", "tensorboard", "OSError(5, 'Input/output error')")
+    out = tmp_path / "run"
+    proc = run("train.py", *flags(data_dir, out, *RUN, "--log=tensorboard"), check=False,
+               env={**ONE_THREAD, "PYTHONPATH": str(fake)})
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr and not out.exists()
+    assert proc.stderr == ("error: log=tensorboard needs the tensorboard package, which is installed but fails to "
+                           "import (OSError: [Errno 5] Input/output error); reinstall it: pip install tensorboard\n")
 
 
 def test_wandb_without_credentials_fails_before_anything_is_written(data_dir, tmp_path, monkeypatch, capsys):

@@ -363,6 +363,9 @@ def world(data_dir, tmp_path_factory):
     for name in ("corrupt", "truncated", "evil", "weights_only", "empty", "damaged"):
         (root / name).mkdir()
     (root / "damaged" / "config.json").write_text('{"model": {"n_layer": 2}, "train": [')
+    shutil.copytree(root / "run", root / "badlog")
+    logged = (root / "badlog" / "metrics.jsonl").read_text()
+    (root / "badlog" / "metrics.jsonl").write_text("{garbage\n" + logged)
     (root / "corrupt" / "ckpt.pt").write_bytes(random.Random(0).randbytes(4000))
     (root / "truncated" / "ckpt.pt").write_bytes(good[: len(good) // 2])
     torch.save({"model": Payload(root / "pwned"), "model_config": {}}, root / "evil" / "ckpt.pt")
@@ -431,6 +434,8 @@ BATTERY = [
     ("resume, other optimizer", ["--optimizer=muon"], "optimizer: the run has 'adamw', now 'muon'"),
     ("resume muon as adamw", ["--out_dir={root}/muon", "--optimizer=adamw"], "optimizer: the run has 'muon', now 'adamw'"),
     ("resume, other recipe option", ["--qk_norm"], "qk_norm: the run has False, now True"),
+    ("resume, damaged metrics log", ["--out_dir={root}/badlog"],
+     "{root}/badlog/metrics.jsonl is damaged: line 1 is not a metrics line ('{{garbage'); delete that line"),
     ("resume, damaged config.json", ["--out_dir={root}/damaged"], "cannot resume: {root}/damaged/config.json is damaged"),
     ("init_from another shape", ["--resume=false", "--out_dir={root}/ft", "--init_from={root}/run", "--n_embd=64"],
      "init_from={root}/run is another model (n_embd: init_from={root}/run has 32, this run 64); a fine-tune keeps its "
@@ -452,7 +457,8 @@ CONFIG_FILE_BATTERY = [  # a first argument that should be a TOML file
 
 
 def snapshot(root):
-    return {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
+    """Every file's bytes, but the run locks': who last held one is no part of a run."""
+    return {p: p.read_bytes() for p in root.rglob("*") if p.is_file() and p.name != files.LOCK_FILE}
 
 
 def run_battery_case(world, argv, monkeypatch, capsys):
