@@ -1,0 +1,96 @@
+"""The README's commands, every one in order, as a reader types them: each runs (on tiny settings appended to it, the
+shared corpus for a download), or, where it needs what a test cannot have (the network, a GPU cluster, a long run),
+its settings parse as the command's own main reads them."""
+
+import runpy
+import shlex
+import sys
+
+import pytest
+
+import config
+import train
+from conftest import CORPUS, ROOT, TINY
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
+
+RUN = ["--max_iters=2", "--eval_iters=1"]  # appended to a training command, with TINY
+SHORT = ["--max_new_tokens=8"]  # appended to a sampling command
+
+
+def commands():
+    """The command lines of README.md's fenced sh blocks, in order, comments dropped."""
+    lines, fenced = [], False
+    for line in (ROOT / "README.md").read_text().splitlines():
+        if line.startswith("```"):
+            fenced = line.strip() in ("```sh", "```bash")
+            continue
+        if fenced and shlex.split(line, comments=True):
+            lines.append(shlex.split(line, comments=True))
+    return lines
+
+
+class Parsed(Exception):
+    """A command's settings were read; nothing of it ran."""
+
+
+def parse_only(monkeypatch):
+    """Every command's main reads its settings and stops there (config.main, or config.parse where a tool calls it
+    itself)."""
+    real_main, real_parse = config.main, config.parse
+
+    def main(argv, doc, classes, run, **hooks):
+        real_main(argv, doc, classes, lambda *settings: (_ for _ in ()).throw(Parsed()), **hooks)
+
+    def parse(argv, *classes):
+        real_parse(argv, *classes)
+        raise Parsed
+    monkeypatch.setattr(config, "main", main)
+    monkeypatch.setattr(config, "parse", parse)
+
+
+def how(argv):
+    """(what to append to the command, whether it runs or only parses)."""
+    text = " ".join(argv)
+    if "hf:" in text or argv[0] == "torchrun" or "lab." in text or argv[1] == "bench.py":
+        return [], False  # the network, several GPUs, or runs of minutes: read their settings
+    if argv[1:3] == ["-m", "data.prepare"]:
+        # the repository's data/ folder is the default: the test's own instead, and the shared corpus, not a download
+        return ["--data_dir=data", "--num_proc=1", *([] if "--input" in argv else ["--input", str(CORPUS)])], True
+    if argv[1] == "train.py":
+        if "--resume" in argv:  # the run's own settings: only what a resume may change can be appended
+            free = config.resumable(*train.SETTINGS)
+            return [a for a in TINY if a[2:].partition("=")[0] in free] + ["--max_iters=4"], True
+        return [*TINY, *RUN], True
+    return (SHORT if argv[1] == "sample.py" else []), True
+
+
+def test_every_readme_command_runs_in_order_as_written(corpus, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "configs").symlink_to(ROOT / "configs")
+    (tmp_path / "corpus").mkdir()  # the README's own corpus folder: a slice of the shared one
+    (tmp_path / "corpus" / "a.txt").write_text(corpus.read_text()[:60_000])
+    ran, parsed = [], []
+    for argv in commands():
+        if argv[0] == "pip" or argv[1:3] == ["-m", "pytest"]:
+            continue  # installs, and the suite this test is part of
+        extra, runs = how(argv)
+        script = argv[argv.index("train.py"):] if argv[0] == "torchrun" else argv[1:]  # torchrun: one process
+        if not runs:
+            parse_only(monkeypatch)
+        monkeypatch.setattr(sys, "argv", [*script, *extra])
+        try:
+            if script[0] == "-m":
+                monkeypatch.setattr(sys, "argv", script[1:] + extra)
+                runpy.run_module(script[1], run_name="__main__", alter_sys=True)
+            else:
+                runpy.run_path(str(ROOT / script[0]), run_name="__main__")
+            assert runs, f"{shlex.join(argv)} ran instead of stopping once its settings were read"
+        except Parsed:
+            pass
+        except SystemExit as e:
+            assert e.code in (0, None), f"{shlex.join(argv)} exited {e.code}: {capsys.readouterr().err}"
+        (ran if runs else parsed).append(shlex.join(argv))
+        monkeypatch.undo()
+        monkeypatch.chdir(tmp_path)
+    assert any("--resume" in c for c in ran) and any("lab.extend" in c for c in parsed), (ran, parsed)
