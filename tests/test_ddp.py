@@ -1,6 +1,7 @@
 """DDP under torchrun on CPU (gloo): the same training as one process, checkpoints that cross over
 both ways, and every rank stopping together on a signal or a divergence."""
 
+import json
 import os
 import re
 import shutil
@@ -76,10 +77,13 @@ def test_a_divergence_stops_every_rank_and_keeps_the_checkpoint(data_dir, tmp_pa
     out = tmp_path / "run"
     train.main(flags(data_dir, out, *COMMON, "--max_iters=2"))
     before = (out / "ckpt.pt").read_bytes()
-    # step 3's loss is fine; the weights it leaves make rank 0's evaluation non-finite, and the other
-    # rank, which does not evaluate, must learn of it and stop too rather than wait for a next step
-    proc = subprocess.run(torchrun(*flags(data_dir, out, *COMMON, "--resume", "--max_iters=5", "--learning_rate=1e30",
-                                          "--eval_interval=1")),
+    # the run's learning rate raised in its settings, which a resume takes (a command may not change it): step 3's
+    # loss is fine; the weights it leaves make rank 0's evaluation non-finite, and the other rank, which does not
+    # evaluate, must learn of it and stop too rather than wait for a next step
+    record = json.loads((out / "config.json").read_text())
+    record["train"]["learning_rate"] = 1e30
+    (out / "config.json").write_text(json.dumps(record))
+    proc = subprocess.run(torchrun(*flags(data_dir, out, *COMMON, "--resume", "--max_iters=5", "--eval_interval=1")),
                           cwd=ROOT, env=ONE_THREAD, capture_output=True, text=True, timeout=300)
     errors = [line for line in proc.stderr.splitlines() if re.match(r"(\[rank \d\] )?error:", line)]
     assert proc.returncode != 0 and len(errors) == 1, proc.stderr
