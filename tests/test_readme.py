@@ -78,12 +78,13 @@ def test_every_readme_command_runs_in_order_as_written(corpus, tmp_path, monkeyp
         script = argv[argv.index("train.py"):] if argv[0] == "torchrun" else argv[1:]  # torchrun: one process
         if not runs:
             parse_only(monkeypatch)
-        monkeypatch.setattr(sys, "argv", [*script, *extra])
         try:
             if script[0] == "-m":
                 monkeypatch.setattr(sys, "argv", script[1:] + extra)
+                monkeypatch.delitem(sys.modules, script[1], raising=False)  # run afresh, as python -m does
                 runpy.run_module(script[1], run_name="__main__", alter_sys=True)
             else:
+                monkeypatch.setattr(sys, "argv", [*script, *extra])
                 runpy.run_path(str(ROOT / script[0]), run_name="__main__")
             assert runs, f"{shlex.join(argv)} ran instead of stopping once its settings were read"
         except Parsed:
