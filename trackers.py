@@ -71,7 +71,8 @@ def check(log):
     if log != "none":
         optional_package(log, f"log={log}")
     if log == "wandb" and os.environ.get("WANDB_MODE") not in ("offline", "disabled", "dryrun"):
-        if not optional_package("wandb", "log=wandb").login(prompt=False):  # False at once when no API key is set up: no network
+        # login is False at once when no API key is set up: no network
+        if not optional_package("wandb", "log=wandb").login(prompt=False):
             raise ValueError("log=wandb: not logged in to Weights & Biases; run `wandb login`, or set "
                              "WANDB_MODE=offline to keep the run on this machine")
 
