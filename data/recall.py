@@ -3,7 +3,9 @@
 A task row is low-entropy filler (". " repeated, as the passkey tests of Landmark Attention and YaRN pad with
 one sentence) holding `pairs` needles k V W at random places that do not overlap, k a lower-case letter and V, W
 capitals, then `queries` queries, ending at a random place in the row (filler after): multi-query associative
-recall (Arora et al. 2023, "Zoology"). A query is the key of a needle drawn uniformly, with replacement, from
+recall (Arora et al. 2023, "Zoology"). A row holds `pairs` needles, or a number drawn uniformly from
+`fewest` to `pairs` (so that the rows ask every query slot and needle count a probe of `pairs` needles asks,
+while most are shorter). A query is the key of a needle drawn uniformly, with replacement, from
 the row's needles, and its answer is that needle's V W. Keys are distinct in a row and so are all the capitals,
 and the filler has no letters, so each answer is one lookup of a token seen once before: the induction a small
 transformer learns first. Because each query draws its needle afresh, the needles asked before tell nothing of
@@ -16,10 +18,13 @@ Probe windows (synthetic, filler and needles; no dataset) are written here and s
 - `distance_windows`: the asked needle's key exactly k tokens before the single query's key at the window's
   end, the other needles before the query. A model that copies some needle's capitals without reading the key
   is right 1 time in `pairs` (`chance`). The asked needle's recency rank (how many other needles lie between it
-  and the query) is drawn uniformly among the ranks the distance leaves room for, so copying the latest needle
-  is right as often as copying any other wherever the distance allows: with the other needles placed uniformly
+  and the query) is drawn among the ranks the distance leaves room for (`ranks`), the latest and the earliest
+  needle each asked 1 time in pairs, as when every rank fits: a model that copies the latest needle (or the
+  first) is right at most as often as chance at every distance. With the other needles placed uniformly
   instead, the latest needle would be the asked one most of the time at every distance short against the
-  window, and a model that never reads a key would seem to retrieve there.
+  window, and a model that never reads a key would seem to retrieve there. Where a single rank fits (the
+  shortest distances, and the longest, the asked needle at the window's start) the layout forces the answer:
+  the readout keeps those cells apart (`forced`).
 - `slot_windows`: the needles, then every needle queried once in a random order (earlier answers shown):
   elimination answers query j of `pairs` right 1 time in pairs - j + 1, the last always; a model that reads the
   keys scores alike at every slot. The shortcut check of a trained model.
@@ -51,8 +56,9 @@ def distances(W, n):
 class Recall:
     """The task's token ids in one vocabulary; writes task rows and probe windows."""
 
-    def __init__(self, tokenizer, pairs=4, queries=None):
-        """pairs needles a row; queries (default pairs) queries at its end."""
+    def __init__(self, tokenizer, pairs=4, queries=None, fewest=None):
+        """pairs needles a row, or from fewest to pairs (default pairs) drawn per row; queries at its end (default
+        as many as the row's needles)."""
         ids = []
         for ch in KEYS + VALUES + FILLER:
             try:
@@ -68,10 +74,17 @@ class Recall:
         if not 1 <= pairs <= 13:
             raise ValueError(f"recall_pairs={pairs} must lie in [1, 13]: each needle has a key letter and two capitals "
                              "of its own")
-        queries = pairs if queries is None else queries
-        if queries < 1:
+        fewest = pairs if fewest is None else fewest
+        if not 1 <= fewest <= pairs:
+            raise ValueError(f"recall_fewest={fewest} must lie in [1, recall_pairs={pairs}]")
+        if queries is not None and queries < 1:
             raise ValueError(f"recall_queries={queries} must be a positive integer")
-        self.pairs, self.queries = pairs, queries
+        self.pairs, self.fewest, self.fixed_queries = pairs, fewest, queries
+
+    @property
+    def queries(self):
+        """The most queries a row asks: its needles' number unless fixed."""
+        return self.pairs if self.fixed_queries is None else self.fixed_queries
 
     @property
     def chance(self):
@@ -120,33 +133,56 @@ class Recall:
         # shortest room for them to the row's end, so no position is where answers always are
         lengths = torch.randint(shortest, T + 2, (n,), generator=g)
         needles = self.needles(n, g)
-        asked = torch.randint(self.pairs, (n, self.queries), generator=g)  # with replacement: no elimination cue
+        counts, asked = self.asked(n, g)
         rows, trained = rows.clone(), torch.ones_like(rows, dtype=torch.bool)
         for r, i in enumerate(chosen.tolist()):
-            length = lengths[r].item()
-            starts = self.places(1, length - self.queries * NEEDLE, self.pairs, g)[0]
-            rows[i] = self.row(T + 1, needles[r], starts, needles[r, asked[r]], length)
+            length, c = lengths[r].item(), counts[r].item()
+            q = c if self.fixed_queries is None else self.fixed_queries
+            starts = self.places(1, length - q * NEEDLE, c, g)[0]
+            rows[i] = self.row(T + 1, needles[r, :c], starts, needles[r, asked[r, :q]], length)
             trained[i] = False
-            trained[i, [q + d for q in query_keys(length, self.queries) for d in (1, 2)]] = True  # each V and W
+            trained[i, [key + d for key in query_keys(length, q) for d in (1, 2)]] = True  # each V and W
         return rows[:, :-1], rows[:, 1:].masked_fill(~trained[:, 1:], -1)
+
+    def asked(self, n, generator):
+        """(n,) needles of each task row and (n, queries) the needle each of its queries asks, uniform over the
+        row's needles and with replacement: no elimination cue."""
+        if self.fewest == self.pairs:  # the draws rows of a fixed size have always had: their batches stay the same
+            return torch.full((n,), self.pairs), torch.randint(self.pairs, (n, self.queries), generator=generator)
+        counts = torch.randint(self.fewest, self.pairs + 1, (n,), generator=generator)
+        return counts, (torch.rand(n, self.queries, generator=generator) * counts[:, None]).long()
+
+    def ranks(self, W, k):
+        """{r: probability} of the asked needle's recency rank r (other needles between it and the query) in a
+        distance window of W tokens at distance k: the latest (r = 0) and the earliest (r = pairs - 1) needle each
+        1 / pairs where they fit beside another rank, the rest shared evenly by the ranks between; {r: 1.0} where
+        one rank alone fits (the layout forces the answer)."""
+        query = query_keys(W + 1, 1)[0]
+        at = query - k  # the asked needle's key
+        gap, before, others = k - NEEDLE, at, self.pairs - 1  # free tokens after the needle and before it
+        fits = list(range(max(0, others - before // NEEDLE), min(others, gap // NEEDLE) + 1))
+        if at < 0 or gap < 0 or not fits:
+            raise ValueError(f"a probe window of W={W} tokens cannot hold {self.pairs} needles with the asked one "
+                             f"k={k} tokens before its query; valid: k in [{NEEDLE}, {query}] and W >= "
+                             f"{NEEDLE * self.pairs + 2 * NEEDLE - 1} (room for every split of the others)")
+        if len(fits) == 1:
+            return {fits[0]: 1.0}
+        ends = [r for r in fits if r in (0, others)]
+        middle = [r for r in fits if r not in ends]
+        return {r: 1 / self.pairs if r in ends else (1 - len(ends) / self.pairs) / len(middle) for r in fits}
 
     def distance_windows(self, W, k, n, generator):
         """(n, W+1) probe rows: x = rows[:, :-1] is a window of W tokens ending in a query whose key sits k tokens
         after its needle's key; its answer is the row's last two tokens. The other pairs - 1 needles lie before the
-        query, r of them between the asked needle and the query, r uniform over the ranks the distance leaves room
-        for; each side's needles are placed uniformly."""
-        query = query_keys(W + 1, 1)[0]
-        at = query - k  # the asked needle's key
-        gap, before, others = k - NEEDLE, at, self.pairs - 1  # free tokens after the needle and before it
-        ranks = list(range(max(0, others - before // NEEDLE), min(others, gap // NEEDLE) + 1))
-        if at < 0 or gap < 0 or not ranks:
-            raise ValueError(f"a probe window of W={W} tokens cannot hold {self.pairs} needles with the asked one "
-                             f"k={k} tokens before its query; valid: k in [{NEEDLE}, {query}] and W >= "
-                             f"{NEEDLE * self.pairs + 2 * NEEDLE - 1} (room for every split of the others)")
+        query, r of them between the asked needle and the query, r drawn as `ranks` says; each side's needles are
+        placed uniformly."""
+        ranks = self.ranks(W, k)
+        at, others = query_keys(W + 1, 1)[0] - k, self.pairs - 1
+        drawn = torch.multinomial(torch.tensor(list(ranks.values())), n, replacement=True, generator=generator)
         needles, rows = self.needles(n, generator), []  # the first needle is asked
-        for b, r in enumerate(torch.tensor(ranks)[torch.randint(len(ranks), (n,), generator=generator)].tolist()):
-            starts = torch.cat((torch.tensor([at]), self.places(1, before, others - r, generator)[0],
-                                at + NEEDLE + self.places(1, gap, r, generator)[0]))
+        for b, r in enumerate(torch.tensor(list(ranks))[drawn].tolist()):
+            starts = torch.cat((torch.tensor([at]), self.places(1, at, others - r, generator)[0],
+                                at + NEEDLE + self.places(1, k - NEEDLE, r, generator)[0]))
             rows.append(self.row(W + 1, needles[b], starts, needles[b, :1], W + 1))
         return torch.stack(rows)  # (n, W+1)
 

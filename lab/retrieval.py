@@ -7,9 +7,21 @@ The effective window is the PI paper's passkey measure (Chen et al. 2023, "Exten
 Language Models via Positional Interpolation", the passkey retrieval of its Table 4): a needle-to-query *distance*,
 the largest k such that the passkey is retrieved in at least 20% of the trials at every distance up to k, the
 distances spread evenly across the target context with several trials each. `kmax` computes it at PI's 20%
-and, beside it, at our stricter 90% (`THRESHOLDS`).
+and, beside it, at our stricter 90% (`THRESHOLDS`), from each distance's share.
+
+The readout that measures the model rather than its trial count reads a seed's cells, {str(k): {"trials", "hits"}}
+by distance (`Probe.counts`, JSON as results.json keeps them; the cells whose layout forces the answer kept apart):
+  interval(hits, trials)              the cell's 95% Clopper-Pearson interval
+  pooled(cells, per)                  cells of `per` consecutive distances each, keyed by their longest
+  band(cells, lo, hi), bands(...)     accuracy over the distances in (lo, hi] with its interval; the bands inside
+                                      L0, L0 to s L0 and s L0 to 2s L0 that retrieval claims test
+  reach(cells, threshold, per)        k_max where a cell fails only when its interval lies wholly below threshold
+  effective_length(cells, L0, ...)    RULER's effective length: reach at the model's own accuracy inside L0
+  pass_rate(...), error_rates(...)    what such a reading gets wrong, exactly (binomial), at given trials
 """
 
+import bisect
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,6 +37,8 @@ import positions
 import rope
 
 THRESHOLDS = {"pi": 0.2, "strict": 0.9}  # PI's success rate for a distance to count, and ours
+CONFIDENCE = 0.95  # of each cell's and band's interval
+GOOD = 0.97  # the near-perfect reader whose false-fail rate a readout states
 PROBE_SEED = 4321  # the probe's windows, the same for every model scored
 DISTANCE, SLOT = 0, 1  # the probe's random streams
 
@@ -40,6 +54,11 @@ class ProbeSettings:
                                "needle without reading the key is right 1 time in probe_pairs (chance)")
 
     def __post_init__(self):
+        if not 2 <= self.probe_pairs <= 13:  # a needle's two capitals are its own: 26 capitals hold 13 needles
+            raise ValueError(f"probe_pairs={self.probe_pairs} must lie in [2, 13]: chance (1 / probe_pairs) must lie "
+                             f"below the strict threshold {THRESHOLDS['strict']:.0%} for a reading to tell retrieval "
+                             f"from copying (PI's {THRESHOLDS['pi']:.0%} needs at least 6), and 13 needles use every "
+                             "capital")
         if self.probe_trials < 1:
             raise ValueError(f"probe_trials={self.probe_trials} must be a positive integer")
         if self.probe_distances < 2:
@@ -59,9 +78,9 @@ class Probe:
     What is scored and its floor: whole answers (V and W both the argmax) of the one query; a model that copies
     some needle's capitals without reading the key scores `chance` = 1/pairs at every distance, and passes a
     threshold at one distance by luck with probability `false_pass(threshold)`, which the reports print beside
-    k_max. A model that copies the latest needle is right in 1 of r + 1 windows at a distance that leaves room for r
-    needles between, so it passes 20% up to about five needles' length (r < 5) at any window length: a k_max
-    that short is no evidence of retrieval."""
+    k_max. A model that copies the latest (or the earliest) needle is right 1 time in pairs at most, except at the
+    distances where the layout forces the answer (`forced`: no room for another needle between the asked one and
+    the query, or none before it), which `counts` keeps apart from every summary."""
 
     def __init__(self, meta, L0, settings, pairs, tokens_per_forward, device, lengths=None):
         """Windows at each of settings.probe_lengths x L0, or at the given lengths (tokens)."""
@@ -78,6 +97,7 @@ class Probe:
             except ValueError as e:
                 raise ValueError(f"probe length {W} (L0 = {L0}): {e}") from None
         self.recall.slot_windows(L0, 1, probe_generator(SLOT, L0))  # too short for the slot check: fails now
+        self.forced = {W: {k for k in rows if len(self.recall.ranks(W, k)) == 1} for W, rows in self.windows.items()}
 
     @property
     def chance(self):
@@ -100,10 +120,24 @@ class Probe:
 
     def by_distance(self, model, W, rt):
         """{str(k): share of whole answers} at each probed distance of windows of W tokens (a probed length)."""
+        return {str(k): hits / self.settings.probe_trials for k, hits in self.hits(model, W, rt).items()}
+
+    def counts(self, model, W, rt):
+        """A seed's readout in windows of W tokens, as JSON: {"cells": {str(k): {"trials", "hits"}}, "forced": the
+        same for the distances whose layout forces the answer (data/recall.py's `ranks`), kept apart from every
+        summary}."""
+        out = {"cells": {}, "forced": {}}
+        for k, hits in self.hits(model, W, rt).items():
+            out["forced" if k in self.forced[W] else "cells"][str(k)] = {"trials": self.settings.probe_trials,
+                                                                         "hits": hits}
+        return out
+
+    def hits(self, model, W, rt):
+        """{k: whole answers} at each probed distance of windows of W tokens (a probed length)."""
         assert W in self.windows, f"W={W} is not a probed length ({self.lengths})"
         rows = self.windows[W]
         right = self.whole_answers(model, torch.cat(list(rows.values())), query_keys(W + 1, 1), rt)  # (n, 1)
-        return {str(k): hits.float().mean().item() for k, hits in zip(rows, right.split(self.settings.probe_trials))}
+        return {k: int(hits.sum()) for k, hits in zip(rows, right.split(self.settings.probe_trials))}
 
     def by_slot(self, model, W, rt):
         """{str(j): share of whole answers} at query slot j = 1..pairs of windows of W tokens whose needles are all
@@ -156,6 +190,78 @@ def kmax(by_distance, threshold):
             break
         longest = int(k)
     return longest
+
+
+@functools.cache  # a readout asks for the same few (hits, trials) many times
+def interval(hits, trials):
+    """(low, high): the 95% Clopper-Pearson interval of a share of hits in trials. Clopper-Pearson rather than
+    Wilson: its coverage is at least 95% at every true accuracy, near 0 and 1 too, where the probe's cells lie; so
+    an interval wholly below a threshold rejects "accuracy >= threshold" at 2.5% or less."""
+    ci = stats.binomtest(hits, trials).proportion_ci(CONFIDENCE, method="exact")
+    return float(ci.low), float(ci.high)
+
+
+def pooled(cells, per=1):
+    """[(k, trials, hits)] by distance: the cells {str(k): {"trials", "hits"}} pooled `per` consecutive distances
+    at a time (the last pool may hold fewer), each keyed by its longest distance."""
+    ks = sorted(cells, key=int)
+    return [(int(group[-1]), sum(cells[k]["trials"] for k in group), sum(cells[k]["hits"] for k in group))
+            for group in (ks[i:i + per] for i in range(0, len(ks), per))]
+
+
+def band(cells, lo, hi):
+    """{"trials", "hits", "accuracy", "ci"} over the cells at distances in (lo, hi]; None where there are none.
+    The interval treats the band's trials as one binomial: where accuracy varies with distance the true spread is
+    smaller, so the interval is conservative."""
+    inside = [c for k, c in cells.items() if lo < int(k) <= hi]
+    trials, hits = sum(c["trials"] for c in inside), sum(c["hits"] for c in inside)
+    return {"trials": trials, "hits": hits, "accuracy": hits / trials, "ci": list(interval(hits, trials))} if trials else None
+
+
+def bands(cells, L0, s):
+    """{"inside L0", "L0 to sL0", "sL0 to 2sL0": band} at L0 and a factor s: the bands retrieval claims test."""
+    return {"inside L0": band(cells, 0, L0), "L0 to sL0": band(cells, L0, s * L0),
+            "sL0 to 2sL0": band(cells, s * L0, 2 * s * L0)}
+
+
+def reach(cells, threshold, per=1):
+    """k_max with a rule one unlucky cell cannot decide: the longest distance k such that no cell (of `per` pooled
+    distances) up to k fails, a cell failing only when its 95% interval lies wholly below threshold; 0 where the
+    first cell fails; None where there are no cells (past a scheme's reach)."""
+    if not cells:
+        return None
+    longest = 0
+    for k, trials, hits in pooled(cells, per):
+        if interval(hits, trials)[1] < threshold:
+            break
+        longest = k
+    return longest
+
+
+def effective_length(cells, L0, fraction=1.0, per=1):
+    """RULER's effective length (Hsieh et al. 2024, "RULER: What's the Real Context Size of Your Long-Context
+    Language Models?", which reads each length against Llama-2-7B's own score at its trained 4K): {"reference":
+    fraction x the model's own accuracy inside L0, "length": reach at that reference}; None without cells inside L0."""
+    inside = band(cells, 0, L0)
+    if inside is None:
+        return None
+    reference = fraction * inside["accuracy"]
+    return {"reference": reference, "length": reach(cells, reference, per)}
+
+
+def pass_rate(accuracy, trials, threshold):
+    """The chance that a cell of `trials` trials passes threshold (its interval reaches it) for a reader of true
+    accuracy: the binomial tail from the fewest hits that pass."""
+    fewest = bisect.bisect_left(range(trials + 1), True, key=lambda h: interval(h, trials)[1] >= threshold)
+    return float(stats.binom.sf(fewest - 1, trials, accuracy))
+
+
+def error_rates(trials, cells, threshold, chance, good=GOOD):
+    """What `reach` gets wrong at `trials` trials in each of `cells` cells: "false_fail", the chance that a reader of
+    accuracy good misses the whole window (some cell fails), and "false_pass", the chance that a reader at chance
+    reaches any distance (its first cell passes)."""
+    return {"false_fail": 1 - pass_rate(good, trials, threshold) ** cells,
+            "false_pass": pass_rate(chance, trials, threshold)}
 
 
 def grid_mean(grids):

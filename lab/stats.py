@@ -15,14 +15,24 @@ before it is read: adding seeds because a p came out near alpha (optional stoppi
   verdicts(claims, alpha)           the claims with "test", "equivalence_p", "p_holm", "equivalence_p_holm",
                                     "family" and "verdict" added (see verdicts)
   detectable(diffs, family, alpha)  the smallest |mean difference| these seeds could show, or None
+
+Planning, before a table is run (the paired t at Holm's strictest step, alpha / family, two-sided; the spread sd of
+the per-seed differences taken from an earlier run):
+  power(effect, sd, n, family)             the chance that n seeds detect a true mean difference of effect
+  seeds_needed(effect, sd, family, target) the fewest seeds that detect effect with power target (80% unless told)
+  smallest_effect(n, sd, family, target)   the smallest effect n seeds detect with power target
+  equivalence_spread(n, margin, family)    the largest spread at which TOST within +-margin can pass at all
+  equivalence_can_pass(n, sd, margin, family)   whether it can: where not, show the CI against the margin instead
 """
 
+import itertools
 import math
 import statistics
 
-from scipy import stats
+from scipy import optimize, stats
 
 ALPHA = 0.05  # the family-wise error rate of a claims table, kept by Holm's correction
+POWER = 0.8  # the chance of detecting an effect that a table's number of seeds is chosen for
 EXPECT = ("lower", "higher", "same")
 
 
@@ -149,3 +159,56 @@ def detectable(diffs, family, alpha=ALPHA):
     if sd == 0:
         return 0.0 if 2 * 0.5 ** n < level else None
     return float(stats.t.ppf(1 - level / 2, n - 1)) * sd / math.sqrt(n)
+
+
+
+def power(effect, sd, n, family=1, alpha=ALPHA):
+    """The chance that the two-sided paired t-test of n seeds rejects at alpha / family (Holm's strictest step)
+    when the per-seed differences have mean effect and spread sd: the noncentral t's mass beyond the critical t."""
+    df, level = planned(n, family, alpha, sd=sd)
+    critical, shift = stats.t.isf(level / 2, df), effect * math.sqrt(n) / sd
+    # the wrong side's tail as its mirror image: scipy's nct.cdf far below the shift can return nan, its sf does not
+    return float(stats.nct.sf(critical, df, shift) + stats.nct.sf(critical, df, -shift))
+
+
+def seeds_needed(effect, sd, family=1, target=POWER, alpha=ALPHA):
+    """The fewest seeds (at least 2) whose paired t-test detects a mean difference of effect with power target."""
+    if not effect > 0:
+        raise ValueError(f"effect={effect} must be > 0")
+    return next(n for n in itertools.count(2) if power(effect, sd, n, family, alpha) >= target)
+
+
+def smallest_effect(n, sd, family=1, target=POWER, alpha=ALPHA):
+    """The smallest mean difference that n seeds detect with power target (power inverted in effect)."""
+    high = sd
+    while power(high, sd, n, family, alpha) < target:
+        high *= 2
+    return float(optimize.brentq(lambda e: power(e, sd, n, family, alpha) - target, 0.0, high, xtol=1e-12 * high))
+
+
+def equivalence_spread(n, margin, family=1, alpha=ALPHA):
+    """The largest spread sd of n per-seed differences at which the equivalence test (TOST within +-margin) can
+    pass at alpha / family: its best case, a mean of exactly 0, gives p = P(t_{n-1} > margin sqrt(n) / sd)."""
+    df, level = planned(n, family, alpha, margin=margin)
+    return float(margin * math.sqrt(n) / stats.t.isf(level, df))
+
+
+def equivalence_can_pass(n, sd, margin, family=1, alpha=ALPHA):
+    """Whether TOST within +-margin can pass with n seeds whose differences spread sd; where it cannot, a table
+    shows the difference's CI against the margin instead of a test that cannot say "no difference"."""
+    return sd < equivalence_spread(n, margin, family, alpha)
+
+
+def planned(n, family, alpha, **positive):
+    """(degrees of freedom, Holm's strictest level alpha / family) of a planned t-test of n seeds; bad input raises
+    ValueError, as does any of positive (e.g. sd=...) that is not > 0."""
+    if not (isinstance(n, int) and n >= 2):
+        raise ValueError(f"n={n!r} must be an integer >= 2: a t-test needs two seeds")
+    if not (isinstance(family, int) and family >= 1):
+        raise ValueError(f"family={family!r} must be an integer >= 1")
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha={alpha} must lie in (0, 1)")
+    for name, value in positive.items():
+        if not value > 0:
+            raise ValueError(f"{name}={value} must be > 0")
+    return n - 1, alpha / family

@@ -1,6 +1,7 @@
 """data/recall.py: task rows written deterministically, every trained target an answer its needle tells, each
-query's needle drawn with replacement (no elimination cue); the probe windows' geometry: the asked needle exactly
-k before its query, needles never overlapping, the asked needle's recency rank uniform over what k allows."""
+query's needle drawn with replacement (no elimination cue), rows of a drawn number of needles asking every slot;
+the probe windows' geometry: the asked needle exactly k before its query, needles never overlapping, the latest and
+the earliest needle asked 1 time in pairs wherever another rank fits."""
 
 import pytest
 import torch
@@ -102,15 +103,40 @@ def test_distance_windows_put_the_asked_key_exactly_k_before_the_query(W):
             assert len({c for a in starts for c in row[a + 1:a + 3].tolist()}) == 12  # distinct capitals
 
 
-def test_the_asked_needles_recency_rank_is_uniform_over_what_the_distance_leaves_room_for():
+def test_the_latest_and_the_earliest_needle_are_asked_one_time_in_pairs_wherever_another_rank_fits():
     task, g = Recall(TOK, pairs=6), torch.Generator().manual_seed(1)
     W, query = 64, 62
-    for k, ranks in ((3, [0]), (9, [0, 1, 2]), (40, [0, 1, 2, 3, 4, 5]), (62, [5])):
-        seen = []
-        for row in task.distance_windows(W, k, 600, g):
-            seen.append(sum(query - k < a < query for a in needles_of(row).values()))  # needles in between
-        counts = torch.bincount(torch.tensor(seen), minlength=6)[ranks] / 600
-        assert set(seen) == set(ranks) and (counts - 1 / len(ranks)).abs().max() < 0.07
+    expected = {3: {0: 1.0},  # no room between: the layout forces the answer
+                9: {0: 1 / 6, 1: 5 / 12, 2: 5 / 12},  # room for two between: the latest 1 in 6, the rest share
+                40: {r: 1 / 6 for r in range(6)},  # room for every rank: uniform
+                50: {1: 5 / 24, 2: 5 / 24, 3: 5 / 24, 4: 5 / 24, 5: 1 / 6},  # 12 tokens before hold 4 others
+                62: {5: 1.0}}  # the asked needle at the window's start: necessarily the earliest
+    for k, ranks in expected.items():
+        assert task.ranks(W, k) == pytest.approx(ranks)
+        seen = [sum(query - k < a < query for a in needles_of(row).values())  # needles in between
+                for row in task.distance_windows(W, k, 600, g)]
+        counts = torch.bincount(torch.tensor(seen), minlength=6) / 600
+        assert set(seen) == set(ranks) and all(abs(counts[r] - p) < 0.06 for r, p in ranks.items())
+
+
+def test_rows_of_fewest_to_pairs_needles_ask_every_slot_a_probe_of_pairs_needles_asks():
+    probe_pairs = 10  # the probe's windows hold 10 needles, its slot check asks all 10
+    x, y = Recall(TOK, pairs=probe_pairs, fewest=5).insert(torch.zeros(600, 65, dtype=torch.long), 1.0, seed=4)
+    full, sizes = torch.cat((x, y[:, -1:]), 1), []
+    for i in range(600):
+        at = letters(full[i])
+        n = len(at) // 2  # as many queries as needles, one after another at the end
+        needles = {full[i, a].item(): full[i, a + 1:a + 3].tolist() for a in at[:n]}
+        assert len(needles) == n and at[n:] == query_keys(at[-1] + NEEDLE, n)
+        assert set((y[i] != -1).nonzero().flatten().tolist()) == {q + d for q in at[n:] for d in (0, 1)}
+        assert all(y[i, q:q + 2].tolist() == needles[full[i, q].item()] for q in at[n:])
+        sizes.append(n)
+    counts = torch.bincount(torch.tensor(sizes), minlength=11)[5:] / 600
+    assert (counts - 1 / 6).abs().max() < 0.06  # 5 to 10 needles, uniform: every slot up to 10 is trained
+    fixed, _ = Recall(TOK, pairs=6, queries=4, fewest=2).insert(torch.zeros(200, 65, dtype=torch.long), 1.0, seed=5)
+    for row in fixed:  # a fixed number of queries, each asking one of its row's 2 to 6 needles
+        at = letters(row)
+        assert len(at) - 4 in range(2, 7) and {row[q].item() for q in at[-4:]} <= set(needles_of(row))
 
 
 def test_slot_windows_query_every_needle_once_at_the_end():
@@ -138,3 +164,6 @@ def test_windows_too_short_for_the_needles_fail_with_what_is_valid():
         Recall(TOK, 10, 4).insert(torch.zeros(1, 25, dtype=torch.long), 1.0, 0)
     with pytest.raises(ValueError, match="recall_queries=0 must be a positive integer"):
         Recall(TOK, 4, 0)
+    for fewest in (0, 5):
+        with pytest.raises(ValueError, match=rf"recall_fewest={fewest} must lie in \[1, recall_pairs=4\]"):
+            Recall(TOK, 4, fewest=fewest)

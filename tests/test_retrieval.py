@@ -1,18 +1,24 @@
 """lab/retrieval.py: the probe has no shortcut (a hand-written model that answers by elimination, never reading the
 query's key, scores at chance by distance and 1 / (pairs - j + 1) at slot j; one that copies the latest needle
-passes only the shortest distances, whatever the window), an oracle that retrieves up to distance D gets
-k_max = D at both thresholds, the grid and the mean of seeds' grids, and chance's false-pass rate."""
+scores chance in every band and reaches no distance, its sure cells kept apart), an oracle that retrieves up to
+distance D gets k_max = D at both thresholds, the grid and the mean of seeds' grids, and chance's false-pass rate;
+the readout by cells: Clopper-Pearson intervals, bands, the reach one unlucky cell cannot decide and RULER's
+effective length, and its error rates (exact) against a 97% reader and one at chance on the probe's layout."""
 
 import contextlib
+import json
 import math
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
+from scipy import stats
 
 from data.recall import FILLER, KEYS, NEEDLE, VALUES, distances
 from data.tokenizer import CharTokenizer
-from lab.retrieval import THRESHOLDS, Probe, ProbeSettings, distance_plots, grid_mean, kmax
+from lab.retrieval import (GOOD, THRESHOLDS, Probe, ProbeSettings, band, bands, distance_plots, effective_length,
+                           error_rates, grid_mean, interval, kmax, pass_rate, pooled, reach)
 
 TOK = CharTokenizer(sorted(set("\n !',:;?" + FILLER + KEYS + VALUES)))
 KEY_IDS, WRONG = {TOK.stoi[k] for k in KEYS}, TOK.stoi["."]
@@ -67,6 +73,12 @@ def oracle(D):
     return lambda needles, queried, key, t: needles[key] if t - needles[key] <= D else None
 
 
+def noisy(accuracy, seed):
+    """A reader that reads every key and answers right with probability accuracy, wrong otherwise."""
+    rng = np.random.default_rng(seed)
+    return lambda needles, queried, key, t: needles[key] if rng.random() < accuracy else None
+
+
 def probe(lengths="1", trials=16):
     meta = {"tokenizer": "char", "chars": TOK.chars, "vocab_size": len(TOK.chars)}
     return Probe(meta, L0, ProbeSettings(probe_lengths=lengths, probe_trials=trials), PAIRS, 4096, "cpu")
@@ -103,13 +115,16 @@ def test_an_oracle_retrieving_up_to_distance_D_has_k_max_D_at_both_thresholds(i)
     assert kmax(by_k, 0.2) == kmax(by_k, 1.0) == D
 
 
-def test_copying_the_latest_needle_passes_only_the_shortest_distances_whatever_the_window():
-    # with the other needles placed uniformly, the latest needle would be the asked one at every distance that is
-    # short against the window: a model reading no key would seem to retrieve up to a sixth of it
-    p = probe("1,4")
-    for W in (64, 256):
-        by_k = p.by_distance(Answerer(latest), W, Runtime)
-        assert by_k[str(NEEDLE)] == 1.0 and kmax(by_k, 0.9) < 8 and kmax(by_k, 0.2) < 8 * NEEDLE
+def test_a_latest_needle_copier_scores_chance_in_every_band_and_reaches_nothing_its_sure_cells_kept_apart():
+    # with the latest needle asked as often as the ranks that fit (or the other needles placed uniformly), it would
+    # be the asked one most of the time at every distance short against the window: a model reading no key would
+    # seem to retrieve there
+    p = probe("1,2,4", trials=64)
+    counts = p.counts(Answerer(latest), 256, Runtime)
+    assert all(c["hits"] == c["trials"] for k, c in counts["forced"].items() if int(k) < 2 * NEEDLE)  # k = 3: sure
+    for name, b in bands(counts["cells"], L0, 2).items():
+        assert b["ci"][0] <= p.chance < THRESHOLDS["pi"] and b["accuracy"] < 1.5 * p.chance, name
+    assert reach(counts["cells"], THRESHOLDS["pi"], per=3) == reach(counts["cells"], THRESHOLDS["strict"]) == 0
 
 
 def test_k_max_is_the_largest_distance_retrieved_all_the_way_up_to():
@@ -139,7 +154,73 @@ def test_chance_passes_20_percent_at_one_distance_as_the_binomial_tail_says():
                                                                  for h in (9, 10)))
 
 
+def test_a_seeds_cells_are_json_with_the_forced_ones_apart():
+    p = probe(trials=4)
+    counts = p.counts(Answerer(oracle(30)), L0, Runtime)
+    assert json.loads(json.dumps(counts)) == counts
+    ks = distances(L0, 32)
+    assert sorted(map(int, [*counts["cells"], *counts["forced"]])) == ks and set(counts["forced"]) == {"3", "5", "60", "62"}
+    assert all(c == {"trials": 4, "hits": 4 if int(k) <= 30 else 0} for part in counts.values() for k, c in part.items())
+    assert p.by_distance(Answerer(oracle(30)), L0, Runtime) == {str(k): float(k <= 30) for k in ks}
+
+
+def test_the_interval_is_clopper_pearsons_and_a_cells_pass_rate_its_binomial_tail():
+    for hits, trials in [(0, 16), (7, 16), (16, 16), (150, 192)]:
+        low = stats.beta.ppf(0.025, hits, trials - hits + 1) if hits else 0.0
+        high = stats.beta.ppf(0.975, hits + 1, trials - hits) if hits < trials else 1.0
+        assert interval(hits, trials) == pytest.approx((low, high))
+    for accuracy, trials, threshold in [(0.1, 16, 0.2), (0.1, 192, 0.2), (0.97, 16, 0.9), (0.5, 40, 0.6)]:
+        tail = sum(stats.binom.pmf(h, trials, accuracy) for h in range(trials + 1)
+                   if interval(h, trials)[1] >= threshold)
+        assert pass_rate(accuracy, trials, threshold) == pytest.approx(tail)
+    assert error_rates(16, 8, 0.2, 0.1)["false_pass"] == 1.0  # 0 of 16 leaves 20% inside the interval
+
+
+def test_one_unlucky_cell_does_not_decide_the_reach_and_pooled_cells_add_their_trials():
+    cells = {str(k): {"trials": 16, "hits": h} for k, h in [(6, 16), (9, 15), (12, 12), (15, 1), (18, 16)]}
+    assert kmax({k: c["hits"] / 16 for k, c in cells.items()}, 0.9) == 9  # the share rule stops at 12 of 16
+    assert reach(cells, 0.9) == 12 and reach(cells, 0.2) == 18 and reach({}, 0.2) is None
+    assert pooled(cells, 2) == [(9, 32, 31), (15, 32, 13), (18, 16, 16)] and reach(cells, 0.9, per=2) == 9
+    assert band(cells, 6, 15) == {"trials": 48, "hits": 28, "accuracy": 28 / 48, "ci": list(interval(28, 48))}
+    assert band(cells, 15, 40) == {"trials": 16, "hits": 16, "accuracy": 1.0, "ci": list(interval(16, 16))}
+    assert band(cells, 18, 40) is None  # (lo, hi]: distance 18 lies in the band below
+    assert list(bands(cells, 8, 1.5)) == ["inside L0", "L0 to sL0", "sL0 to 2sL0"]
+    assert bands(cells, 8, 1.5)["L0 to sL0"]["trials"] == 32  # distances 9 and 12 lie in (8, 12]
+
+
+def test_the_effective_length_reads_the_reach_at_the_models_own_accuracy_inside_L0():
+    cells = {str(k): {"trials": 100, "hits": h} for k, h in [(10, 80), (40, 80), (70, 78), (100, 60), (130, 20)]}
+    assert effective_length(cells, 50) == {"reference": 0.8, "length": 70}  # 60 of 100 lies wholly below 80%
+    assert effective_length(cells, 50, fraction=0.5) == {"reference": 0.4, "length": 100}
+    assert effective_length(cells, 5) is None
+
+
+def test_a_97_percent_reader_reads_the_whole_window_and_one_at_chance_nothing_at_the_rates_computed():
+    """On the probe's layout at L0 = 64, s = 2 (windows of 128): 32 distances of 48 trials, the forced ones left
+    out, pooled 4 at a time (192 trials a cell); a hand-written reader through the probe, then its cells' hits
+    simulated, seeded, against the exact rates."""
+    p = probe("2", trials=48)
+    cells = p.counts(Answerer(noisy(GOOD, 0)), 128, Runtime)["cells"]
+    longest = max(map(int, cells))
+    assert reach(cells, THRESHOLDS["strict"], per=4) == reach(cells, THRESHOLDS["pi"], per=4) == longest
+    trials = np.array([c["trials"] for c in cells.values()])
+    rng, runs = np.random.default_rng(1), 2000
+    for accuracy, threshold, whole in [(GOOD, THRESHOLDS["strict"], 0.95), (p.chance, THRESHOLDS["pi"], None)]:
+        reads = [reach({k: {"trials": int(n), "hits": int(h)} for k, n, h in zip(cells, trials, hits)}, threshold, 4)
+                 for hits in rng.binomial(trials, accuracy, (runs, len(trials)))]
+        if whole:  # the whole window with >= 95% probability
+            assert np.mean([r == longest for r in reads]) >= whole
+        else:  # any distance at all with <= 5% probability
+            rate = error_rates(192, 8, threshold, accuracy)["false_pass"]
+            assert np.mean([r > 0 for r in reads]) <= 0.05 and rate <= 0.05
+            assert abs(np.mean([r > 0 for r in reads]) - rate) < 4 * math.sqrt(rate * (1 - rate) / runs)
+    assert error_rates(192, 8, THRESHOLDS["strict"], p.chance)["false_fail"] < 0.05
+
+
 def test_bad_probe_settings_fail_with_what_is_valid():
+    for pairs in (1, 14):  # one needle: chance is 100%; 14 needles: 28 capitals, of 26
+        with pytest.raises(ValueError, match=rf"probe_pairs={pairs} must lie in \[2, 13\]"):
+            ProbeSettings(probe_pairs=pairs)
     with pytest.raises(ValueError, match="probe_distances=1 must be >= 2"):
         ProbeSettings(probe_distances=1)
     with pytest.raises(ValueError, match=r"probe length 32 \(L0 = 64\): a probe window of W=32 tokens cannot"):

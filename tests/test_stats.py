@@ -1,10 +1,13 @@
 """lab/stats.py: our use of scipy.stats against closed forms of Student's t (df = 1 and 2) and exact sign-test
-values, Holm's step-down by hand, the Holm family of a table, the verdicts and the detectable effect."""
+values, Holm's step-down by hand, the Holm family of a table, the verdicts and the detectable effect; the power
+analysis against textbook sample sizes and a seeded simulation of the test it plans."""
 
 import math
 import statistics
 
+import numpy as np
 import pytest
+from scipy import stats as scipy_stats
 
 from lab import stats
 
@@ -155,3 +158,48 @@ def test_detectable_without_spread_asks_whether_the_sign_test_can_settle_anythin
     assert stats.detectable([0.1], 1) is None
     with pytest.raises(ValueError, match="family=0"):
         stats.detectable([0.1, 0.2], 0)
+
+
+@pytest.mark.parametrize("effect, n", [(0.5, 34), (0.8, 15), (1.0, 10)])
+def test_seeds_needed_matches_the_textbook_sample_sizes_of_the_t_test(effect, n):
+    # Cohen's d of 0.5, 0.8 and 1 at two-sided 0.05 and 80% power: 34, 15 and 10 (G*Power's one-sample t-test)
+    assert stats.seeds_needed(effect, 1.0) == n
+    assert stats.power(effect, 1.0, n) >= 0.8 > stats.power(effect, 1.0, n - 1)
+
+
+@pytest.mark.parametrize("effect, sd, n, family", [(0.05, 0.03, 6, 3), (0.02, 0.03, 12, 9), (0.3, 0.1, 3, 1)])
+def test_power_is_the_rejection_rate_of_the_paired_t_test_on_simulated_seeds(effect, sd, n, family):
+    """The noncentral t against the paired t-test itself, run on seeded normal differences at Holm's strictest step."""
+    rng, runs = np.random.default_rng(0), 4000
+    p = scipy_stats.ttest_1samp(rng.normal(effect, sd, (runs, n)), 0.0, axis=1).pvalue
+    expected = stats.power(effect, sd, n, family)
+    assert abs((p < stats.ALPHA / family).mean() - expected) < 4 * math.sqrt(expected * (1 - expected) / runs)
+
+
+def test_the_smallest_effect_at_n_seeds_is_where_their_power_reaches_80_percent():
+    for n, sd, family in [(2, 1.0, 22), (6, 0.03, 9), (20, 0.05, 1)]:
+        effect = stats.smallest_effect(n, sd, family)
+        assert stats.power(effect, sd, n, family) == pytest.approx(stats.POWER, abs=1e-9)
+        assert stats.seeds_needed(effect * 1.001, sd, family) == n  # just above it, n seeds suffice; not n - 1
+    assert stats.smallest_effect(6, 0.06, 9) == pytest.approx(2 * stats.smallest_effect(6, 0.03, 9))  # scales with sd
+
+
+def test_an_equivalence_test_can_pass_only_below_the_spread_its_seeds_allow():
+    # 3 seeds, a margin of 0.02 and a family of 9: TOST at a mean of exactly 0 passes only if the spread is below
+    # 0.02 sqrt(3) / t_{2, 1 - 0.05 / 9}
+    limit = stats.equivalence_spread(3, 0.02, 9)
+    assert limit == pytest.approx(0.02 * math.sqrt(3) / t_quantile_df2(1 - 0.05 / 9)) and 0.0036 < limit < 0.0037
+    for sd in (0.99 * limit, 1.01 * limit):  # differences -sd, 0, sd: mean 0, spread sd
+        p = stats.equivalence_test([-sd, 0.0, sd], 0.02)
+        assert (p * 9 < 0.05) == stats.equivalence_can_pass(3, sd, 0.02, 9) == (sd < limit)
+    assert not stats.equivalence_can_pass(3, 0.016, 0.02, 22) and stats.equivalence_can_pass(12, 0.016, 0.02, 22)
+
+
+def test_planning_refuses_what_has_no_plan():
+    for call, match in [(lambda: stats.power(0.1, 0.1, 1), "n=1 must be an integer >= 2"),
+                        (lambda: stats.power(0.1, 0.0, 5), "sd=0.0 must be > 0"),
+                        (lambda: stats.seeds_needed(0.0, 0.1), "effect=0.0 must be > 0"),
+                        (lambda: stats.smallest_effect(5, 0.1, 0), "family=0 must be an integer >= 1"),
+                        (lambda: stats.equivalence_spread(5, -0.02), "margin=-0.02 must be > 0")]:
+        with pytest.raises(ValueError, match=match):
+            call()
