@@ -23,6 +23,10 @@ class BatchConfig:
                                                          "capitals of its own", lambda v: 1 <= v <= 13))
     recall_queries: int | None = opt(None, "queries at the end of a recall sequence, each a needle drawn with "
                                            "replacement (default recall_pairs)", check=POSITIVE)
+    recall_fewest: int | None = opt(None, "fewest needles in a recall sequence: each draws its count from recall_fewest "
+                                          "to recall_pairs, so that rows ask every slot a probe of recall_pairs "
+                                          "needles asks (default recall_pairs: every row holds that many)",
+                                    check=POSITIVE)
     pose_factor: float | None = opt(None, "PoSE (Zhu et al. 2024): rows of block_size tokens whose position ids skip "
                                           "ahead in chunks, so that they reach pose_factor x block_size - 1 (off: "
                                           "0..block_size-1)", check=("be a finite number >= 1",
@@ -33,6 +37,8 @@ class BatchConfig:
         validate(self)
         if self.pose_chunks != 2 and self.pose_factor is None:
             raise ValueError(f"pose_chunks={self.pose_chunks} does nothing without a pose_factor")
+        if self.recall_fewest is not None and self.recall_fewest > self.recall_pairs:
+            raise ValueError(f"recall_fewest={self.recall_fewest} must lie in [1, recall_pairs={self.recall_pairs}]")
 
     def check_model(self, gcfg, scheme):
         """Refuse PoSE where the model in force (gcfg, its positional scheme class `scheme`) cannot act on it."""
@@ -84,7 +90,7 @@ def make_batches(bc, dataset_dir, meta, block_size, batch_size, seed, device, ev
     task = None
     if bc.recall_share:
         from data.recall import Recall  # a lab task: imported where one is asked for, so a plain run reads none of it
-        task = Recall(tokenizer_from_meta(meta), bc.recall_pairs, bc.recall_queries)
+        task = Recall(tokenizer_from_meta(meta), bc.recall_pairs, bc.recall_queries, bc.recall_fewest)
         task.insert(torch.zeros(1, block_size + 1, dtype=torch.long), 1.0, 0)  # a row too short fails now
     pose = PoSE(bc.pose_factor, bc.pose_chunks) if bc.pose_factor is not None else None
     return Batches(dataset_dir, meta, block_size, batch_size, seed, device, eval_iters, task, bc.recall_share, pose)

@@ -44,6 +44,21 @@ def test_the_settings_choose_the_batches_and_a_setting_that_does_nothing_is_refu
         BatchConfig(pose_chunks=3)
     with pytest.raises(ValueError, match=r"recall_pairs=20 must lie in \[1, 13\]"):
         BatchConfig(recall_pairs=20)
+    with pytest.raises(ValueError, match=r"recall_fewest=5 must lie in \[1, recall_pairs=4\]"):
+        BatchConfig(recall_pairs=4, recall_fewest=5)
+
+
+def test_recall_fewest_reaches_the_task_rows_which_then_hold_from_fewest_to_pairs_needles(data_dir):
+    """The setting is passed on: rows of 2 to 6 needles answer as many queries, fixed rows always 6."""
+    meta = load_meta(data_dir / "shakespeare_char")
+
+    def answers(fewest):  # queries in each task row of a few batches: an answer is two trained capitals
+        batches = make_batches(BatchConfig(recall_share=1.0, recall_pairs=6, recall_fewest=fewest),
+                               data_dir / "shakespeare_char", meta, 64, 8, 0, "cpu", 1)
+        return {int(n) // 2 for it in range(4) for n in (batches.train(it, 0).y != -1).sum(-1)}
+
+    assert answers(None) == {6}
+    assert len(answers(2)) > 1 and min(answers(2)) >= 2
 
 
 @pytest.mark.parametrize("args, expected", [
