@@ -14,6 +14,7 @@ import files
 import train
 from conftest import TINY, run, same_tensors
 from lab import ablate
+from lab.sweep import MORE_RATES
 import positions
 from checkpoint import load_checkpoint, model_from_checkpoint
 from model import GPTConfig
@@ -41,7 +42,7 @@ def ablate_main(capsys, *args):
 
 def test_grid_writes_every_output_and_a_rerun_skips_finished_runs(data_dir, tmp_path, capsys):
     out = tmp_path / "abl"
-    args = ["lab/ablate.py", *GRID, f"--data_dir={data_dir}", f"--out_dir={out}"]
+    args = ["-m", "lab.ablate", *GRID, f"--data_dir={data_dir}", f"--out_dir={out}"]
     first = run(*args)
     runs = sorted(p.name for p in (out / "runs").iterdir())
     assert runs == ["learned-seed1337", "learned-seed1338", "rope-seed1337", "rope-seed1338"]
@@ -175,7 +176,7 @@ def test_each_scheme_sweeps_its_rate_on_the_held_out_seed_widens_an_edge_and_ran
     best = rope["best_scale"]
     assert rope["sweep"][f"{best:g}"] == min(rope["sweep"].values()) and rope["tuned"]["scale"] == best
     scales = sorted(map(float, rope["sweep"]))
-    assert len(scales) == 2 or scales[0] < best < scales[-1] or len(scales) == 2 + ablate.MORE_SCALES  # widened
+    assert len(scales) == 2 or scales[0] < best < scales[-1] or len(scales) == 2 + MORE_RATES  # widened
     assert rope["tuned"]["seeds"] == rope["shared"]["seeds"] == [1337, 1338]  # the selection seed tests nothing
     runs = sorted(p.name for p in (out / "runs").iterdir())
     assert all(name.endswith("seed1000") for name in runs if "-lr" in name and name not in (

@@ -24,7 +24,7 @@ def test_the_lab_sweeps_rates_on_a_held_out_seed_fine_tunes_to_the_plateau_and_a
                                                                                                       tmp_path, capsys):
     out = tmp_path / "ext"
     args = [*LAB, f"--data_dir={data_dir}", f"--out_dir={out}"]
-    run("lab/extend.py", *args, "--workers=2")  # two runs at a time, each in a process of its own
+    run("-m", "lab.extend", *args, "--workers=2")  # two runs at a time, each in a process of its own
     res = json.loads((out / "results.json").read_text())
     sweep = sorted(p.name for p in (out / "sweep").iterdir())
     tests = sorted(p.name for p in (out / "finetune").iterdir())
