@@ -44,10 +44,9 @@ from lab import ablate_report, diagnostics
 from lab.evaluation import position_losses
 from lab.grid import (check_run, evaluated, field_types, number_list, numbers, parse_changes, read_json, run_dir,
                       split_list, train_run, train_settings, write_json)
-from lab.launch import command
-from lab.report import NO_PLOTS, regime_rows
+from lab.report import regime_rows
 from lab.retrieval import THRESHOLDS, Probe, ProbeSettings
-from lab.sweep import Plan as SweepPlan, SweepSettings
+from lab.sweep import Plan as SweepPlan, SweepSettings, tool_main
 from model import GPT, GPTConfig
 from optim import make_optimizer
 from runtime import decode_autocast, run_record
@@ -113,16 +112,12 @@ class AblateConfig(ProbeSettings, SweepSettings):
     eval_lengths: str = opt("0.5,1,2,4,8", "context lengths to evaluate at, as multiples of block_size")
     rope_scalings: str = opt("linear,ntk,yarn", "inference-time RoPE scalings scored beyond block_size (factor L/L0)")
     sample_prompt: str = opt("ROMEO:", "prompt of the one sample per scheme")
-    sample_tokens: int = opt(200, "tokens per sample (0: no samples)")
-    sample_temperature: float = opt(0.8, "sampling temperature of the samples")
+    sample_tokens: int = opt(200, "tokens per sample (0: no samples)", check=config.NON_NEGATIVE)
+    sample_temperature: float = opt(0.8, "sampling temperature of the samples (0: greedy)", check=config.NON_NEGATIVE)
 
     def __post_init__(self):
         ProbeSettings.__post_init__(self)
         config.validate(self)
-        if self.sample_tokens < 0:
-            raise ValueError(f"sample_tokens={self.sample_tokens} must be >= 0 (0 means no samples)")
-        if self.sample_temperature < 0:
-            raise ValueError(f"sample_temperature={self.sample_temperature} must be >= 0 (0 is greedy)")
 
 
 # ----------------------------------------------------------------------------- the grid
@@ -467,14 +462,10 @@ def ablate(plan):
         results = summarize(plan, done, sweeps, best)
         plots = ablate_report.write_plots(results, plan.out)
         ablate_report.write_csv(plan.out / "results.csv", plan, done)
-        written = plan.write_results(results, plots, ablate_report.markdown, t0, also=["results.csv"])
-    if plots.plt is None:
-        print(NO_PLOTS)
-    print(written)
+        plan.write_results(results, plots, ablate_report.markdown, t0, also=["results.csv"])
 
 
-def main(argv=None):
-    command(argv, __doc__, AblateConfig, lambda *settings: ablate(Plan.make(*settings)))
+main = tool_main(__doc__, AblateConfig, Plan.make, ablate)
 
 
 if __name__ == "__main__":

@@ -44,9 +44,8 @@ from lab import extend_report
 from lab.evaluation import position_losses
 from lab.grid import (check_records, check_run, evaluated, number_list, numbers, split_list, train_run,
                       train_settings)
-from lab.launch import command
 from lab.retrieval import Probe, ProbeSettings, kmax
-from lab.sweep import Plan, SweepSettings
+from lab.sweep import Plan, SweepSettings, tool_main
 from model import GPT
 from runtime import run_record
 
@@ -311,12 +310,10 @@ def run_lab(lab):
         results = extend_report.lab_results(lab, done, sweeps, rates) | {
             "memory": memory, "settings": {"extend": asdict(lab.settings), **train_settings(lab.gcfg, lab.tc, lab.bc)},
             "device": lab.rt.device, "environment": run_record()}
-        written = lab.write_results(results, extend_report.write_plots(results, lab.out), extend_report.markdown, t0)
-    print(written)
+        lab.write_results(results, extend_report.write_plots(results, lab.out), extend_report.markdown, t0)
 
 
-def main(argv=None):
-    command(argv, __doc__, ExtendConfig, lambda *settings: run_lab(Lab.make(*settings)))
+main = tool_main(__doc__, ExtendConfig, Lab.make, run_lab)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,8 @@ from data.tokenizer import load_meta
 from files import atomic_write
 from lab.evaluation import eval_runtime, eval_sets
 from lab.grid import SeedSettings, write_json
-from lab.launch import DryRun, LaunchSettings, launch_plan, run_jobs
+from lab.launch import DryRun, LaunchSettings, command, launch_plan, run_jobs
+from lab.report import NO_PLOTS
 from model import GPTConfig
 from runtime import Runtime
 
@@ -138,13 +139,23 @@ class Plan:
         raise DryRun
 
     def write_results(self, results, plots, markdown, t0, also=()):
-        """results.json (with the command's wall seconds since t0), results.md (markdown(results, plots)) and the
-        files also names; the line that lists them all."""
+        """Write results.json (with the command's wall seconds since t0) and results.md (markdown(results, plots)),
+        and print the files written, those also names (written already) and the plots among them."""
         results["wall_s"] = time.perf_counter() - t0
         write_json(self.out / "results.json", results)
         atomic_write(self.out / "results.md", lambda f: f.write(markdown(results, plots).encode()))
-        return f"results: {self.out / 'results.md'}, results.json" + "".join(
-            f", {f}" for f in [*also, *(f for f, _ in plots.written)])
+        if plots.plt is None:
+            print(NO_PLOTS)
+        print(f"results: {self.out / 'results.md'}, results.json"
+              + "".join(f", {f}" for f in [*also, *(f for f, _ in plots.written)]))
+
+
+def tool_main(doc, settings, make, conduct):
+    """A sweeping tool's main(argv=None): conduct(make(*the parsed settings)), settings being the tool's class, on
+    lab/launch.py's command frame."""
+    def main(argv=None):
+        command(argv, doc, settings, lambda *parsed: conduct(make(*parsed)))
+    return main
 
 
 def widen(values, best, most):

@@ -90,7 +90,7 @@ def test_grid_writes_every_output_and_a_rerun_skips_finished_runs(data_dir, tmp_
     assert all(float(r["loss_64_yarn"]) > 0 for r in rows if r["scheme"] == "rope")
 
     stamps = {r: (out / "runs" / r / "ckpt.pt").stat().st_mtime_ns for r in runs}
-    code, again, _ = ablate_main(capsys, *args[1:])
+    code, again, _ = ablate_main(capsys, *args[2:])
     assert code == 0 and "4 finished, 0 to resume, 0 to train" in again
     assert {r: (out / "runs" / r / "ckpt.pt").stat().st_mtime_ns for r in runs} == stamps
     assert json.loads((out / "results.json").read_text())["schemes"] == res["schemes"]
@@ -131,7 +131,7 @@ def test_an_interrupted_run_resumes_to_the_uninterrupted_result(data_dir, tmp_pa
 def test_dry_run_prints_the_grid_and_an_estimate_and_trains_nothing(data_dir, tmp_path, capsys):
     code, out, _ = ablate_main(capsys, *GRID, f"--data_dir={data_dir}", f"--out_dir={tmp_path}",
                                "--variants=b500: rope_base=500", "--dry_run=true")
-    assert code == 0 and "3 schemes x 2 test seeds: 6 runs" in out and "dry run: 6 runs here, 1 at a time" in out
+    assert code == 0 and "3 schemes x 2 test seeds: 6 runs" in out and "dry run, launch 1: 6 runs here, 1 at a time" in out
     assert "0 finished, 0 to resume, 6 to train" in out
     assert "rope_base=500.0" in out and "estimated time:" in out
     assert not (tmp_path / "runs").exists()
@@ -144,7 +144,9 @@ def test_dry_run_prints_the_grid_and_an_estimate_and_trains_nothing(data_dir, tm
     ("--variants=b: rope_fraction=0.1", "'b': "), ("--schemes=rope,rope", "repeated: rope"), ("--eval_lengths=1,abc", "abc"), ("--rope_scalings=ntk,nope", "'nope'"),
     ("--eval_lengths=8000", "does not fit"), ("--sample_prompt=ROMEO€", "€"), ("--seeds=0", "seeds=0"),
     ("--lr_scales=0.5,2", "must include 1"), ("--probe_lengths=0.25", "a probe window of W=8 tokens cannot hold 2"),
-    (("--lr_scales=1,2", "--selection_seed=1338"), "selection_seed=1338 is one of the test seeds [1337, 1338]")])
+    (("--lr_scales=1,2", "--selection_seed=1338"), "selection_seed=1338 is one of the test seeds [1337, 1338]"),
+    ("--equivalence_margin=inf", "equivalence_margin=inf must be a finite number > 0"),
+    ("--lr_scales=1,inf", "lr_scales='1,inf' must list finite numbers")])
 def test_bad_settings_give_one_line_errors(data_dir, tmp_path, capsys, arg, named):
     code, _, err = ablate_main(capsys, *GRID, f"--data_dir={data_dir}", f"--out_dir={tmp_path}",
                                *(arg if isinstance(arg, tuple) else (arg,)))

@@ -161,6 +161,30 @@ def test_a_damaged_run_file_is_redone_or_named_with_the_command_that_redoes_it(d
         f"; delete {summary.parent} and rerun the same command to redo that run (python lab/toy.py --runs=a)\n")
 
 
+def test_a_damaged_metrics_log_is_named_not_a_traceback(data_dir, tmp_path):
+    toy_results(data_dir, tmp_path, "--runs=a", "--max_iters=4", "--eval_interval=2")
+    (tmp_path / "a" / "summary.json").unlink()  # so that the summary is made again from the log
+    log = tmp_path / "a" / "metrics.jsonl"
+    lines = log.read_text().splitlines()
+    log.write_text("\n".join(lines[:2] + ['{"garbage": true}'] + lines[3:]) + "\n")  # a line in the middle
+    with pytest.raises(pool.Failed, match=f"^{log} is damaged .*; delete {tmp_path / 'a'} and rerun"):
+        toy_results(data_dir, tmp_path, "--runs=a", "--max_iters=4", "--eval_interval=2")
+
+
+def test_a_broken_submitit_is_one_line(data_dir, tmp_path, monkeypatch, capsys):
+    broken = tmp_path / "site" / "submitit"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise RuntimeError('half-installed')\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.delitem(sys.modules, "submitit", raising=False)
+    monkeypatch.delitem(sys.modules, "lab.slurm", raising=False)
+    with pytest.raises(SystemExit) as stop:
+        toy_main(toy_args(data_dir, tmp_path, "--runs=a", "--launcher=slurm", "--max_iters=2", "--eval_interval=2"))
+    assert stop.value.code == 1 and capsys.readouterr().err == (
+        "error: launcher=slurm submits through submitit, whose import fails (RuntimeError: half-installed); "
+        "reinstall it: pip install --force-reinstall submitit\n")
+
+
 # ----------------------------------------------------------------------------- local workers: stopping them
 
 def descendants(pid):
