@@ -32,9 +32,6 @@ class SweepSettings(SeedSettings, LaunchSettings):
     eval_tokens: int = opt(16384, "validation tokens per context length, in fixed windows of that length",
                            check=config.POSITIVE)
 
-    def __post_init__(self):
-        config.validate(self)
-
     def test_seeds(self, tc, sweeping=True):
         seeds = super().test_seeds(tc)
         if sweeping and self.selection_seed in seeds:
@@ -68,7 +65,8 @@ class Plan:
         dataset_dir = Path(tc.data_dir) / tc.dataset
         meta = load_meta(dataset_dir)
         rt = eval_runtime(tc)
-        windows = eval_sets(dataset_dir, meta, lengths, settings.eval_tokens, tc.batch_size * gcfg.block_size, rt.device)
+        per_forward = tc.batch_size * gcfg.block_size
+        windows = eval_sets(dataset_dir, meta, lengths, settings.eval_tokens, per_forward, rt.device)
         return dict(settings=settings, gcfg=replace(gcfg, vocab_size=meta["vocab_size"]), tc=tc, bc=bc,
                     seeds=settings.test_seeds(tc, sweeping), meta=meta, rt=rt, windows=windows)
 
