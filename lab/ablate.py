@@ -1,7 +1,7 @@
 """Compare positional schemes fairly: a grid of schemes x seeds, length extrapolation, tables and plots.
 
-    python lab/ablate.py configs/ablate_cpu.toml [--key=value ...]
-    python lab/ablate.py configs/ablate_cpu.toml --dry_run=true      print the grid and its estimated time
+    python -m lab.ablate configs/ablate_cpu.toml [--key=value ...]
+    python -m lab.ablate configs/ablate_cpu.toml --dry_run=true      print the grid, its launches and estimated time
 
 Every run of a seed sees the same batches in the same order (data.loader.Batches draws them from
 (seed, step), not from global RNG state) and the same token budget, so differences between
@@ -13,50 +13,49 @@ L0 = block_size each model is scored on fixed validation windows at multiples of
 inference-time scaling, factor L/L0, beyond L0), on retrieval by needle-to-query distance (lab/retrieval.py)
 where training carries the recall task, and its first seed's attention and score biases are recorded. Each
 scheme against the reference is a paired test, one Holm family over the table (lab/stats.py). The runs go
-through lab/grid.run_jobs: workers on this machine (each run's thread count is recorded, and tokens/s compared
+through lab/launch.run_jobs: workers on this machine (each run's thread count is recorded, and tokens/s compared
 only between equal counts) or Slurm jobs.
 out_dir receives runs/<scheme>[-lr<scale>]-seed<S>/ (one train.py run each), results.json, and from
 ablate_report.py results.md, results.csv and PNG plots (when matplotlib is installed).
 Rerunning the same command skips finished runs and resumes an interrupted one.
 
 Settings: AblateConfig (here), GPTConfig (model.py) and TrainConfig (train.py) together;
-the TOML file may set any of them. `python lab/ablate.py --help` lists them all.
+the TOML file may set any of them. `python -m lab.ablate --help` lists them all.
 """
 
 import math
 import statistics
-import sys
 import time
-from dataclasses import asdict, dataclass, replace
-from pathlib import Path
+from dataclasses import asdict, dataclass, fields, replace
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script, sys.path[0] is lab/
-import config  # noqa: E402
-import positions  # noqa: E402
-import rope  # noqa: E402
-import train  # noqa: E402
-from checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
-from config import opt  # noqa: E402
-from data.tokenizer import load_meta, tokenizer_from_meta  # noqa: E402
-from files import RunLock, atomic_write  # noqa: E402
-from generate import Sampling, generate  # noqa: E402
-from lab import ablate_report, diagnostics  # noqa: E402
-from lab.grid import (LaunchSettings, check_same_settings, command, eval_runtime, eval_sets, evaluated,  # noqa: E402
-                      field_types, numbers, parse_changes, position_losses, read_json, run_dir, run_jobs, split_list,
-                      train_run, train_settings, widen, write_json)
-from lab.report import NO_PLOTS, regime_rows  # noqa: E402
-from lab.retrieval import THRESHOLDS, Probe, ProbeSettings  # noqa: E402
-from data.batches import BatchConfig  # noqa: E402
-from data.loader import Batch  # noqa: E402
-from model import GPT, GPTConfig  # noqa: E402
-from optim import make_optimizer  # noqa: E402
-from runtime import Runtime, decode_autocast, run_record  # noqa: E402
+import config
+import positions
+import rope
+import train
+from checkpoint import load_checkpoint, model_from_checkpoint
+from config import opt
+from data.tokenizer import tokenizer_from_meta
+from data.loader import Batch
+from files import RunLock
+from generate import Sampling, generate
+from lab import ablate_report, diagnostics
+from lab.evaluation import position_losses
+from lab.grid import (check_run, evaluated, field_types, number_list, numbers, parse_changes, read_json, run_dir,
+                      split_list, train_run, train_settings, write_json)
+from lab.report import regime_rows
+from lab.retrieval import THRESHOLDS, Probe, ProbeSettings
+from lab.sweep import Plan as SweepPlan, SweepSettings, tool_main
+from model import GPT, GPTConfig
+from optim import make_optimizer
+from runtime import decode_autocast, run_record
 
 REFERENCE = "rope"  # the scheme every other one is compared against, seed by seed
-MORE_SCALES = 2  # rate multiples a sweep may add beyond its edges, where its best keeps landing there
-VARIANT_KEYS = ("rope_base", "rope_fraction", "rope_layout", "rope_p")  # what a RoPE variant may change
+# what a RoPE variant may change: the settings declared to act on RoPE that its weights depend on (a scaling is
+# scored at inference, beyond L0)
+VARIANT_KEYS = tuple(f.name for f in fields(GPTConfig) if f.metadata["applies"] is positions.RoPE
+                     and f.metadata["weights"])
 
 
 @dataclass(frozen=True)
@@ -101,34 +100,24 @@ TRAIN_VARIANT_KEYS = tuple(DroPE.__dataclass_fields__)  # what a variant may cha
 
 
 @dataclass
-class AblateConfig(ProbeSettings, LaunchSettings):
+class AblateConfig(ProbeSettings, SweepSettings):
     schemes: str = opt(",".join(positions.SCHEMES), "positional schemes to compare (pos_emb values), comma-separated")
     variants: str = opt("", "RoPE variants to add: 'name: key=value, ...; name: ...', keys " + ", ".join(VARIANT_KEYS))
-    seeds: int = opt(3, "test seeds per scheme: seed, seed+1, ..., fixed before the run", check=config.POSITIVE)
-    selection_seed: int = opt(1000, "the seed each scheme's learning-rate sweep runs on (lr_scales); it is in no test",
-                              check=config.NON_NEGATIVE)
     lr_scales: str = opt("1", "multiples of the learning rates (learning_rate, min_lr, muon_lr together) each scheme "
                               "tries on the selection seed, widened where its best is at an edge; its best takes "
-                              "every test seed (1 alone: one shared rate, no selection runs)")
+                              "every test seed (1 alone: one shared rate, no selection runs)",
+                         check=number_list(float, 1e-9, "0.5,1,2"))
     equivalence_margin: float = opt(0.01, "nats: a scheme and the reference show no difference when an equivalence "
-                                          "test puts their paired difference within this")
+                                          "test puts their paired difference within this", check=config.RATE)
     eval_lengths: str = opt("0.5,1,2,4,8", "context lengths to evaluate at, as multiples of block_size")
-    eval_tokens: int = opt(16384, "validation tokens per context length, in fixed windows of that length",
-                           check=config.POSITIVE)
     rope_scalings: str = opt("linear,ntk,yarn", "inference-time RoPE scalings scored beyond block_size (factor L/L0)")
     sample_prompt: str = opt("ROMEO:", "prompt of the one sample per scheme")
-    sample_tokens: int = opt(200, "tokens per sample (0: no samples)")
-    sample_temperature: float = opt(0.8, "sampling temperature of the samples")
+    sample_tokens: int = opt(200, "tokens per sample (0: no samples)", check=config.NON_NEGATIVE)
+    sample_temperature: float = opt(0.8, "sampling temperature of the samples (0: greedy)", check=config.NON_NEGATIVE)
 
     def __post_init__(self):
         ProbeSettings.__post_init__(self)
         config.validate(self)
-        if not self.equivalence_margin > 0:
-            raise ValueError(f"equivalence_margin={self.equivalence_margin} must be > 0")
-        if self.sample_tokens < 0:
-            raise ValueError(f"sample_tokens={self.sample_tokens} must be >= 0 (0 means no samples)")
-        if self.sample_temperature < 0:
-            raise ValueError(f"sample_temperature={self.sample_temperature} must be >= 0 (0 is greedy)")
 
 
 # ----------------------------------------------------------------------------- the grid
@@ -243,11 +232,10 @@ def finish_run(plan, job):
     """Train, evaluate and sample one run (scheme, scale, seed), reusing whatever an earlier invocation finished;
     (summary, eval). The summary records the CPU threads it trained on, which its tokens/s depend on."""
     name, scale, seed = job
-    gcfg, tc = plan.grid[name], plan.run_tc(name, seed, scale)
-    out = run_dir(tc, arm_name(name, scale), seed)
+    gcfg, tc, out = plan.grid[name], plan.run_tc(name, seed, scale), plan.folder(job)
     summary = evaluated(out / "summary.json", lambda: train_run(name, gcfg, tc, out, plan.bc, plan.schedule(name, tc))
                         | {"threads": torch.get_num_threads()})
-    ac, device, first = plan.ac, plan.rt.device, seed == plan.seeds[0]
+    ac, device, first = plan.settings, plan.rt.device, seed == plan.seeds[0]
     sampled = ac.sample_tokens > 0 and first  # one sample per scheme
     settings = {"lengths": plan.lengths, "eval_tokens": ac.eval_tokens, "scalings": plan.scalings,
                 "sample": [ac.sample_prompt, ac.sample_tokens, ac.sample_temperature] if sampled else None,
@@ -273,20 +261,19 @@ def finish_run(plan, job):
 
 # ----------------------------------------------------------------------------- results
 
-def summarize(plan, done, sweeps):
+def summarize(plan, done, sweeps, best):
     """results.json's content: the grid's settings and, per scheme, the learning-rate sweep on the selection seed
     and its figures over the test seeds at the shared rate and at its own (ablate_report.scheme_figures), and the
     verdicts against the reference; done maps (scheme, scale, seed) to that run's (summary, eval), sweeps each
-    scheme to the scales it tried."""
-    schemes, sel = {}, plan.ac.selection_seed
+    scheme that swept to the scales it tried, best each scheme to its own scale."""
+    schemes, sel = {}, plan.settings.selection_seed
     for name, cfg in plan.grid.items():
-        sweep = {s: done[name, s, sel][0]["final_val_loss"] for s in sweeps[name]} if len(sweeps[name]) > 1 else {}
-        best = min(sweep, key=sweep.get) if sweep else 1
+        sweep = {s: done[name, s, sel][0]["final_val_loss"] for s in sweeps.get(name, [])}
         schemes[name] = {"pos_emb": cfg.pos_emb, "changes": changes(plan, name), "params": plan.params[name],
-                         "sweep": {f"{s:g}": v for s, v in sweep.items()}, "best_scale": best,
+                         "sweep": {f"{s:g}": v for s, v in sweep.items()}, "best_scale": best[name],
                          **{ranking: {"scale": s, **ablate_report.scheme_figures(
                              *zip(*(done[name, s, seed] for seed in plan.seeds)), cfg.block_size)}
-                            for ranking, s in (("shared", 1), ("tuned", best))},
+                            for ranking, s in (("shared", 1), ("tuned", best[name]))},
                          "sample": done[name, 1, plan.seeds[0]][1]["sample"]}
     return {"reference": REFERENCE if REFERENCE in schemes else None, "block_size": plan.gcfg.block_size,
             "lengths": plan.lengths, "windows": {str(L): n_windows(b) for L, b in plan.windows.items()},
@@ -294,7 +281,7 @@ def summarize(plan, done, sweeps):
             "tokens_per_run": tokens_per_run(plan.gcfg, plan.tc),
             "learning_rates": {"learning_rate": plan.tc.learning_rate, "muon_lr": plan.tc.muon_lr,
                                "optimizer": plan.tc.optimizer},
-            "settings": {"ablate": asdict(plan.ac), **train_settings(plan.gcfg, plan.tc, plan.bc)},
+            "settings": {"ablate": asdict(plan.settings), **train_settings(plan.gcfg, plan.tc, plan.bc)},
             "regime": regime_rows([(f"this config (RoPE base {cfg.rope_base:g})", cfg.head_dim, cfg.rope_base,
                                     cfg.block_size) for cfg in {c.rope_base: c for c in plan.grid.values()
                                                                if c.takes("rope_base")}.values()]),
@@ -302,7 +289,8 @@ def summarize(plan, done, sweeps):
                                                       "false_pass": {n: plan.probe.false_pass(t)
                                                                      for n, t in THRESHOLDS.items()}},
             "device": plan.rt.device, "environment": run_record(), "schemes": schemes,
-            "verdicts": {ranking: ablate_report.verdicts_against(schemes, REFERENCE, ranking, plan.ac.equivalence_margin)
+            "verdicts": {ranking: ablate_report.verdicts_against(schemes, REFERENCE, ranking,
+                                                                 plan.settings.equivalence_margin)
                          for ranking in ("shared", "tuned")}}
 
 
@@ -317,32 +305,44 @@ def tokens_per_run(gcfg, tc):
 # ----------------------------------------------------------------------------- plan, estimate, main
 
 @dataclass
-class Plan:
-    """Everything fixed for the whole grid, resolved and checked before anything trains."""
-    ac: AblateConfig
-    gcfg: GPTConfig
-    tc: train.TrainConfig
-    grid: dict
-    bc: BatchConfig
+class Plan(SweepPlan):
+    """lab/sweep.py's plan, with the ablation's grid: a job is (scheme, learning-rate scale, seed), an arm a scheme."""
+    grid: dict  # {scheme: its GPTConfig}
     drops: dict  # {scheme: its DroPE, or None}
-    seeds: list
     lengths: list
     scalings: list
-    meta: dict
-    rt: Runtime
-    windows: dict  # {L: Batches holding the fixed validation windows of length L}
     params: dict  # {scheme: parameter count}
     scales: list  # the learning-rate multiples each scheme tries
     probe: Probe | None  # retrieval's windows and depths, where training carries the recall task
 
+    desc, marker = "ablate", "eval.json"
+
+    @classmethod
+    def make(cls, ac, gcfg, tc, bc):
+        if ac.sample_tokens and not ac.sample_prompt:
+            raise ValueError("sample_prompt is empty; give a prompt, or sample_tokens=0 for no samples")
+        scales = numbers("lr_scales", ac.lr_scales, float, 1e-9, "0.5,1,2")
+        if 1 not in scales:
+            raise ValueError(f"lr_scales={ac.lr_scales!r} must include 1, the shared rate every scheme is ranked at")
+        lengths = eval_lengths(ac, gcfg.block_size)
+        common = cls.common(ac, gcfg, tc, bc, lengths, sweeping=len(scales) > 1)
+        if ac.sample_tokens:
+            tokenizer_from_meta(common["meta"]).encode(ac.sample_prompt)  # an unknown character fails now
+        grid, drops = make_grid(ac, common["gcfg"])
+        probe = (Probe(common["meta"], gcfg.block_size, ac, ac.probe_pairs, tc.batch_size * gcfg.block_size,
+                       common["rt"].device) if bc.recall_share else None)
+        for name, drop in drops.items():
+            try:
+                if drop:
+                    drop.check(tc)  # a bad training change fails now, not after other runs trained
+            except ValueError as e:
+                raise ValueError(f"scheme {name!r}: {e}") from None
+        return cls(**common, grid=grid, drops=drops, lengths=lengths, scalings=rope_scalings(ac),
+                   params=param_counts(grid), scales=scales, probe=probe)
+
     @property
     def sweeping(self):
         return len(self.scales) > 1
-
-    @property
-    def settings(self):
-        """What make_plan builds this plan from, so a worker process can build its own."""
-        return self.ac, self.gcfg, self.tc, self.bc
 
     def scales_of(self, name):
         """The rate multiples scheme name tries first: DroPE's variants keep the shared rate, RoPE's until the drop,
@@ -359,37 +359,27 @@ class Plan:
         """The schedule of scheme name's runs: DroPE's, or train.train's default (None)."""
         return DropSchedule(tc, self.drops[name]) if self.drops[name] else None
 
+    run = finish_run
 
-def make_plan(ac, gcfg, tc, bc):
-    dataset_dir = Path(tc.data_dir) / tc.dataset
-    meta = load_meta(dataset_dir)
-    gcfg = replace(gcfg, vocab_size=meta["vocab_size"])
-    if ac.sample_tokens:
-        if not ac.sample_prompt:
-            raise ValueError("sample_prompt is empty; give a prompt, or sample_tokens=0 for no samples")
-        tokenizer_from_meta(meta).encode(ac.sample_prompt)  # an unknown character fails now, not after training
-    rt = eval_runtime(tc)
-    lengths = eval_lengths(ac, gcfg.block_size)
-    windows = eval_sets(dataset_dir, meta, lengths, ac.eval_tokens, tc.batch_size * gcfg.block_size, rt.device)
-    grid, drops = make_grid(ac, gcfg)
-    scales = numbers("lr_scales", ac.lr_scales, float, 1e-9, "0.5,1,2")
-    if 1 not in scales:
-        raise ValueError(f"lr_scales={ac.lr_scales!r} must include 1, the shared rate every scheme is ranked at")
-    probe = (Probe(meta, gcfg.block_size, ac, ac.probe_pairs, tc.batch_size * gcfg.block_size, rt.device)
-             if bc.recall_share else None)
-    seeds = [tc.seed + i for i in range(ac.seeds)]
-    if len(scales) > 1 and ac.selection_seed in seeds:
-        raise ValueError(f"selection_seed={ac.selection_seed} is one of the test seeds {seeds}; a rate chosen on a "
-                         "seed must not be tested on it")
-    plan = Plan(ac, gcfg, tc, grid, bc, drops, seeds, lengths, rope_scalings(ac),
-                meta, rt, windows, param_counts(grid), scales, probe)
-    for name, drop in drops.items():
-        try:
-            if drop:
-                drop.check(tc)  # a bad training change fails now, not after other runs trained
-        except ValueError as e:
-            raise ValueError(f"scheme {name!r}: {e}") from None
-    return plan
+    def job(self, name, scale, seed):
+        return name, scale, seed
+
+    def loss(self, result, name):
+        return result[0]["final_val_loss"]
+
+    def folder(self, job):
+        name, scale, seed = job
+        return run_dir(self.tc, arm_name(name, scale), seed)
+
+    def check(self, job):
+        """A run folder made with other settings is refused before anything runs."""
+        name, scale, seed = job
+        tc = self.run_tc(name, seed, scale)
+        check_run(self.folder(job), train_settings(self.grid[name], tc, self.bc, self.schedule(name, tc)))
+
+    def label(self, job):
+        name, scale, seed = job
+        return f"{arm_name(name, scale)} seed {seed}"
 
 
 def calibrate(plan):
@@ -420,23 +410,18 @@ def run_flops(cfg, plan):
     return tokens_per_run(cfg, tc) * fpt(L0), in_training + extrapolation
 
 
-def status(plan, name, scale, seed):
-    """finished, resume or new; a run folder made with other settings is refused before anything runs."""
-    out = run_dir(plan.tc, arm_name(name, scale), seed)
-    tc = plan.run_tc(name, seed, scale)
-    settings = train_settings(plan.grid[name], tc, plan.bc, plan.schedule(name, tc))
-    for marker, st in (("summary.json", "finished"), ("config.json", "resume")):
-        if (out / marker).is_file():
-            saved = read_json(out / marker, out)
-            check_same_settings(out, settings, saved.get("settings", saved))  # config.json holds them at its top
-            return st if st == "finished" or (out / "ckpt.pt").is_file() else "new"
-    return "new"
+def status(plan, job):
+    """finished, resume or new."""
+    out = plan.folder(job)
+    if (out / "summary.json").is_file():
+        return "finished"
+    return "resume" if (out / "config.json").is_file() and (out / "ckpt.pt").is_file() else "new"
 
 
 def print_plan(plan, statuses):
     g, tc = plan.gcfg, plan.tc
     counts = {k: list(statuses.values()).count(k) for k in ("finished", "resume", "new")}
-    sweep = (f", each scheme's {len(plan.scales)} learning-rate scales on selection seed {plan.ac.selection_seed}"
+    sweep = (f", each scheme's {len(plan.scales)} learning-rate scales on selection seed {plan.settings.selection_seed}"
              if plan.sweeping else "")
     print(f"grid: {len(plan.grid)} schemes x {len(plan.seeds)} test seeds{sweep}: {len(statuses)} runs to start with "
           f"into {tc.out_dir}: {counts['finished']} finished, {counts['resume']} to resume, {counts['new']} to train")
@@ -464,62 +449,23 @@ def print_estimate(plan, statuses):
 
 def ablate(plan):
     t0 = time.perf_counter()
-    out = Path(plan.tc.out_dir)
-    sel = plan.ac.selection_seed
-    sweeps = {name: plan.scales_of(name) for name in plan.grid}
-    jobs = [(name, s, sel) for name, scales in sweeps.items() for s in scales if plan.sweeping and len(scales) > 1]
-    jobs += [(name, 1, seed) for seed in plan.seeds for name in plan.grid]  # the shared rate: every test seed
-    statuses = {job: status(plan, *job) for job in jobs}
+    # a selection run of each scheme that sweeps its rate, and every test seed at the shared rate
+    sweeps = {name: plan.scales for name in plan.grid if len(plan.scales_of(name)) > 1}
+    shared = [(name, 1, seed) for seed in plan.seeds for name in plan.grid]
+    statuses = {job: status(plan, job) for job in plan.first_launch(sweeps, [], shared)}
     print_plan(plan, statuses)
-    if plan.ac.dry_run:
+    if plan.settings.dry_run:
         print_estimate(plan, statuses)
-        return launch(plan, jobs, {})  # run_jobs prints what it would launch, then raises DryRun
-    with RunLock(out, "ablation"):  # each run's folder is locked by its training too
-        done = launch(plan, jobs, {})
-        most = len(plan.scales) + MORE_SCALES
-        while more := {n: s for n in plan.grid
-                       if len(sweeps[n]) > 1 and (s := widen(sweeps[n], best(done, n, sweeps, sel), most))}:
-            for n, s in more.items():  # a best rate at the sweep's edge: one more rate beyond it
-                sweeps[n] = sorted(sweeps[n] + [s])
-            done = launch(plan, [(n, s, sel) for n, s in more.items()], done)
-        done = launch(plan, [(n, best(done, n, sweeps, sel), seed) for n in plan.grid for seed in plan.seeds], done)
-        results = summarize(plan, done, sweeps)
-        plots = ablate_report.write_plots(results, out)
-        results["wall_s"] = time.perf_counter() - t0
-        write_json(out / "results.json", results)
-        ablate_report.write_csv(out / "results.csv", plan, done)
-        atomic_write(out / "results.md", lambda f: f.write(ablate_report.markdown(results, plots).encode()))
-    if plots.plt is None:
-        print(NO_PLOTS)
-    print(f"results: {out / 'results.md'}, results.json, results.csv" + "".join(f", {f}" for f, _ in plots.written))
+        plan.dry_run(sweeps, after=shared)
+    with RunLock(plan.out, "ablation"):  # each run's folder is locked by its training too
+        done, sweeps, best = plan.sweep_and_test(list(plan.grid), sweeps, after=shared)
+        results = summarize(plan, done, sweeps, best)
+        plots = ablate_report.write_plots(results, plan.out)
+        ablate_report.write_csv(plan.out / "results.csv", plan, done)
+        plan.write_results(results, plots, ablate_report.markdown, t0, also=["results.csv"])
 
 
-def best(done, name, sweeps, seed):
-    """The rate multiple of scheme name's sweep with the lowest final val loss on the selection seed (1: no sweep)."""
-    scales = sweeps[name]
-    return 1 if len(scales) < 2 else min(scales, key=lambda s: done[name, s, seed][0]["final_val_loss"])
-
-
-def launch(plan, jobs, done):
-    """done with every job of jobs (scheme, scale, seed) finished too, trained where plan.ac (LaunchSettings) says."""
-    todo = list(dict.fromkeys(j for j in jobs if j not in done))
-    return done | run_jobs(todo, finish_run, plan, (make_plan, plan.settings), plan.ac, label=label, desc="ablate",
-                           pending=lambda j: not (run_folder(plan, j) / "eval.json").is_file(), progress=plan.tc.progress)
-
-
-def run_folder(plan, job):
-    name, scale, seed = job
-    return run_dir(plan.tc, arm_name(name, scale), seed)
-
-
-def label(job):
-    name, scale, seed = job
-    return f"{arm_name(name, scale)} seed {seed}"
-
-
-def main(argv=None):
-    command(argv, __doc__, AblateConfig, lambda *settings: ablate(make_plan(*settings)))
-
+main = tool_main(__doc__, AblateConfig, Plan.make, ablate)
 
 
 if __name__ == "__main__":

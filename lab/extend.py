@@ -2,7 +2,7 @@
 papers' questions of loss and of retrieval by distance, over seeds fixed before the run, with the verdicts their
 tests allow.
 
-    python lab/extend.py configs/extend_cpu.toml [--key=value ...]
+    python -m lab.extend configs/extend_cpu.toml [--key=value ...]
 
 1. Base models: RoPE (each of `rope_bases`) trained at L0 = block_size for each seed, recall_share of the sequences
    carrying the associative-recall task (data/recall.py), probed at L0 every `base_check` steps: the learning curve
@@ -24,35 +24,30 @@ tests allow.
 
 out_dir receives base/, sweep/ and finetune/ run folders (one train.py run each, with its evaluations),
 results.json, results.md and, with matplotlib, the plots. Rerunning the same command resumes. Settings:
-ExtendConfig (here, with the probe's and the launcher's), GPTConfig, TrainConfig and BatchConfig; `python
-lab/extend.py --help` lists them all.
+ExtendConfig (here, with the probe's and the launcher's), GPTConfig, TrainConfig and BatchConfig; `python -m
+lab.extend --help` lists them all.
 """
 
-import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script, sys.path[0] is lab/
-import config  # noqa: E402
-import rope  # noqa: E402
-import train  # noqa: E402
-from checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
-from config import NON_NEGATIVE, POSITIVE, RATE, opt  # noqa: E402
-from data.batches import BatchConfig, make_batches  # noqa: E402
-from data.tokenizer import load_meta  # noqa: E402
-from files import RunLock, atomic_write  # noqa: E402
-from lab import extend_report  # noqa: E402
-from lab.grid import (LaunchSettings, check_same_settings, command, eval_runtime, eval_sets, evaluated,  # noqa: E402
-                      numbers, position_losses, read_json, run_jobs, split_list, train_run, train_settings, widen,
-                      write_json)
-from lab.retrieval import Probe, ProbeSettings, kmax  # noqa: E402
-from model import GPT, GPTConfig  # noqa: E402
-from runtime import Runtime, run_record  # noqa: E402
-
-MORE_RATES = 2  # rates a sweep may add beyond its edges, where its best keeps landing there
+import config
+import rope
+from checkpoint import load_checkpoint, model_from_checkpoint
+from config import NON_NEGATIVE, POSITIVE, RATE, opt
+from data.batches import make_batches
+from files import RunLock
+from lab import extend_report
+from lab.evaluation import position_losses
+from lab.grid import (check_records, check_run, evaluated, number_list, numbers, split_list, train_run,
+                      train_settings)
+from lab.retrieval import Probe, ProbeSettings, kmax
+from lab.sweep import Plan, SweepSettings, tool_main
+from model import GPT
+from runtime import run_record
 
 # method -> (the RoPE scaling it fine-tunes with, whether its rows are PoSE's, whether PoSE keeps PI's tokens)
 METHODS = {"none": (rope.NO_SCALING, False, False), "linear": ("linear", False, False), "ntk": ("ntk", False, False),
@@ -60,22 +55,21 @@ METHODS = {"none": (rope.NO_SCALING, False, False), "linear": ("linear", False, 
 
 
 @dataclass
-class ExtendConfig(ProbeSettings, LaunchSettings):
+class ExtendConfig(ProbeSettings, SweepSettings):
     rope_bases: str = opt("200", "RoPE's bases: base models and fine-tunes for each (200 puts L0 = 64 at LLaMA-2's "
-                                 "longest-wavelength-to-context ratio with head size 32)")
-    seeds: int = opt(3, "test seeds: seed, seed+1, ..., fixed before the run; every claim is tested on them",
-                     check=POSITIVE)
-    selection_seed: int = opt(1000, "the seed whose fine-tunes choose each method's rate; it is in no test",
-                              check=NON_NEGATIVE)
+                                 "longest-wavelength-to-context ratio with head size 32)",
+                          check=number_list(float, 1.0, "200,10000"))
     methods: str = opt("none,linear,ntk,yarn", "fine-tuning methods: " + ", ".join(METHODS) + " (none: direct "
                                                "fine-tuning; linear: PI)")
-    factors: str = opt("2,4", "extension factors s: fine-tune at s x block_size, comma-separated")
+    factors: str = opt("2,4", "extension factors s: fine-tune at s x block_size, comma-separated",
+                       check=number_list(float, 1.0, "2,4"))
     base_check: int = opt(500, "base models are probed at L0 every this many steps (their learning curve)",
                           check=POSITIVE)
     base_gate: float = opt(0.9, "a base model stops once every query slot retrieves at least this share of whole "
                                 "answers at L0 (max_iters at the most)", check=config.SHARE)
     finetune_lrs: str = opt("3e-4,1e-3,3e-3", "fine-tuning peak rates swept on the selection seed (Muon's, where "
-                                              "it trains, scaled alike from its pre-training peak)")
+                                              "it trains, scaled alike from its pre-training peak)",
+                             check=number_list(float, 1e-12, "3e-4,1e-3,3e-3"))
     finetune_warmup: int = opt(20, "fine-tuning's linear warmup steps (the PI paper's 20); the rate then stays "
                                    "constant", check=NON_NEGATIVE)
     finetune_eval: int = opt(50, "a fine-tune's L0 loss is measured every this many steps", check=POSITIVE)
@@ -84,11 +78,10 @@ class ExtendConfig(ProbeSettings, LaunchSettings):
     plateau_tol: float = opt(0.01, "see plateau_span (nats)", check=RATE)
     finetune_max: int = opt(1000, "a fine-tune's most steps (the PI paper fine-tunes 1,000)", check=POSITIVE)
     finetune_scored: str = opt("0,50,200", "fine-tuning steps scored in full below the plateau, which is too; 0 is "
-                                           "the base model with the scaling alone")
+                                           "the base model with the scaling alone",
+                                check=number_list(int, 0, "0,50,200"))
     early_step: int = opt(50, "the early fine-tuning step the claims are also read at (the PI paper's Table 4 "
                               "reads k_max at steps from 200)", check=POSITIVE)
-    eval_tokens: int = opt(16384, "validation tokens per length in the loss curves, in fixed windows of that length",
-                           check=POSITIVE)
 
     def __post_init__(self):
         ProbeSettings.__post_init__(self)
@@ -99,26 +92,45 @@ class ExtendConfig(ProbeSettings, LaunchSettings):
 
 
 @dataclass
-class Lab:
-    """Everything fixed for the whole lab, resolved and checked before anything trains."""
-    ec: ExtendConfig
-    gcfg: GPTConfig
-    tc: train.TrainConfig
-    bc: BatchConfig
+class Lab(Plan):
+    """lab/sweep.py's plan, with the context-extension lab's: a job is ("base", b, seed) or ("finetune", b, method,
+    s, seed, lr), an arm (b, method, s)."""
     bases: list
     methods: list
     factors: list
     lrs: list
     scored: list
-    seeds: list  # the test seeds
-    rt: Runtime
-    meta: dict  # the dataset's
     probe: Probe  # retrieval at L0 and at each fine-tune's s L0 and 2s L0
-    windows: dict  # {L: Batches holding the fixed validation windows of L tokens}, L in s*L0 multiples
 
-    @property
-    def out(self):
-        return Path(self.tc.out_dir)
+    desc = "extend"
+
+    @classmethod
+    def make(cls, ec, gcfg, tc, bc):
+        if not gcfg.takes("rope_scaling"):
+            raise ValueError(f"pos_emb={gcfg.pos_emb!r}: the lab fine-tunes RoPE with its scalings; use pos_emb=rope")
+        methods = split_list(ec.methods)
+        for m in methods:
+            if m not in METHODS:
+                raise ValueError(f"methods: {m!r} is unknown; choose from {', '.join(METHODS)}")
+        if not bc.recall_share:
+            raise ValueError("recall_share=0: the lab's retrieval probe needs the task in training; set recall_share, "
+                             "e.g. 0.75")
+        scored = numbers("finetune_scored", ec.finetune_scored, int, 0, "0,50,200")
+        if (scored[0] != 0 or scored[-1] >= ec.finetune_max or ec.early_step not in scored
+                or any(st % ec.finetune_eval for st in scored)):
+            raise ValueError(f"finetune_scored={ec.finetune_scored!r} must start at 0 (the base model), end below "
+                             f"finetune_max={ec.finetune_max}, hold early_step={ec.early_step} and be multiples of "
+                             f"finetune_eval={ec.finetune_eval}")
+        factors, L0 = numbers("factors", ec.factors, float, 1.0, "2,4"), gcfg.block_size
+        common = cls.common(ec, gcfg, tc, bc, sorted({L0} | {round(m * L0) for s in factors for m in (s, 2 * s)}))
+        probe = Probe(common["meta"], L0, ec, ec.probe_pairs, tc.batch_size * L0, common["rt"].device,
+                      lengths=[L0] + [round(m * s * L0) for s in factors for m in (1, 2)])
+        lab = cls(**common, bases=numbers("rope_bases", ec.rope_bases, float, 1.0, "200,10000"), methods=methods,
+                  factors=factors, lrs=numbers("finetune_lrs", ec.finetune_lrs, float, 1e-12, "3e-4,1e-3,3e-3"),
+                  scored=scored, probe=probe)
+        for method in methods:  # a bad setting fails now, not after the base models trained
+            lab.finetune(lab.bases[0], method, factors[0], tc.seed, lab.lrs[0])
+        return lab
 
     @property
     def L0(self):
@@ -139,50 +151,44 @@ class Lab:
                        rope_scaling_factor=float(s) if scaling != rope.NO_SCALING else 1.0, original_len=L0)
         rows = self.tc.batch_size if pose_tokens else max(1, round(self.tc.batch_size / s))
         tc = replace(self.tc, seed=seed, init_from=str(base_out), learning_rate=lr, min_lr=lr,
-                     muon_lr=self.tc.muon_lr * lr / self.tc.learning_rate, warmup_iters=self.ec.finetune_warmup,
-                     max_iters=steps or self.ec.finetune_max, lr_decay_iters=None, eval_interval=self.ec.finetune_eval,
-                     batch_size=rows)
+                     muon_lr=self.tc.muon_lr * lr / self.tc.learning_rate, warmup_iters=self.settings.finetune_warmup,
+                     max_iters=steps or self.settings.finetune_max, lr_decay_iters=None,
+                     eval_interval=self.settings.finetune_eval, batch_size=rows)
         bc = replace(self.bc, pose_factor=float(s)) if pose else self.bc
-        kind = "sweep" if seed == self.ec.selection_seed else "finetune"
+        kind = "sweep" if seed == self.settings.selection_seed else "finetune"
         return self.out / kind / f"rope-b{b:g}-{method}-x{s:g}-lr{lr:g}-seed{seed}", gcfg, tc, bc
 
+    def run(self, job):
+        """The figures of one run, kept in its folder's result.json once it is complete, so a rerun reads them."""
+        work = (lambda: base_run(self, *job[1:])) if job[0] == "base" else lambda: finetune_run(self, *job[1:])
+        return evaluated(self.folder(job) / "result.json", work)
 
-def make_lab(ec, gcfg, tc, bc):
-    dataset_dir = Path(tc.data_dir) / tc.dataset
-    meta = load_meta(dataset_dir)
-    gcfg, L0 = replace(gcfg, vocab_size=meta["vocab_size"]), gcfg.block_size
-    if not gcfg.takes("rope_scaling"):
-        raise ValueError(f"pos_emb={gcfg.pos_emb!r}: the lab fine-tunes RoPE with its scalings; use pos_emb=rope")
-    methods = split_list(ec.methods)
-    for m in methods:
-        if m not in METHODS:
-            raise ValueError(f"methods: {m!r} is unknown; choose from {', '.join(METHODS)}")
-    if not bc.recall_share:
-        raise ValueError("recall_share=0: the lab's retrieval probe needs the task in training; set recall_share, "
-                         "e.g. 0.75")
-    seeds = [tc.seed + i for i in range(ec.seeds)]
-    if ec.selection_seed in seeds:
-        raise ValueError(f"selection_seed={ec.selection_seed} is one of the test seeds {seeds}; a rate chosen on a "
-                         "seed must not be tested on it")
-    scored = numbers("finetune_scored", ec.finetune_scored, int, 0, "0,50,200")
-    if (scored[0] != 0 or scored[-1] >= ec.finetune_max or ec.early_step not in scored
-            or any(st % ec.finetune_eval for st in scored)):
-        raise ValueError(f"finetune_scored={ec.finetune_scored!r} must start at 0 (the base model), end below "
-                         f"finetune_max={ec.finetune_max}, hold early_step={ec.early_step} and be multiples of "
-                         f"finetune_eval={ec.finetune_eval}")
-    factors = numbers("factors", ec.factors, float, 1.0, "2,4")
-    rt = eval_runtime(tc)
-    per_forward = tc.batch_size * L0
-    lengths = sorted({L0} | {round(m * L0) for s in factors for m in (s, 2 * s)})
-    windows = eval_sets(dataset_dir, meta, lengths, ec.eval_tokens, per_forward, rt.device)
-    probe = Probe(meta, L0, ec, ec.probe_pairs, per_forward, rt.device,
-                  lengths=[L0] + [round(m * s * L0) for s in factors for m in (1, 2)])
-    lab = Lab(ec, gcfg, tc, bc, numbers("rope_bases", ec.rope_bases, float, 1.0, "200,10000"), methods, factors,
-              numbers("finetune_lrs", ec.finetune_lrs, float, 1e-12, "3e-4,1e-3,3e-3"), scored, seeds, rt, meta, probe,
-              windows)
-    for method in methods:  # a bad setting fails now, not after the base models trained
-        lab.finetune(lab.bases[0], method, factors[0], tc.seed, lab.lrs[0])
-    return lab
+    def folder(self, job):
+        return self.base(*job[1:])[0] if job[0] == "base" else self.finetune(*job[1:])[0]
+
+    def check(self, job):
+        """A run folder made with other settings, or with a record that cannot be read (a result.json is made
+        again), is refused, max_iters aside: runs grow stage by stage."""
+        out, gcfg, tc, *bc = self.base(*job[1:]) if job[0] == "base" else self.finetune(*job[1:])
+        check_run(out, train_settings(gcfg, tc, *bc or [self.bc]), staged=True)
+        check_records(out, rebuilt=[self.marker])
+
+    def needs(self, job):
+        """The base run a fine-tune starts from."""
+        return ("base", job[1], job[4]) if job[0] == "finetune" else None
+
+    def label(self, job):
+        if job[0] == "base":
+            return f"rope-b{job[1]:g} seed {job[2]}"
+        _, b, method, s, seed, lr = job
+        return f"rope-b{b:g} {method} x{s:g} lr {lr:g} seed {seed}"
+
+    def job(self, arm, lr, seed):
+        return ("finetune", *arm, seed, lr)
+
+    def loss(self, run, arm):
+        """A fine-tune's loss at s L0 at its plateau."""
+        return run["scores"][str(run["plateau"])]["loss"][str(round(arm[2] * self.L0))]
 
 
 # ----------------------------------------------------------------------------- evaluation
@@ -217,25 +223,16 @@ def activation_bytes(gcfg, tc, bc, lab):
 
 # ----------------------------------------------------------------------------- runs
 
-def check_settings(out, gcfg, tc, bc):
-    """A run folder made with other settings is refused (max_iters aside: runs grow stage by stage)."""
-    if (out / "config.json").is_file():
-        saved = read_json(out / "config.json", delete=out)
-        saved["train"]["max_iters"] = tc.max_iters
-        check_same_settings(out, train_settings(gcfg, tc, bc), saved)
-
-
 def base_run(lab, b, seed):
     """Train a base model in stages of base_check steps, probed at L0 after each, until every query slot retrieves
     base_gate of whole answers (max_iters at the most): {"curve": {step: scores}, "steps", "learned", "train_s"}."""
     out, gcfg, tc = lab.base(b, seed)
-    check_settings(out, gcfg, tc, lab.bc)
     curve, learned, stage = {}, False, 0
     while stage < tc.max_iters and not learned:
-        stage = min(stage + lab.ec.base_check, tc.max_iters)
+        stage = min(stage + lab.settings.base_check, tc.max_iters)
         train_run("base", gcfg, lab.base(b, seed, stage)[2], out, lab.bc)
         curve[str(stage)] = evaluated(out / f"curve{stage}.json", lambda: probed(lab, out, stage))
-        learned = min(curve[str(stage)]["slot"].values()) >= lab.ec.base_gate
+        learned = min(curve[str(stage)]["slot"].values()) >= lab.settings.base_gate
     return {"curve": curve, "steps": stage, "learned": learned, "train_s": trained_seconds(out)}
 
 
@@ -264,8 +261,7 @@ def finetune_run(lab, b, method, s, seed, lr):
     loss levels off or finetune_max, scored at step 0 (the base model with the scaling alone), at each of
     finetune_scored it passes, and at its plateau: {"l0_curve": {step: loss}, "plateau", "scores": {step: ...}}."""
     out, gcfg, tc, bc = lab.finetune(b, method, s, seed, lr)
-    check_settings(out, gcfg, tc, bc)
-    base_out, L0, ec = lab.base(b, seed)[0], lab.L0, lab.ec
+    base_out, L0, ec = lab.base(b, seed)[0], lab.L0, lab.settings
     lengths = [L0, round(s * L0), round(2 * s * L0)]
 
     def scores(where, step=None, past=False, **changes):
@@ -296,79 +292,28 @@ def plateaued(l0_curve, ec):
     return last >= ec.plateau_span and l0_curve[str(last - ec.plateau_span)] - l0_curve[str(last)] < ec.plateau_tol
 
 
-# ----------------------------------------------------------------------------- the lab's jobs
-
-def job_folder(lab, job):
-    return lab.base(*job[1:])[0] if job[0] == "base" else lab.finetune(*job[1:])[0]
-
-
-def run_job(lab, job):
-    """The figures of one run, ("base", b, seed) or ("finetune", b, method, s, seed, lr), kept in its folder's
-    result.json once it is complete, so a rerun reads them."""
-    work = (lambda: base_run(lab, *job[1:])) if job[0] == "base" else lambda: finetune_run(lab, *job[1:])
-    return evaluated(job_folder(lab, job) / "result.json", work)
-
-
-def needs(job):
-    """The base run a fine-tune starts from; None for a base run."""
-    return ("base", job[1], job[4]) if job[0] == "finetune" else None
-
-
-def label(job):
-    if job[0] == "base":
-        return f"rope-b{job[1]:g} seed {job[2]}"
-    _, b, method, s, seed, lr = job
-    return f"rope-b{b:g} {method} x{s:g} lr {lr:g} seed {seed}"
-
+# ----------------------------------------------------------------------------- the lab
 
 def run_lab(lab):
     t0 = time.perf_counter()
-    sel, rebuild = lab.ec.selection_seed, (make_lab, (lab.ec, lab.gcfg, lab.tc, lab.bc))
-
-    def launch(jobs, done):  # the jobs not done yet; a need met in an earlier launch waits for nothing
-        todo = [j for j in jobs if j not in done]
-        return done | run_jobs(todo, run_job, lab, rebuild, lab.ec,
-                               needs=lambda j: None if needs(j) in done else needs(j), label=label, desc="extend",
-                               pending=lambda j: not (job_folder(lab, j) / "result.json").is_file(),
-                               progress=lab.tc.progress)
+    sel = lab.settings.selection_seed
+    arms = [(b, m, s) for b in lab.bases for s in lab.factors for m in lab.methods]
+    sweeps = {arm: list(lab.lrs) for arm in arms}
+    # the selection seed's bases first, then its sweeps as each base is done, the test bases meanwhile
+    bases = [("base", b, sel) for b in lab.bases], [("base", b, seed) for b in lab.bases for seed in lab.seeds]
+    if lab.settings.dry_run:
+        lab.dry_run(sweeps, *bases)
     with RunLock(lab.out, "context-extension lab"):
-        arms = [(b, m, s) for b in lab.bases for s in lab.factors for m in lab.methods]
-        sweeps = {arm: list(lab.lrs) for arm in arms}
-        # the selection seed's bases first, then its sweeps as each base is done, the test bases meanwhile
-        done = launch([("base", b, sel) for b in lab.bases]
-                      + [("finetune", *a, sel, lr) for a in arms for lr in sweeps[a]]
-                      + [("base", b, seed) for b in lab.bases for seed in lab.seeds], {})
-        most = len(lab.lrs) + MORE_RATES
-        while more := {a: lr for a in arms if (lr := widen(sweeps[a], chosen(done, a, sel, sweeps[a], lab), most))}:
-            for a, lr in more.items():  # a best rate at the sweep's edge: one more rate beyond it
-                sweeps[a] = sorted(sweeps[a] + [lr])
-            done = launch([("finetune", *a, sel, lr) for a, lr in more.items()], done)
-        rates = {a: chosen(done, a, sel, sweeps[a], lab) for a in arms}
-        done = launch([("finetune", *a, seed, rates[a]) for a in arms for seed in lab.seeds], done)
+        done, sweeps, rates = lab.sweep_and_test(arms, sweeps, *bases)
         memory = {f"{m} x{s:g}": activation_bytes(*lab.finetune(lab.bases[0], m, s, sel, lab.lrs[0])[1:], lab)
                   for s in lab.factors for m in lab.methods}
         results = extend_report.lab_results(lab, done, sweeps, rates) | {
-            "memory": memory, "settings": {"extend": asdict(lab.ec), **train_settings(lab.gcfg, lab.tc, lab.bc)},
+            "memory": memory, "settings": {"extend": asdict(lab.settings), **train_settings(lab.gcfg, lab.tc, lab.bc)},
             "device": lab.rt.device, "environment": run_record()}
-        plots = extend_report.write_plots(results, lab.out)
-        results["wall_s"] = time.perf_counter() - t0
-        write_json(lab.out / "results.json", results)
-        atomic_write(lab.out / "results.md", lambda f: f.write(extend_report.markdown(results, plots).encode()))
-    print(f"results: {lab.out / 'results.md'}, results.json" + "".join(f", {f}" for f, _ in plots.written))
+        lab.write_results(results, extend_report.write_plots(results, lab.out), extend_report.markdown, t0)
 
 
-def chosen(done, arm, seed, lrs, lab):
-    """The rate of arm's sweep (on the selection seed) with the lowest loss at s L0 at its plateau."""
-    at = str(round(arm[2] * lab.L0))
-
-    def plateau_loss(lr):
-        run = done["finetune", *arm, seed, lr]
-        return run["scores"][str(run["plateau"])]["loss"][at]
-    return min(lrs, key=plateau_loss)
-
-
-def main(argv=None):
-    command(argv, __doc__, ExtendConfig, lambda *settings: run_lab(make_lab(*settings)))
+main = tool_main(__doc__, ExtendConfig, Lab.make, run_lab)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ def key(b, method, s):
 
 def lab_results(lab, done, sweeps, rates):
     """results.json's figures and claims; done maps each job (lab/extend.py's) to that run's figures."""
-    L0, sel = lab.L0, lab.ec.selection_seed
+    L0, sel = lab.L0, lab.settings.selection_seed
     base = {f"rope-b{b:g}": {str(seed): done["base", b, seed] for seed in [sel, *lab.seeds]} for b in lab.bases}
     finetune = {}
     for b in lab.bases:
@@ -32,10 +32,10 @@ def lab_results(lab, done, sweeps, rates):
                 finetune[key(*arm)] = {"base": b, "method": m, "factor": s, "lr": rates[arm], "sweep": sweep,
                                        "runs": runs, "by_step": by_step(runs, lab.scored, s, L0)}
     results = {"block_size": L0, "seeds": lab.seeds, "selection_seed": sel, "bases": lab.bases, "factors": lab.factors,
-               "methods": lab.methods, "scored": lab.scored, "early_step": lab.ec.early_step,
+               "methods": lab.methods, "scored": lab.scored, "early_step": lab.settings.early_step,
                "thresholds": THRESHOLDS, "chance": lab.probe.chance,
                "false_pass": {name: lab.probe.false_pass(th) for name, th in THRESHOLDS.items()},
-               "elimination": lab.probe.elimination, "base_gate": lab.ec.base_gate,
+               "elimination": lab.probe.elimination, "base_gate": lab.settings.base_gate,
                "regime": regime_rows([(f"this config (base {b:g})", lab.gcfg.head_dim, b, L0) for b in lab.bases]),
                "base": base, "finetune": finetune, "train_s": sum(r["train_s"] for r in done.values())}
     results["claims"] = verdicts(claims(results))

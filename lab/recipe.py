@@ -1,6 +1,6 @@
 """Which training recipe reaches a validation loss soonest: recipes x seeds, steps and seconds to a target loss.
 
-    python lab/recipe.py configs/recipe_cpu.toml [--key=value ...]
+    python -m lab.recipe configs/recipe_cpu.toml [--key=value ...]
 
 The config's own settings are the recipe "base"; each entry of `recipes` ('name: key=value, ...; name: ...',
 any model or training setting) changes some of them. Every recipe trains for seeds seed, seed+1, ... into
@@ -11,37 +11,30 @@ results.json, results.md (steps and seconds to the target, mean ± std over seed
 val_loss.png. Rerunning the same command skips finished runs and resumes an interrupted one.
 """
 
-import json
-import sys
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script, sys.path[0] is lab/
-import train  # noqa: E402
-from config import opt  # noqa: E402
-from files import atomic_write, read_log  # noqa: E402
-from lab.grid import (NOT_SETTINGS, check_same_settings, command, evaluated, field_types, parse_changes,  # noqa: E402
-                      run_dir, train_run, train_settings, write_json)
-from lab.report import Plots, dress, md_table, palette, pm  # noqa: E402
-from lab.stats import mean_std  # noqa: E402
-from model import GPTConfig  # noqa: E402
+import train
+from config import opt
+from files import atomic_write, read_log
+from lab.grid import (NOT_SETTINGS, SeedSettings, check_run, evaluated, field_types, parse_changes, run_dir,
+                      train_run, train_settings, write_json)
+from lab.launch import command
+from lab.report import Plots, dress, md_table, palette, pm
+from lab.stats import mean_std
+from model import GPTConfig
 
 MODEL_KEYS = tuple(f.name for f in fields(GPTConfig) if f.name != "vocab_size")  # the dataset sets it
 TRAIN_KEYS = tuple(f.name for f in fields(train.TrainConfig) if f.name not in NOT_SETTINGS)
 
 
 @dataclass
-class RecipeConfig:
+class RecipeConfig(SeedSettings):
     recipes: str = opt("", "recipes beside the config's own ('base'): 'name: key=value, ...; name: ...', any "
                            "model or training setting")
-    seeds: int = opt(3, "seeds per recipe: seed, seed+1, ...")
     target_loss: float = opt(1.88, "the val loss whose first evaluation at or below it a run is timed to")
-
-    def __post_init__(self):
-        if self.seeds < 1:
-            raise ValueError(f"seeds={self.seeds} must be at least 1")
 
 
 def reached(out, target):
@@ -57,11 +50,10 @@ def run_recipes(rc, gcfg, tc, bc):
     grid = []  # (name, model config, train config, run folder), every folder checked before anything trains
     for name, changes in recipes.items():
         g = replace(gcfg, **{k: v for k, v in changes.items() if k in MODEL_KEYS})
-        for seed in range(tc.seed, tc.seed + rc.seeds):
+        for seed in rc.test_seeds(tc):
             t = replace(tc, seed=seed, **{k: v for k, v in changes.items() if k in TRAIN_KEYS})
             out = run_dir(t, name, seed)
-            if (out / "config.json").is_file():  # a run folder made with other settings is refused
-                check_same_settings(out, train_settings(g, t, bc), json.loads((out / "config.json").read_text()))
+            check_run(out, train_settings(g, t, bc))
             grid.append((name, g, t, out))
     runs = {name: [] for name in recipes}  # name -> [per seed: {"seed", "reached", "evals"}]
     for name, g, t, out in (bar := tqdm(grid, desc="recipe", unit="run")):

@@ -1,4 +1,4 @@
-"""A grid's runs as Slurm jobs through submitit: run_jobs with launcher=slurm (lab/grid.py) calls run_jobs here.
+"""A grid's runs as Slurm jobs through submitit: run_jobs with launcher=slurm (lab/launch.py) calls run_jobs here.
 
 Each run is one job that builds its context and runs its job as a local worker would; the jobs go in job arrays,
 submitted as runs become ready (a fine-tune once its base model is done), and the launcher waits for them and
@@ -21,7 +21,7 @@ import time
 import submitit
 import torch
 
-from lab.grid import Failed, Interrupted, interrupt
+from lab.pool import Failed, Interrupted, interrupt
 
 CLUSTER = "slurm"  # submitit's executor; the tests use its "local" one, which runs each job as a process here
 POLL_S = 1  # between looks at the jobs' result files: a job takes minutes, a look almost nothing

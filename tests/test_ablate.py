@@ -14,6 +14,7 @@ import files
 import train
 from conftest import TINY, run, same_tensors
 from lab import ablate
+from lab.sweep import MORE_RATES
 import positions
 from checkpoint import load_checkpoint, model_from_checkpoint
 from model import GPTConfig
@@ -41,7 +42,7 @@ def ablate_main(capsys, *args):
 
 def test_grid_writes_every_output_and_a_rerun_skips_finished_runs(data_dir, tmp_path, capsys):
     out = tmp_path / "abl"
-    args = ["lab/ablate.py", *GRID, f"--data_dir={data_dir}", f"--out_dir={out}"]
+    args = ["-m", "lab.ablate", *GRID, f"--data_dir={data_dir}", f"--out_dir={out}"]
     first = run(*args)
     runs = sorted(p.name for p in (out / "runs").iterdir())
     assert runs == ["learned-seed1337", "learned-seed1338", "rope-seed1337", "rope-seed1338"]
@@ -89,7 +90,7 @@ def test_grid_writes_every_output_and_a_rerun_skips_finished_runs(data_dir, tmp_
     assert all(float(r["loss_64_yarn"]) > 0 for r in rows if r["scheme"] == "rope")
 
     stamps = {r: (out / "runs" / r / "ckpt.pt").stat().st_mtime_ns for r in runs}
-    code, again, _ = ablate_main(capsys, *args[1:])
+    code, again, _ = ablate_main(capsys, *args[2:])
     assert code == 0 and "4 finished, 0 to resume, 0 to train" in again
     assert {r: (out / "runs" / r / "ckpt.pt").stat().st_mtime_ns for r in runs} == stamps
     assert json.loads((out / "results.json").read_text())["schemes"] == res["schemes"]
@@ -130,7 +131,7 @@ def test_an_interrupted_run_resumes_to_the_uninterrupted_result(data_dir, tmp_pa
 def test_dry_run_prints_the_grid_and_an_estimate_and_trains_nothing(data_dir, tmp_path, capsys):
     code, out, _ = ablate_main(capsys, *GRID, f"--data_dir={data_dir}", f"--out_dir={tmp_path}",
                                "--variants=b500: rope_base=500", "--dry_run=true")
-    assert code == 0 and "3 schemes x 2 test seeds: 6 runs" in out and "dry run: 6 runs here, 1 at a time" in out
+    assert code == 0 and "3 schemes x 2 test seeds: 6 runs" in out and "dry run, launch 1: 6 runs here, 1 at a time" in out
     assert "0 finished, 0 to resume, 6 to train" in out
     assert "rope_base=500.0" in out and "estimated time:" in out
     assert not (tmp_path / "runs").exists()
@@ -143,7 +144,9 @@ def test_dry_run_prints_the_grid_and_an_estimate_and_trains_nothing(data_dir, tm
     ("--variants=b: rope_fraction=0.1", "'b': "), ("--schemes=rope,rope", "repeated: rope"), ("--eval_lengths=1,abc", "abc"), ("--rope_scalings=ntk,nope", "'nope'"),
     ("--eval_lengths=8000", "does not fit"), ("--sample_prompt=ROMEO€", "€"), ("--seeds=0", "seeds=0"),
     ("--lr_scales=0.5,2", "must include 1"), ("--probe_lengths=0.25", "a probe window of W=8 tokens cannot hold 2"),
-    (("--lr_scales=1,2", "--selection_seed=1338"), "selection_seed=1338 is one of the test seeds [1337, 1338]")])
+    (("--lr_scales=1,2", "--selection_seed=1338"), "selection_seed=1338 is one of the test seeds [1337, 1338]"),
+    ("--equivalence_margin=inf", "equivalence_margin=inf must be a finite number > 0"),
+    ("--lr_scales=1,inf", "lr_scales='1,inf' must list finite numbers")])
 def test_bad_settings_give_one_line_errors(data_dir, tmp_path, capsys, arg, named):
     code, _, err = ablate_main(capsys, *GRID, f"--data_dir={data_dir}", f"--out_dir={tmp_path}",
                                *(arg if isinstance(arg, tuple) else (arg,)))
@@ -175,7 +178,7 @@ def test_each_scheme_sweeps_its_rate_on_the_held_out_seed_widens_an_edge_and_ran
     best = rope["best_scale"]
     assert rope["sweep"][f"{best:g}"] == min(rope["sweep"].values()) and rope["tuned"]["scale"] == best
     scales = sorted(map(float, rope["sweep"]))
-    assert len(scales) == 2 or scales[0] < best < scales[-1] or len(scales) == 2 + ablate.MORE_SCALES  # widened
+    assert len(scales) == 2 or scales[0] < best < scales[-1] or len(scales) == 2 + MORE_RATES  # widened
     assert rope["tuned"]["seeds"] == rope["shared"]["seeds"] == [1337, 1338]  # the selection seed tests nothing
     runs = sorted(p.name for p in (out / "runs").iterdir())
     assert all(name.endswith("seed1000") for name in runs if "-lr" in name and name not in (

@@ -24,7 +24,7 @@ def test_the_lab_sweeps_rates_on_a_held_out_seed_fine_tunes_to_the_plateau_and_a
                                                                                                       tmp_path, capsys):
     out = tmp_path / "ext"
     args = [*LAB, f"--data_dir={data_dir}", f"--out_dir={out}"]
-    run("lab/extend.py", *args, "--workers=2")  # two runs at a time, each in a process of its own
+    run("-m", "lab.extend", *args, "--workers=2")  # two runs at a time, each in a process of its own
     res = json.loads((out / "results.json").read_text())
     sweep = sorted(p.name for p in (out / "sweep").iterdir())
     tests = sorted(p.name for p in (out / "finetune").iterdir())
@@ -57,6 +57,16 @@ def test_the_lab_sweeps_rates_on_a_held_out_seed_fine_tunes_to_the_plateau_and_a
     assert {p: p.stat().st_mtime_ns for p in out.rglob("*.pt")} == stamps, capsys.readouterr().out
     assert json.loads((out / "results.json").read_text())["finetune"] == res["finetune"]
 
+    # a finished folder is reused only with the settings it records, and only whole
+    code, err = extend_main(capsys, *args, "--n_embd=48")
+    assert code == 1 and "n_embd: 32 there, 48 now" in err and f"{out / 'base'}" in err and err.count("\n") == 1, err
+    step = out / "finetune" / "rope-b200-none-x2-lr0.003-seed1337" / "step2.json"
+    intact = step.read_text()
+    step.write_text(intact[:50])  # truncated: it cannot be made again, the checkpoint having moved on
+    code, err = extend_main(capsys, *args)
+    assert code == 1 and err.startswith(f"error: {step} cannot be read (") and f"delete {step.parent} and" in err, err
+    step.write_text(intact)
+
     # the stages add up to one run: fine-tuning straight to the plateau gives the same weights
     folder = out / "finetune" / "rope-b200-yarn-x2-lr{:g}-seed1337".format(yarn["lr"])
     ft = json.loads((folder / "config.json").read_text())
@@ -67,12 +77,35 @@ def test_the_lab_sweeps_rates_on_a_held_out_seed_fine_tunes_to_the_plateau_and_a
     assert same_tensors(load_checkpoint(straight / "ckpt.pt")["model"], load_checkpoint(folder / "ckpt.pt")["model"])
 
 
+def extend_main(capsys, *args):
+    """extend.main in-process: (exit code, stderr)."""
+    try:
+        extend.main(list(args))
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    return code, capsys.readouterr().err
+
+
+def test_a_dry_run_prints_every_launch_with_its_job_count(data_dir, tmp_path, capsys):
+    extend.main([*LAB, f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'ext'}", "--dry_run", "--launcher=slurm",
+                 "--methods=none,pose", "--finetune_lrs=1e-3,3e-3"])
+    lines = capsys.readouterr().out.splitlines()
+    # launch 1: 3 bases (the selection seed's and 2 test seeds'), then 2 methods x 2 rates on the selection seed
+    assert lines[0].startswith("dry run, launch 1: 7 Slurm jobs named 'extend'") and "array 2" in lines[2], lines
+    assert lines[3].startswith("then up to 2 launches of at most 2 jobs: one more rate on selection seed 1000")
+    assert lines[4].startswith("last launch: at most 4 jobs, test seeds 1337, 1338 of 2 arms") and len(lines) == 5
+    assert not (tmp_path / "ext").exists()
+
+
 def test_bad_lab_settings_give_one_line_errors(data_dir, tmp_path, capsys):
     for bad, named in (("--methods=pi", "'pi' is unknown"), ("--finetune_scored=10,20", "must start at 0"),
                        ("--factors=0.5", "factors='0.5'"), ("--recall_share=0", "recall_share=0"),
                        ("--selection_seed=1338", "selection_seed=1338 is one of the test seeds [1337, 1338]"),
                        ("--pos_emb=alibi", "fine-tunes RoPE"), ("--workers=0", "workers=0 must be a positive integer"),
-                       ("--plateau_span=3", "multiples of finetune_eval=2")):
+                       ("--plateau_span=3", "multiples of finetune_eval=2"),
+                       ("--factors=2,inf", "factors='2,inf' must list finite numbers >= 1.0"),
+                       ("--finetune_lrs=nan", "finetune_lrs='nan' must list finite numbers")):
         try:
             extend.main([*LAB, f"--data_dir={data_dir}", f"--out_dir={tmp_path}", bad])
             code = 0

@@ -23,7 +23,7 @@ from config import opt
 from checkpoint import load_checkpoint
 from conftest import ONE_THREAD, ROOT, TINY, last_logged, same_tensors, wait_for
 from data.tokenizer import load_meta
-from lab import ablate, grid
+from lab import ablate, evaluation, grid, launch, pool, sweep
 from model import GPT, GPTConfig
 from runtime import Runtime
 
@@ -45,7 +45,7 @@ def test_changes_parse_into_typed_overrides():
 
 def test_numbers_are_sorted_distinct_and_bounded():
     assert grid.numbers("factors", "4, 2,2", float, 1.0, "2,4") == [2.0, 4.0]
-    with pytest.raises(ValueError, match=r"factors='0.5' must list numbers >= 1.0, e.g. 2,4"):
+    with pytest.raises(ValueError, match=r"factors='0.5' must list finite numbers >= 1.0, e.g. 2,4"):
         grid.numbers("factors", "0.5", float, 1.0, "2,4")
 
 
@@ -53,25 +53,25 @@ def test_position_losses_match_the_model_loss_on_each_prefix(data_dir):
     # the loss at position p is the model's mean loss on prefixes of length p+1, times p+1, minus that of length p:
     # an independent route (causality + the model's own loss) to check the per-position bookkeeping
     meta = load_meta(data_dir / "shakespeare_char")
-    (batches,) = grid.eval_sets(data_dir / "shakespeare_char", meta, [12], 48, 24, "cpu").values()
+    (batches,) = evaluation.eval_sets(data_dir / "shakespeare_char", meta, [12], 48, 24, "cpu").values()
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=12, vocab_size=meta["vocab_size"])).eval()
     rt = Runtime("cpu", torch.float32, False)
-    curve = grid.position_losses(model, batches, rt)
+    curve = evaluation.position_losses(model, batches, rt)
     x, y = map(torch.cat, zip(*batches.eval_batches("val")))  # (4, 12) each: 48 tokens, 2 windows per forward
     assert len(x) == 4
     with torch.no_grad():
         prefix = [0.0] + [model(x[:, :p], y[:, :p])[1].item() * p for p in range(1, 13)]
     torch.testing.assert_close(curve, torch.tensor(prefix).diff().double(), atol=1e-5, rtol=1e-5)
     # the same windows for every model and every call: drawn from the evaluation seed alone
-    (again,) = grid.eval_sets(data_dir / "shakespeare_char", meta, [12], 48, 24, "cpu").values()
+    (again,) = evaluation.eval_sets(data_dir / "shakespeare_char", meta, [12], 48, 24, "cpu").values()
     assert torch.equal(again.eval_starts["val"], batches.eval_starts["val"])
 
 
 # ----------------------------------------------------------------------------- launching: a toy lab tool
 
 @dataclass
-class Toy(grid.LaunchSettings):
+class Toy(launch.LaunchSettings):
     runs: str = opt("a,b", "the toy grid's runs, at seed 1; ft-X fine-tunes run X; bad fails (no such dataset)")
 
 
@@ -98,15 +98,15 @@ def toy_context(gcfg, tc):
     return gcfg, tc
 
 
-def toy(settings, gcfg, tc, bc=None):  # grid.command hands a BatchConfig too: plain text here
+def toy(settings, gcfg, tc, bc=None):  # launch.command hands a BatchConfig too: plain text here
     jobs = [(name, 1) for name in grid.split_list(settings.runs)]
-    return grid.run_jobs(jobs, toy_run, (gcfg, tc), (toy_context, (gcfg, tc)), settings, needs=toy_needs,
+    return launch.run_jobs(jobs, toy_run, (gcfg, tc), (toy_context, (gcfg, tc)), settings, needs=toy_needs,
                          pending=lambda job: not (Path(tc.out_dir) / job[0] / "summary.json").is_file(),
                          label=toy_label, progress=False)
 
 
 def toy_main(argv=None):
-    grid.command(argv, "the toy grid of tests/test_grid.py\n", Toy, toy)
+    launch.command(argv, "the toy grid of tests/test_grid.py\n", Toy, toy)
 
 
 def toy_args(data_dir, out, *more):
@@ -129,7 +129,7 @@ def test_launch_settings_are_checked_in_one_line():
                        ({"slurm_gpus": -1}, "slurm_gpus=-1 must be a finite number >= 0"),
                        ({"slurm_time": 0}, "slurm_time=0 must be a positive integer")):
         with pytest.raises(ValueError, match=named):
-            grid.LaunchSettings(**bad)
+            launch.LaunchSettings(**bad)
 
 
 def test_a_dry_run_prints_the_arrays_it_would_submit(data_dir, tmp_path, capsys):
@@ -154,11 +154,35 @@ def test_a_damaged_run_file_is_redone_or_named_with_the_command_that_redoes_it(d
     summary.write_text("{")
     monkeypatch.setattr(sys, "argv", ["lab/toy.py", "--runs=a"])
     with pytest.raises(SystemExit) as stop:
-        grid.command(None, "", Toy, lambda *_: grid.read_json(summary, delete=summary.parent))
+        launch.command(None, "", Toy, lambda *_: grid.read_json(summary, delete=summary.parent))
     assert stop.value.code == 1
     assert capsys.readouterr().err == (
         f"error: {summary} cannot be read (Expecting property name enclosed in double quotes: line 1 column 2 (char 1))"
         f"; delete {summary.parent} and rerun the same command to redo that run (python lab/toy.py --runs=a)\n")
+
+
+def test_a_damaged_metrics_log_is_named_not_a_traceback(data_dir, tmp_path):
+    toy_results(data_dir, tmp_path, "--runs=a", "--max_iters=4", "--eval_interval=2")
+    (tmp_path / "a" / "summary.json").unlink()  # so that the summary is made again from the log
+    log = tmp_path / "a" / "metrics.jsonl"
+    lines = log.read_text().splitlines()
+    log.write_text("\n".join(lines[:2] + ['{"garbage": true}'] + lines[3:]) + "\n")  # a line in the middle
+    with pytest.raises(pool.Failed, match=f"^{log} is damaged .*; delete {tmp_path / 'a'} and rerun"):
+        toy_results(data_dir, tmp_path, "--runs=a", "--max_iters=4", "--eval_interval=2")
+
+
+def test_a_broken_submitit_is_one_line(data_dir, tmp_path, monkeypatch, capsys):
+    broken = tmp_path / "site" / "submitit"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise RuntimeError('half-installed')\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.delitem(sys.modules, "submitit", raising=False)
+    monkeypatch.delitem(sys.modules, "lab.slurm", raising=False)
+    with pytest.raises(SystemExit) as stop:
+        toy_main(toy_args(data_dir, tmp_path, "--runs=a", "--launcher=slurm", "--max_iters=2", "--eval_interval=2"))
+    assert stop.value.code == 1 and capsys.readouterr().err == (
+        "error: launcher=slurm submits through submitit, whose import fails (RuntimeError: half-installed); "
+        "reinstall it: pip install --force-reinstall submitit\n")
 
 
 # ----------------------------------------------------------------------------- local workers: stopping them
@@ -278,7 +302,7 @@ def test_a_slurm_grid_gives_what_a_local_run_gives(data_dir, tmp_path, local_slu
 
 
 def test_a_failed_slurm_job_is_named_with_its_log(data_dir, tmp_path, local_slurm):
-    with pytest.raises(grid.Failed) as failed:
+    with pytest.raises(pool.Failed) as failed:
         toy_results(data_dir, tmp_path, "--runs=bad,ft-bad", "--max_iters=2", "--eval_interval=2", *local_slurm)
     first, second, last = str(failed.value).splitlines()
     assert first.startswith("run bad seed 1 failed: ValueError: no prepared dataset at ") and "; its log: " in first
@@ -326,7 +350,7 @@ def test_a_killed_slurm_job_is_resumed_by_the_next_submission_and_a_preempted_on
     a, args = tmp_path / "a", ["--runs=a", *SLURM_RUN, *local_slurm]
     # killed as a node failure or the OOM killer kills it, a checkpoint at iteration 50 written
     killer = SignalWhen(lambda: last_logged(a) >= 60, a, signal.SIGKILL)
-    with pytest.raises(grid.Failed, match=r"^run a seed 1 failed: it ended without a result \(state .*\); its log: "
+    with pytest.raises(pool.Failed, match=r"^run a seed 1 failed: it ended without a result \(state .*\); its log: "
                                           r"\S+_log.err\nrerun the same command to redo them$"):
         toy_results(data_dir, tmp_path, *args)
     killed, left = killer.join(), last_logged(a)
@@ -347,31 +371,31 @@ def test_a_killed_slurm_job_is_resumed_by_the_next_submission_and_a_preempted_on
 def test_the_slurm_settings_reach_the_sbatch_script(tmp_path, monkeypatch):
     pytest.importorskip("submitit")
     from lab import slurm
-    launch = grid.LaunchSettings(launcher="slurm", slurm_partition="gpu", slurm_gpus=2, slurm_cpus=4, slurm_time=30,
-                                 slurm_array_parallelism=2, slurm_folder=str(tmp_path / "logs"))
+    settings = launch.LaunchSettings(launcher="slurm", slurm_partition="gpu", slurm_gpus=2, slurm_cpus=4, slurm_time=30,
+                                     slurm_array_parallelism=2, slurm_folder=str(tmp_path / "logs"))
     fake_bin = tmp_path / "bin"
     fake_bin.mkdir()
     monkeypatch.setenv("PATH", f"{fake_bin}{os.pathsep}{os.environ['PATH']}")
     if shutil.which("sbatch") is None:  # no Slurm here: launcher=slurm says so
         with pytest.raises(ValueError, match="^launcher=slurm needs Slurm's sbatch and srun, not on PATH here; "):
-            slurm.executor(launch, "toy")
+            slurm.executor(settings, "toy")
     # stand-ins for Slurm's commands: sbatch keeps the script it is given and answers as Slurm does
     for name, text in (("sbatch", 'cp "$1" "$SBATCH_COPY"; echo "Submitted batch job 4242"'), ("srun", "")):
         (fake_bin / name).write_text(f"#!/bin/sh\n{text}\n")
         (fake_bin / name).chmod(0o755)
     monkeypatch.setenv("SBATCH_COPY", str(tmp_path / "sbatch.sh"))
-    jobs = slurm.submit(slurm.executor(launch, "toy"), [slurm.Task(toy_run, (toy_context, ()), (r, 1), 4) for r in "abc"])
+    jobs = slurm.submit(slurm.executor(settings, "toy"), [slurm.Task(toy_run, (toy_context, ()), (r, 1), 4) for r in "abc"])
     assert [job.job_id for job in jobs] == ["4242_0", "4242_1", "4242_2"]
     flags = {line.split()[1] for line in (tmp_path / "sbatch.sh").read_text().splitlines() if line.startswith("#SBATCH")}
     assert {"--partition=gpu", "--gpus-per-node=2", "--cpus-per-task=4", "--time=30", "--array=0-2%2", "--nodes=1",
             "--job-name=toy", f"--signal={slurm.PREEMPT.name.removeprefix('SIG')}@90"} <= flags, flags
     (fake_bin / "sbatch").write_text('#!/bin/sh\necho "sbatch: error: invalid partition specified: gpu" >&2; exit 1\n')
     with pytest.raises(ValueError, match="^sbatch refused the jobs: sbatch: error: invalid partition specified: gpu$"):
-        slurm.submit(slurm.executor(launch, "toy"), [slurm.Task(toy_run, (toy_context, ()), ("a", 1), 4)])
+        slurm.submit(slurm.executor(settings, "toy"), [slurm.Task(toy_run, (toy_context, ()), ("a", 1), 4)])
 
 
 def test_a_sweep_widens_past_the_edge_its_best_lies_on_and_stops_at_its_most():
-    assert grid.widen([0.5, 1, 2], 2, 5) == 4.0 and grid.widen([0.5, 1, 2], 0.5, 5) == 0.25
-    assert grid.widen([0.5, 1, 2], 1, 5) is None  # the best inside: nothing to widen
-    assert grid.widen([0.25, 0.5, 1, 2, 4], 4, 5) is None and grid.widen([1], 1, 5) is None
-    assert grid.widen([1e-3, 3e-3, 9e-3], 9e-3, 5) == 0.027  # named as its run folder will be
+    assert sweep.widen([0.5, 1, 2], 2, 5) == 4.0 and sweep.widen([0.5, 1, 2], 0.5, 5) == 0.25
+    assert sweep.widen([0.5, 1, 2], 1, 5) is None  # the best inside: nothing to widen
+    assert sweep.widen([0.25, 0.5, 1, 2, 4], 4, 5) is None and sweep.widen([1], 1, 5) is None
+    assert sweep.widen([1e-3, 3e-3, 9e-3], 9e-3, 5) == 0.027  # named as its run folder will be

@@ -9,7 +9,7 @@ from files import read_log
 from lab import recipe
 
 # base and one recipe changing a model and a training setting, 2 seeds of a tiny model, evaluated every 2 steps
-GRID = ["lab/recipe.py", *TINY, "--seeds=2", "--max_iters=6", "--eval_interval=2", "--log_interval=2"]
+GRID = ["-m", "lab.recipe", *TINY, "--seeds=2", "--max_iters=6", "--eval_interval=2", "--log_interval=2"]
 HOT = "--recipes=hot: mlp_act=relu2, learning_rate=0.01"
 
 
@@ -45,7 +45,7 @@ def test_recipes_train_their_changes_and_time_the_first_evaluation_at_the_target
 
     # another target re-reports without training again: the checkpoints stay as they were (in-process from here)
     stamps = {p: p.stat().st_mtime_ns for p in out.glob("runs/*/ckpt.pt")}
-    recipe.main([*base[1:], HOT, "--target_loss=0.1"])
+    recipe.main([*base[2:], HOT, "--target_loss=0.1"])
     assert stamps == {p: p.stat().st_mtime_ns for p in out.glob("runs/*/ckpt.pt")}
     results = json.loads((out / "results.json").read_text())
     assert all(x["reached"] == 0 and x["steps"] is None for x in results["recipes"].values())
@@ -54,7 +54,7 @@ def test_recipes_train_their_changes_and_time_the_first_evaluation_at_the_target
     # the same name with other changes is refused, naming the setting, before anything trains
     capsys.readouterr()
     with pytest.raises(SystemExit) as refused:
-        recipe.main([*base[1:], "--recipes=hot: mlp_act=gelu, learning_rate=0.01"])
+        recipe.main([*base[2:], "--recipes=hot: mlp_act=gelu, learning_rate=0.01"])
     err = capsys.readouterr().err
     assert refused.value.code == 1
     assert "mlp_act: 'relu2' there, 'gelu' now" in err and len(err.strip().splitlines()) == 1

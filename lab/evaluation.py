@@ -1,0 +1,38 @@
+"""What the lab scores its models on: fixed validation windows at each length, the loss at each position of them,
+and the device and precision it evaluates in."""
+
+import torch
+
+from data.loader import Batches
+from runtime import Runtime, pick_device, pick_dtype
+
+
+def eval_sets(dataset_dir, meta, lengths, n_tokens, tokens_per_forward, device):
+    """{L: Batches whose fixed validation set holds about n_tokens in windows of L tokens}. Batches draws
+    that set from EVAL_SEED alone, so every model of the grid is scored on the same windows."""
+    sets = {}
+    for L in lengths:
+        rows = max(1, tokens_per_forward // L)  # windows per forward: long ones cost O(L^2) attention memory
+        try:  # (seed 0: these Batches' training batches are never drawn)
+            sets[L] = Batches(dataset_dir, meta, L, rows, 0, device, eval_iters=max(1, n_tokens // (rows * L)))
+        except ValueError as e:  # the window does not fit a split
+            raise ValueError(f"eval length {L} does not fit the data: {e}; use smaller eval_lengths") from None
+    return sets
+
+
+@torch.no_grad()
+def position_losses(model, batches, rt):
+    """(L,) float64 mean loss at each position 0..L-1 over the fixed validation windows of batches."""
+    total, n = torch.zeros(batches.block_size, dtype=torch.float64), 0
+    for x, y in batches.eval_batches("val"):  # (B, L) each
+        with rt.autocast():
+            loss = model(x, y, reduction="none")[1]  # (B, L)
+        total += loss.sum(0).double().cpu()
+        n += len(y)
+    return total / n
+
+
+def eval_runtime(tc):
+    """The device and precision the lab evaluates in: the training settings', without compile or DDP."""
+    device, _ = pick_device(tc.device)
+    return Runtime(device, pick_dtype(tc.dtype, device.split(":")[0]), compile=False)

@@ -1,0 +1,128 @@
+"""Where a grid's runs train and the command line of a lab tool: LaunchSettings, which every lab tool's settings
+inherit; run_jobs, which runs jobs in this process, in worker processes (lab/pool.py) or as Slurm jobs
+(lab/slurm.py), or prints what it would launch; and command, a lab tool's main."""
+
+import importlib
+import shlex
+import sys
+from dataclasses import dataclass
+
+from tqdm import tqdm
+
+import config
+import train
+from config import opt
+from data.batches import BatchConfig
+from lab.pool import Failed, Interrupted, in_process, in_workers
+from model import GPTConfig
+
+LAUNCHERS = ("local", "slurm")
+
+
+class DryRun(Exception):
+    """A dry run has printed what it would launch; the command exits 0."""
+
+
+@dataclass
+class LaunchSettings:
+    """Where a grid's runs train; every lab tool's settings class inherits these (as --key=value and TOML keys)."""
+    launcher: str = opt("local", "local: on this machine, `workers` at a time; slurm: each run not yet finished as "
+                                 "a Slurm job, in job arrays submitted through submitit (the slurm_* settings)",
+                        check=config.one_of(LAUNCHERS))
+    workers: int = opt(1, "runs trained at a time by the local launcher, each in a process with an equal share of the "
+                          "CPU threads (2 on 2 CPU cores, which one small model's run leaves partly idle; 1 on a GPU)",
+                       check=config.POSITIVE)
+    dry_run: bool = opt(False, "print every launch the command would make (with slurm: the job arrays and their "
+                               "resources); train nothing")
+    slurm_partition: str = opt("", "Slurm partition of the jobs (empty: the cluster's default)")
+    slurm_gpus: int = opt(1, "GPUs per Slurm job (one run each)", check=config.NON_NEGATIVE)
+    slurm_cpus: int = opt(8, "CPUs per Slurm job, which torch's threads use", check=config.POSITIVE)
+    slurm_time: int = opt(240, "time limit of a Slurm job in minutes; a run that needs longer stops at a checkpoint "
+                               "before it and is requeued, up to 3 times (then rerun the command)",
+                          check=config.POSITIVE)
+    slurm_array_parallelism: int = opt(64, "Slurm jobs of one array that may run at the same time",
+                                       check=config.POSITIVE)
+    slurm_folder: str = opt("slurm_logs", "folder of submitit's job files and the jobs' logs")
+
+    def __post_init__(self):
+        config.validate(self)
+
+
+def run_jobs(jobs, run, context, rebuild, launch, needs=lambda job: None, pending=lambda job: True, label=str,
+             desc="runs", progress=True):
+    """{job: run(context, job)} for every job, in list order as far as needs(job) (the job it waits for, earlier in
+    jobs; None: none) allows, where launch (LaunchSettings) says:
+    - local with 1 worker: here, one after another;
+    - local with workers > 1: that many at a time, each in a worker process of its own with its own context,
+      make(*settings) for rebuild = (make, settings), and an equal share of this process's CPU threads (a small
+      model's matmuls leave cores idle that a second run fills);
+    - slurm: each job with work left (pending(job)) as a Slurm job that builds its context the same way
+      (lab/slurm.py); the others, whose run folders hold their results, are read here.
+    SIGINT or SIGTERM stops every run at a checkpoint and raises Interrupted; a worker that dies or a Slurm job that
+    fails raises Failed naming its run. With dry_run it prints what it would launch and raises DryRun."""
+    if launch.dry_run:
+        print("dry run: " + launch_plan(jobs, launch, needs, pending, label, desc))
+        raise DryRun
+    with tqdm(total=len(jobs), desc=desc, unit="run", dynamic_ncols=True, disable=not progress) as bar:
+        if launch.launcher == "slurm":
+            todo = [job for job in jobs if pending(job)]
+            done = in_process([job for job in jobs if job not in todo], run, context, label, bar)
+            return done | (slurm_module().run_jobs(todo, run, rebuild, launch, needs, label, desc, bar) if todo else {})
+        if launch.workers == 1:
+            return in_process(jobs, run, context, label, bar)
+        return in_workers(jobs, run, rebuild, launch.workers, needs, label, bar)
+
+
+def slurm_module():
+    """lab/slurm.py, which needs submitit: an optional package, imported only where it is asked for. Not installed,
+    or installed but failing to import (a broken install): one line that says which."""
+    try:
+        importlib.import_module("submitit")
+    except Exception as e:  # not installed, or a broken install, which raises whatever its code does
+        missing = isinstance(e, ModuleNotFoundError) and e.name == "submitit"
+        raise ValueError("launcher=slurm submits through submitit, " + (
+            "which is not installed: pip install submitit" if missing else
+            f"whose import fails ({type(e).__name__}: {e}); reinstall it: pip install --force-reinstall submitit")) \
+            from None
+    from lab import slurm
+    return slurm
+
+
+def launch_plan(jobs, launch, needs=lambda job: None, pending=lambda job: True, label=str, desc="runs"):
+    """What run_jobs would launch, for dry_run: the runs, and with slurm the job arrays, their resources and logs."""
+    if launch.launcher == "local":
+        return f"{len(jobs)} runs here, {launch.workers} at a time: " + ", ".join(map(label, jobs))
+    todo = [job for job in jobs if pending(job)]
+    depth = {}
+    for job in todo:  # needs come earlier in jobs; a need that is finished already waits for nothing
+        depth[job] = depth[needs(job)] + 1 if needs(job) in depth else 0
+    where = f"partition {launch.slurm_partition}" if launch.slurm_partition else "the default partition"
+    lines = [f"{len(todo)} Slurm jobs named {desc!r} ({len(jobs) - len(todo)} of the {len(jobs)} runs finished "
+             f"already), each {launch.slurm_gpus} GPU(s), {launch.slurm_cpus} CPUs and {launch.slurm_time} min on "
+             f"{where}, at most {launch.slurm_array_parallelism} of an array at once; logs in {launch.slurm_folder}/"]
+    for level in sorted(set(depth.values())):
+        group = [label(job) for job in todo if depth[job] == level]
+        when = "submitted at once" if level == 0 else "each submitted once the run it needs is done"
+        lines.append(f"  array {level + 1}, {when}, {len(group)} jobs: {', '.join(group)}")
+    return "\n".join(lines)
+
+
+def command(argv, doc, settings, run):
+    """The main of a lab tool (config.main with the lab's settings classes: its own, GPTConfig, TrainConfig,
+    BatchConfig): a dry run exits 0, runs that failed (Failed) exit 1 with the command that redoes them, an
+    interruption exits 130 with the hint that rerunning resumes; the hints quote the command line where it is this
+    process's."""
+    rerun = f" ({shlex.join(['python', *sys.argv])})" if argv is None else ""
+
+    def outcome(*parsed):
+        try:
+            run(*parsed)
+        except DryRun:
+            pass
+        except Failed as e:
+            raise Failed(f"{e}{rerun}") from None
+        except (Interrupted, KeyboardInterrupt) as e:
+            print(f"\ninterrupted{': ' + str(e) if str(e) else ''}; rerun the same command to resume{rerun}",
+                  file=sys.stderr)
+            sys.exit(130)
+    config.main(argv, doc, (settings, GPTConfig, train.TrainConfig, BatchConfig), outcome)

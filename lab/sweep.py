@@ -1,0 +1,166 @@
+"""The frame of a lab tool that chooses each arm's rate on a selection seed and then trains the test seeds at it
+(ablate, extend): its settings, the plan it resolves before anything trains, the launches (each run folder checked
+first), the sweep and its widening, the whole plan of a dry run, and the results files. A tool's plan subclasses
+Plan and says what its jobs are; the tool keeps only its experiment.
+"""
+
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import config
+import train
+from config import opt
+from data.batches import BatchConfig
+from data.tokenizer import load_meta
+from files import atomic_write
+from lab.evaluation import eval_runtime, eval_sets
+from lab.grid import SeedSettings, write_json
+from lab.launch import DryRun, LaunchSettings, command, launch_plan, run_jobs
+from lab.report import NO_PLOTS
+from model import GPTConfig
+from runtime import Runtime
+
+MORE_RATES = 2  # rates a sweep may add beyond its edges, where its best keeps landing there
+
+
+@dataclass
+class SweepSettings(SeedSettings, LaunchSettings):
+    """The seeds and evaluation every sweeping lab tool shares; its settings class inherits them."""
+    selection_seed: int = opt(1000, "the seed each arm's rate sweep runs on, which chooses the rate its test seeds "
+                                    "train at; it is in no test", check=config.NON_NEGATIVE)
+    eval_tokens: int = opt(16384, "validation tokens per context length, in fixed windows of that length",
+                           check=config.POSITIVE)
+
+    def test_seeds(self, tc, sweeping=True):
+        seeds = super().test_seeds(tc)
+        if sweeping and self.selection_seed in seeds:
+            raise ValueError(f"selection_seed={self.selection_seed} is one of the test seeds {seeds}; a rate chosen on "
+                             "a seed must not be tested on it")
+        return seeds
+
+
+@dataclass
+class Plan:
+    """Everything fixed for the whole lab, resolved and checked before anything trains. A tool's plan adds its own
+    fields and defines make (its plan from the parsed settings), run, folder, check, label and loss; needs where a
+    job waits for another."""
+    settings: SweepSettings  # the tool's own
+    gcfg: GPTConfig
+    tc: train.TrainConfig
+    bc: BatchConfig
+    seeds: list  # the test seeds
+    meta: dict  # the dataset's
+    rt: Runtime
+    windows: dict  # {L: Batches holding the fixed validation windows of L tokens}
+
+    desc = "lab"  # the progress bar's and the Slurm jobs' name
+    marker = "result.json"  # the file of a run folder that says its job is done
+    unswept = 1  # the rate of an arm that does not sweep
+
+    @staticmethod
+    def common(settings, gcfg, tc, bc, lengths, sweeping=True):
+        """The fields every plan resolves alike, as keywords: the dataset's vocabulary, the test seeds, the evaluation
+        device and the fixed windows at each of lengths."""
+        dataset_dir = Path(tc.data_dir) / tc.dataset
+        meta = load_meta(dataset_dir)
+        rt = eval_runtime(tc)
+        per_forward = tc.batch_size * gcfg.block_size
+        windows = eval_sets(dataset_dir, meta, lengths, settings.eval_tokens, per_forward, rt.device)
+        return dict(settings=settings, gcfg=replace(gcfg, vocab_size=meta["vocab_size"]), tc=tc, bc=bc,
+                    seeds=settings.test_seeds(tc, sweeping), meta=meta, rt=rt, windows=windows)
+
+    @property
+    def out(self):
+        return Path(self.tc.out_dir)
+
+    @property
+    def parsed(self):
+        """What make builds this plan from, so a worker process can build its own."""
+        return self.settings, self.gcfg, self.tc, self.bc
+
+    def needs(self, job):
+        """The job that job starts from (None: none)."""
+        return None
+
+    def launch(self, jobs, done):
+        """done with every job of jobs done too, each run folder checked before any trains; a need met in done
+        waits for nothing."""
+        todo = list(dict.fromkeys(j for j in jobs if j not in done))
+        for job in todo:
+            self.check(job)
+        return done | run_jobs(todo, type(self).run, self, (type(self).make, self.parsed), self.settings,
+                               needs=lambda j: None if self.needs(j) in done else self.needs(j), pending=self.pending,
+                               label=self.label, desc=self.desc, progress=self.tc.progress)
+
+    def pending(self, job):
+        return not (self.folder(job) / self.marker).is_file()
+
+    def best(self, done, arm, rates):
+        """The rate of arm's sweep (on the selection seed) whose run has the lowest loss."""
+        return min(rates, key=lambda rate: self.loss(done[self.job(arm, rate, self.settings.selection_seed)], arm))
+
+    def first_launch(self, sweeps, before, after):
+        """The jobs before, each arm's sweep on the selection seed, then the jobs after."""
+        return before + [self.job(a, rate, self.settings.selection_seed) for a, rates in sweeps.items()
+                         for rate in rates] + after
+
+    def sweep_and_test(self, arms, sweeps, before=(), after=()):
+        """Each arm of sweeps ({arm: its rates}) trains the selection seed at each rate, launched between the jobs
+        before and after; an arm whose best rate lies at an edge of its sweep gets one more rate beyond it,
+        MORE_RATES times at the most; then each arm of arms trains every test seed at its best rate (unswept where
+        it does not sweep). (done {job: result}, sweeps as widened, {arm: its rate})."""
+        sel = self.settings.selection_seed
+        done = self.launch(self.first_launch(sweeps, [*before], [*after]), {})
+        most = max(map(len, sweeps.values()), default=0) + MORE_RATES
+        while more := {a: rate for a, rates in sweeps.items()
+                       if (rate := widen(rates, self.best(done, a, rates), most))}:
+            for a, rate in more.items():
+                sweeps[a] = sorted(sweeps[a] + [rate])
+            done = self.launch([self.job(a, rate, sel) for a, rate in more.items()], done)
+        rates = {a: self.best(done, a, sweeps[a]) if a in sweeps else self.unswept for a in arms}
+        return self.launch([self.job(a, rates[a], seed) for a in arms for seed in self.seeds], done), sweeps, rates
+
+    def dry_run(self, sweeps, before=(), after=()):
+        """Print every launch sweep_and_test would make, each with its job count, and raise DryRun."""
+        sel, jobs = self.settings.selection_seed, self.first_launch(sweeps, [*before], [*after])
+        for job in jobs:
+            self.check(job)
+        print("dry run, launch 1: " + launch_plan(jobs, self.settings, self.needs, self.pending, self.label, self.desc))
+        if any(len(rates) > 1 for rates in sweeps.values()):
+            print(f"then up to {MORE_RATES} launches of at most {len(sweeps)} jobs: one more rate on selection seed "
+                  f"{sel} for each arm whose best rate lies at an edge of its sweep")
+        if sweeps:
+            print(f"last launch: at most {len(sweeps) * len(self.seeds)} jobs, test seeds "
+                  f"{', '.join(map(str, self.seeds))} of {len(sweeps)} arms at the rate each arm's sweep chooses "
+                  f"(none that launch 1 holds already)")
+        raise DryRun
+
+    def write_results(self, results, plots, markdown, t0, also=()):
+        """Write results.json (with the command's wall seconds since t0) and results.md (markdown(results, plots)),
+        and print the files written, those also names (written already) and the plots among them."""
+        results["wall_s"] = time.perf_counter() - t0
+        write_json(self.out / "results.json", results)
+        atomic_write(self.out / "results.md", lambda f: f.write(markdown(results, plots).encode()))
+        if plots.plt is None:
+            print(NO_PLOTS)
+        print(f"results: {self.out / 'results.md'}, results.json"
+              + "".join(f", {f}" for f in [*also, *(f for f, _ in plots.written)]))
+
+
+def tool_main(doc, settings, make, conduct):
+    """A sweeping tool's main(argv=None): conduct(make(*the parsed settings)), settings being the tool's class, on
+    lab/launch.py's command frame."""
+    def main(argv=None):
+        command(argv, doc, settings, lambda *parsed: conduct(make(*parsed)))
+    return main
+
+
+def widen(values, best, most):
+    """The next value of the geometric sweep values beyond the edge that best (the sweep's pick) lies on, at the
+    ratio of the two values there; None where best lies inside, or the sweep already holds `most` values."""
+    values = sorted(values)
+    if len(values) < 2 or len(values) >= most or values[0] < best < values[-1]:
+        return None
+    beyond = values[0] ** 2 / values[1] if best == values[0] else values[-1] ** 2 / values[-2]
+    return float(f"{beyond:.3g}")  # 0.009 ** 2 / 0.003 is 0.026999999999999996: the run folders name it 0.027
