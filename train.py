@@ -41,9 +41,10 @@ from runtime import DTYPES, Runtime, StopFlag, any_rank, mean_and_any, run_recor
 class TrainConfig:
     dataset: str = opt("shakespeare_char", "dataset folder name under data_dir (made by data/prepare.py)")
     data_dir: str = opt("data", "folder holding the prepared datasets", resume=True)
-    out_dir: str = opt("out", "where checkpoints, config.json and metrics.jsonl go", resume=True)
+    out_dir: str = opt("out", "where checkpoints, config.json and metrics.jsonl go", resume=True,
+                           weights=False)
     resume: bool = opt(False, "continue from out_dir/ckpt.pt with the run's own settings (its config.json); only those "
-                              "a resume may change can be given", resume=True)
+                              "a resume may change can be given", resume=True, weights=False)
     batch_size: int = opt(12, "sequences per micro-batch (per process)", check=POSITIVE)
     gradient_accumulation_steps: int = opt(1, "micro-batches per optimizer step, summed over all processes",
                                            check=POSITIVE)
@@ -78,9 +79,9 @@ class TrainConfig:
                      check=one_of(DTYPES))
     compile: bool | None = opt(None, "torch.compile the model (default: on for CUDA only)", resume=True)
     seed: int = opt(1337, "seed for initialisation, batches and dropout", check=NON_NEGATIVE)
-    progress: bool = opt(True, "show a progress bar", resume=True)
+    progress: bool = opt(True, "show a progress bar", resume=True, weights=False)
     log: str = opt("none", "also log what metrics.jsonl gets to wandb or tensorboard (each an optional package)",
-                   resume=True)
+                   resume=True, weights=False)
     init_from: str = opt("", "start from this model's weights with a fresh optimizer: a run's out_dir or a checkpoint "
                              "file (fine-tuning, e.g. at a longer block_size with a context scaling), or hf:NAME_OR_PATH, "
                              "a transformers GPT-2 or GPT-NeoX checkpoint: its architecture, with this run's block_size, "

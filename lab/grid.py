@@ -26,7 +26,7 @@ from files import atomic_write, open_log, read_log
 from lab.pool import Failed, Interrupted
 from model import GPTConfig
 
-NOT_SETTINGS = ("out_dir", "resume", "progress", "log")  # train fields that do not change a run's result
+NOT_SETTINGS = config.weightless(train.TrainConfig)  # train fields declared to change no weight of a run
 
 
 @dataclass
