@@ -2,7 +2,6 @@
 inherit; run_jobs, which runs jobs in this process, in worker processes (lab/pool.py) or as Slurm jobs
 (lab/slurm.py), or prints what it would launch; and command, a lab tool's main."""
 
-import importlib
 import shlex
 import sys
 from dataclasses import dataclass
@@ -76,14 +75,7 @@ def run_jobs(jobs, run, context, rebuild, launch, needs=lambda job: None, pendin
 def slurm_module():
     """lab/slurm.py, which needs submitit: an optional package, imported only where it is asked for. Not installed,
     or installed but failing to import (a broken install): one line that says which."""
-    try:
-        importlib.import_module("submitit")
-    except Exception as e:  # not installed, or a broken install, which raises whatever its code does
-        missing = isinstance(e, ModuleNotFoundError) and e.name == "submitit"
-        raise ValueError("launcher=slurm submits through submitit, " + (
-            "which is not installed: pip install submitit" if missing else
-            f"whose import fails ({type(e).__name__}: {e}); reinstall it: pip install --force-reinstall submitit")) \
-            from None
+    config.optional_package("submitit", "launcher=slurm")
     from lab import slurm
     return slurm
 

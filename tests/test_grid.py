@@ -167,6 +167,9 @@ def test_a_damaged_metrics_log_is_named_not_a_traceback(data_dir, tmp_path):
     log = tmp_path / "a" / "metrics.jsonl"
     lines = log.read_text().splitlines()
     log.write_text("\n".join(lines[:2] + ['{"garbage": true}'] + lines[3:]) + "\n")  # a line in the middle
+    with pytest.raises(ValueError, match=f"^{log} is damaged: line 3 is not a metrics line"):
+        toy_results(data_dir, tmp_path, "--runs=a", "--max_iters=4", "--eval_interval=2")
+    log.write_text("\n".join(line.replace('"val_loss"', '"lost"') for line in lines) + "\n")  # an edited value
     with pytest.raises(pool.Failed, match=f"^{log} is damaged .*; delete {tmp_path / 'a'} and rerun"):
         toy_results(data_dir, tmp_path, "--runs=a", "--max_iters=4", "--eval_interval=2")
 
@@ -181,8 +184,8 @@ def test_a_broken_submitit_is_one_line(data_dir, tmp_path, monkeypatch, capsys):
     with pytest.raises(SystemExit) as stop:
         toy_main(toy_args(data_dir, tmp_path, "--runs=a", "--launcher=slurm", "--max_iters=2", "--eval_interval=2"))
     assert stop.value.code == 1 and capsys.readouterr().err == (
-        "error: launcher=slurm submits through submitit, whose import fails (RuntimeError: half-installed); "
-        "reinstall it: pip install --force-reinstall submitit\n")
+        "error: launcher=slurm needs the submitit package, which is installed but fails to import (RuntimeError: "
+        "half-installed); reinstall it: pip install submitit\n")
 
 
 # ----------------------------------------------------------------------------- local workers: stopping them
