@@ -29,11 +29,14 @@ def one_of(choices):
     return "be one of " + ", ".join(choices), lambda v: v in choices
 
 
-def opt(default, help, applies=None, weights=True, check=None):
+def opt(default, help, applies=None, weights=True, check=None, built=False, resume=False, renamed=()):
     """A dataclass field with its help string. applies: what the setting acts on (the owner checks a setting that
     is not at its default against it); weights=False: no weight depends on it, so it may change on a built or
-    loaded model; check: one of the checks above, which `validate` applies (None values pass: a default rule)."""
-    return field(default=default, metadata={"help": help, "applies": applies, "weights": weights, "check": check})
+    loaded model, unless built=True: modules are built with it; resume=True: a resume may change it; renamed: the
+    names it had before, which older files may carry; check: one of the checks above, which `validate` applies
+    (None values pass: a default rule)."""
+    return field(default=default, metadata={"help": help, "applies": applies, "weights": weights, "check": check,
+                                            "built": built, "resume": resume, "renamed": renamed})
 
 
 def check_of(cls, name):
@@ -44,6 +47,17 @@ def check_of(cls, name):
 def weightless(cls):
     """The fields of cls declared weights=False."""
     return tuple(f.name for f in fields(cls) if not f.metadata.get("weights", True))
+
+
+def declared(cls, what):
+    """The fields of cls whose declaration says what (built, resume: opt's flags)."""
+    return tuple(f.name for f in fields(cls) if f.metadata.get(what))
+
+
+def current_names(cls, settings):
+    """settings (a dict, e.g. read from an older file) with every renamed field of cls under its name now."""
+    now = {old: f.name for f in fields(cls) for old in f.metadata.get("renamed", ())}
+    return {now.get(k, k): v for k, v in settings.items()}
 
 
 def validate(settings):

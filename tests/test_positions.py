@@ -203,10 +203,11 @@ def test_fire_interpolates_inside_the_trained_context_and_its_threshold_stays_th
 
 def test_xpos_decay_within_the_trained_context_is_the_papers():
     """B = L0 / 2: the fastest pair decays by zeta_0^2 = 0.082 across L0 (B = 512 at L0 = 64 gave 0.86)."""
-    cfg = tiny("xpos").config
-    assert cfg.xpos_scale == cfg.block_size / 2
-    assert (0.4 / 1.4) ** (cfg.block_size / cfg.xpos_scale) == pytest.approx(0.0816, abs=1e-4)
-    assert tiny("xpos").pos.window(0) == cfg.block_size  # blockwise past L0: never a distance it did not train at
+    xpos = tiny("xpos")
+    cfg = xpos.config
+    assert xpos.pos.scale == cfg.block_size / 2
+    assert (0.4 / 1.4) ** (cfg.block_size / xpos.pos.scale) == pytest.approx(0.0816, abs=1e-4)
+    assert xpos.pos.window(0) == cfg.block_size  # blockwise past L0: never a distance it did not train at
 
 
 def test_kerple_heads_start_at_different_ranges_as_its_authors_draw_them():

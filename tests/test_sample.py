@@ -248,7 +248,7 @@ def foreign(tmp_path):
      "rope_scaling_factor=0.5 must be a finite number >= 1"),
     (["--out_dir={runs}/out-rope", "--max_context=64", "--rope_scaling=linear", "--rope_scaling_factor=0"],
      "rope_scaling_factor=0.0 must be a finite number >= 1"),  # not silently the default factor
-    (["--rope_scaling_factor=2"], "rope_scaling_factor=2.0 needs a rope_scaling"),
+    (["--rope_scaling_factor=2"], "rope_scaling_factor=2 does nothing without a rope_scaling"),
     (["--rope_scaling=wild"], "rope_scaling='wild' must be one of none, linear, ntk, dynamic, yarn, llama3"),
     (["--format=html"], "format='html' must be one of columns, text, markdown"),
     (["--start=FILE:{runs}/nowhere.txt"], "prompt file '{runs}/nowhere.txt' does not exist"),
