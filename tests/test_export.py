@@ -144,6 +144,19 @@ def test_rope_scalings_run_as_transformers_own_past_block_size(tmp_path, scaling
     assert max_difference(model, hf, 96) < TOLERANCE  # 3 x block_size: dynamic's frequencies move with the length
 
 
+@pytest.mark.parametrize("scaling", SCALINGS)
+def test_an_exported_scaling_imports_back_to_the_same_frequencies_and_logits(tmp_path, scaling):
+    kw, flags, _ = SCALINGS[scaling]
+    model, _, folder = exported(tmp_path, "rope", *flags, **({"rope_fraction": 0.5, "bias": True} | kw))
+    if flags:
+        model.reconfigure(rope_scaling=flags[0].partition("=")[2], rope_scaling_factor=4.0)
+    back = checkpoint.load_source(f"hf:{folder}", "init_from").model().eval()
+    assert torch.equal(back.pos.rotary.inv_freq, model.pos.rotary.inv_freq)  # bit for bit: ntk as its larger base
+    assert back.pos.attn_factor == model.pos.attn_factor
+    idx = torch.randint(0, model.config.vocab_size, (2, 96), generator=torch.Generator().manual_seed(1))
+    assert (all_logits(back, idx) - all_logits(model, idx)).abs().max().item() < TOLERANCE
+
+
 # ----------------------------------------------------------------------------- tokenizers
 
 def test_char_tokenizer_gives_our_ids_and_text_back(tmp_path, corpus):
