@@ -138,7 +138,7 @@ class Scaling:
     rope_type: str | None = None  # transformers' name of it; None: it has none, and `new_base` says what it is
     new_base: Callable | None = None  # (rot_dim, base, s) -> the base of plain RoPE that it is, where it is one
     bands: tuple = ()  # the formula's band edges, which transformers reads under the same names
-    tempered: bool = False  # it multiplies the softmax scale (attn_factor), which transformers does on rotated dims alone
+    tempered: bool = False  # it multiplies the softmax scale (attn_factor); transformers, the rotated dims' alone
 
     def band_defaults(self):
         """{name: value} of the band edges, as the formula's defaults."""
@@ -168,8 +168,10 @@ SCALINGS = {
     "linear": Scaling(_linear, rope_type="linear"),
     "ntk": Scaling(_ntk, new_base=ntk_base),
     "dynamic": Scaling(_dynamic, needs_original_len=True, dynamic=True, rope_type="dynamic"),
-    "yarn": Scaling(_yarn, needs_original_len=True, rope_type="yarn", bands=("beta_fast", "beta_slow"), tempered=True),
-    "llama3": Scaling(_llama3, needs_original_len=True, rope_type="llama3", bands=("low_freq_factor", "high_freq_factor")),
+    "yarn": Scaling(_yarn, needs_original_len=True, rope_type="yarn", bands=("beta_fast", "beta_slow"),
+                    tempered=True),
+    "llama3": Scaling(_llama3, needs_original_len=True, rope_type="llama3",
+                      bands=("low_freq_factor", "high_freq_factor")),
 }
 
 

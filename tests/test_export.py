@@ -12,7 +12,6 @@ import checkpoint  # noqa: E402  (after the skip: export imports transformers)
 import data.tokenizer  # noqa: E402
 import config  # noqa: E402
 import export  # noqa: E402
-import hf  # noqa: E402
 import positions  # noqa: E402
 from conftest import ROOT, all_logits, run, tiny_model  # noqa: E402
 from data.tokenizer import GPT2_PATTERN, bpe_encoding, ranks_to_text, tokenizer_from_meta, train_bpe  # noqa: E402

@@ -280,7 +280,8 @@ def test_a_new_scheme_with_a_setting_of_its_own_is_one_class():
         shape = ["--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=8", "--vocab_size=11"]
         (cfg,) = config.parse(["--pos_emb=toy", "--toy_gain=2.5", *shape], Config)
         assert cfg.toy_gain == 2.5 and cfg.takes("toy_gain") and not cfg.takes("toy_gain", "rope")
-        with pytest.raises(ValueError, match="^toy_gain=2.5 does nothing for pos_emb='rope'; it applies to pos_emb toy$"):
+        with pytest.raises(ValueError, match="^toy_gain=2.5 does nothing for pos_emb='rope'; it applies to "
+                                             "pos_emb toy$"):
             config.parse(["--toy_gain=2.5", *shape], Config)
         with pytest.raises(ValueError, match="^toy_gain=0.0 must be a finite number > 0"):
             config.parse(["--pos_emb=toy", "--toy_gain=0", *shape], Config)
