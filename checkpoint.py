@@ -17,13 +17,13 @@ import numpy as np
 import torch
 
 import positions
-from config import weightless
+from config import current_names, declared, weightless
+from data.tokenizer import HF_PREFIX
 from files import atomic_write
 from model import GPT, GPTConfig
 
 RESUME_KEYS = ("model", "optimizer", "scaler", "iter", "best_val_loss", "rng", "tokenizer")
 CHECKPOINTS = {"best": ("best.pt", "ckpt.pt"), "latest": ("ckpt.pt",)}  # a run's file names tried, in order
-RENAMED = {"rope_original_len": "original_len"}  # model settings of older checkpoints, by their name now
 TOKENIZER_KEYS = ("tokenizer", "chars", "eot", "bpe_ranks", "hf_tokenizer")  # what tells two vocabularies apart
 
 
@@ -90,7 +90,7 @@ def load_checkpoint(path, device="cpu"):
                          f"({type(e).__name__}: {why[:120]})") from None
     if not isinstance(ckpt, dict) or not {"model", "model_config"} <= ckpt.keys():
         raise ValueError(f"{str(path)!r} is not a nanorope checkpoint (it lacks the model and model_config entries)")
-    ckpt["model_config"] = {RENAMED.get(k, k): v for k, v in ckpt["model_config"].items()}
+    ckpt["model_config"] = current_names(GPTConfig, ckpt["model_config"])
     return ckpt
 
 
@@ -129,10 +129,11 @@ def load_source(spec, flag, which="latest"):
     """The Source spec names: a run folder (its `which` checkpoint), a checkpoint file, or hf:NAME_OR_PATH (a
     transformers GPT-2 or GPT-NeoX checkpoint, with its own tokenizer). Every error is one line naming the setting
     the user typed, flag=spec."""
-    import hf  # transformers is imported where it is used
     where = f"{flag}={spec}"
-    if spec.startswith(hf.PREFIX):
-        return hf.source(spec.removeprefix(hf.PREFIX), where)
+    if spec.startswith(HF_PREFIX):
+        import hf  # transformers is imported where it is used
+        config, meta, load_into = hf.source(spec.removeprefix(HF_PREFIX), where)
+        return Source(config, meta, spec, {}, load_into)
     path = Path(spec)
     if not path.exists():
         raise ValueError(f"{where}: no such run folder or checkpoint file")
@@ -151,8 +152,8 @@ def load_source(spec, flag, which="latest"):
 
     def load_into(model):
         try:
-            model.load_state_dict(ckpt["model"])
-        except RuntimeError as e:  # e.g. learned positions: their table's size is block_size
+            model.load_trained(ckpt["model"])
+        except RuntimeError as e:  # weights of another shape: a config fine_tune_config would not allow
             raise ValueError(f"{where}: its weights do not fit this model "
                              f"({str(e).splitlines()[-1].strip()[:200]})") from None
         return model
@@ -175,10 +176,11 @@ def tokenizer_name(meta):
 def fine_tune_config(source, config, meta, where):
     """The model config of a fine-tune from source on a dataset (its meta): the source's architecture with config's
     settings that no weight depends on (config.weightless: context, dropout, RoPE scaling), and L0 the source's own
-    wherever block_size grows past it. Any other setting of config that is not at its default must equal the
-    source's, and the dataset must be tokenized as the source was."""
+    wherever block_size grows past it (a typed original_len must equal it). Any other setting of config that is not
+    at its default must equal the source's, and the dataset must be tokenized as the source was. A block_size below
+    the source's is allowed: a learned position table is cut to it (GPT.load_trained)."""
     if not same_tokenizer(source.meta, meta):
-        hint = (f"; prepare it with python data/prepare.py --tokenizer hf:{source.meta['hf_name']} --input CORPUS "
+        hint = (f"; prepare it with python -m data.prepare --tokenizer hf:{source.meta['hf_name']} --input CORPUS "
                 "--dataset NAME" if source.meta["tokenizer"] == "hf" else "")
         raise ValueError(f"{where} reads the ids of {tokenizer_name(source.meta)}, but dataset {meta['dataset']!r} was "
                          f"prepared with {tokenizer_name(meta)}{hint}")
@@ -191,10 +193,11 @@ def fine_tune_config(source, config, meta, where):
     if not positions.scheme(source.config.pos_emb).extrapolates and config.block_size > source.config.block_size:
         raise ValueError(f"block_size={config.block_size} is past {where}'s learned position table "
                          f"({source.config.block_size} positions); use block_size <= {source.config.block_size}")
-    L0 = min(source.config.original_len, config.block_size)
-    if config.original_len not in (config.block_size, L0):
+    L0 = min(source.config.L0, config.block_size)
+    if config.original_len not in (None, L0):
         raise ValueError(f"original_len={config.original_len} contradicts {where}, which learned L0 = "
-                         f"{source.config.original_len}: a fine-tune keeps the length its model first learned")
+                         f"{source.config.L0}: a fine-tune keeps the length its model first learned"
+                         + (f" (at block_size={config.block_size}, L0 = {L0})" if L0 != source.config.L0 else ""))
     return replace(source.config, **{k: getattr(config, k) for k in kept} | {"original_len": L0})
 
 
@@ -213,9 +216,9 @@ def resumable_checkpoint(path, config, meta, max_iters, optimizer="adamw"):
                          f"optimizer={optimizer!r}, whose state it does not hold; pass --optimizer={saved} or use a "
                          "new out_dir")
     started = ckpt.get("record", {}).get("model", ckpt["model_config"])  # before the record: the model's own
-    started = GPTConfig(**{RENAMED.get(k, k): v for k, v in started.items()}).asdict()  # a newer setting: its default
-    diff = [f"{k}: checkpoint {started[k]!r}, now {v!r}" for k, v in config.asdict().items()
-            if started[k] != v and k != "dropout"]
+    started = GPTConfig(**current_names(GPTConfig, started)).resolved()  # a newer setting: its default
+    diff = [f"{k}: checkpoint {started[k]!r}, now {v!r}" for k, v in config.resolved().items()
+            if started[k] != v and k not in declared("resume", GPTConfig)]
     if not same_tokenizer(ckpt["tokenizer"], meta):
         diff.append(f"tokenizer: dataset {meta['dataset']!r} has another vocabulary")
     if diff:

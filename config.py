@@ -30,13 +30,14 @@ def one_of(choices):
     return "be one of " + ", ".join(choices), lambda v: v in choices
 
 
-def opt(default, help, applies=None, weights=True, check=None, resume=False):
+def opt(default, help, applies=None, weights=True, check=None, built=False, resume=False, renamed=()):
     """A dataclass field with its help string. applies: what the setting acts on (the owner checks a setting that
     is not at its default against it); weights=False: no weight depends on it, so it may change on a built or
-    loaded model; check: one of the checks above, which `validate` applies (None values pass: a default rule);
-    resume=True: a resumed run may change it (how long it runs, where, what it evaluates and logs)."""
+    loaded model, unless built=True: modules are built with it; resume=True: a resume may change it; renamed: the
+    names it had before, which older files may carry; check: one of the checks above, which `validate` applies
+    (None values pass: a default rule)."""
     return field(default=default, metadata={"help": help, "applies": applies, "weights": weights, "check": check,
-                                            "resume": resume})
+                                            "built": built, "resume": resume, "renamed": renamed})
 
 
 def check_of(cls, name):
@@ -49,9 +50,15 @@ def weightless(cls):
     return tuple(f.name for f in fields(cls) if not f.metadata.get("weights", True))
 
 
-def resumable(*classes):
-    """The fields of classes declared resume=True."""
-    return {f.name for cls in classes for f in fields(cls) if f.metadata.get("resume")}
+def declared(what, *classes):
+    """The fields of classes whose declaration says what (built, resume: opt's flags)."""
+    return tuple(f.name for cls in classes for f in fields(cls) if f.metadata.get(what))
+
+
+def current_names(cls, settings):
+    """settings (a dict, e.g. read from an older file) with every renamed field of cls under its name now."""
+    now = {old: f.name for f in fields(cls) for old in f.metadata.get("renamed", ())}
+    return {now.get(k, k): v for k, v in settings.items()}
 
 
 def validate(settings):

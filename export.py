@@ -35,6 +35,7 @@ from pathlib import Path
 
 import config
 import hf
+import rope
 from checkpoint import CHECKPOINTS, load_source
 from config import one_of, opt
 from data.tokenizer import tokenizer_from_meta
@@ -97,8 +98,8 @@ class ExportConfig:
         config.validate(self)
         if not self.hf_dir:
             raise ValueError("hf_dir is empty; name the folder to write, e.g. --hf_dir=hf-out")
-        if (self.rope_scaling is None) != (self.rope_scaling_factor is None):
-            raise ValueError("rope_scaling and rope_scaling_factor go together: name the scaling and its factor")
+        if (self.rope_scaling, self.rope_scaling_factor) != (None, None):  # none: the model's own
+            rope.scaling_pair(self.rope_scaling, self.rope_scaling_factor)
 
 
 def export(ec):
@@ -109,7 +110,8 @@ def export(ec):
     source = load_source(ec.out_dir, "out_dir", ec.checkpoint)
     model = source.model().float().eval()  # written, and checked, in float32
     if ec.rope_scaling is not None:
-        model.reconfigure(rope_scaling=ec.rope_scaling, rope_scaling_factor=ec.rope_scaling_factor)
+        scaling, factor = rope.scaling_pair(ec.rope_scaling, ec.rope_scaling_factor)
+        model.reconfigure(rope_scaling=scaling, rope_scaling_factor=factor)
     try:
         model_hf = hf.exported(model, source.meta)
     except ValueError as e:

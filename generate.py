@@ -104,9 +104,9 @@ class StaticKVCache:
     starts a new window in the same tensors, which a CUDA graph keeps pointing at."""
 
     def __init__(self, config, batch_size, max_len, device, dtype):
-        if config.rope_scaling == "dynamic" and max_len > config.original_len:
-            raise ValueError("static_cache cannot serve rope_scaling='dynamic' past the trained length: its "
-                             "frequencies change with the length, which a static step does not know")
+        if config.scaling.dynamic and max_len > config.L0:
+            raise ValueError(f"static_cache cannot serve rope_scaling={config.rope_scaling!r} past the trained length: "
+                             "its frequencies change with the length, which a static step does not know")
         shape = (batch_size, config.n_head, max_len, config.head_dim)
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]

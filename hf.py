@@ -8,23 +8,14 @@ side cannot compute as the other does is refused in one line naming it. transfor
 used: nothing else of nanorope needs it.
 """
 
-import inspect
-
 import torch
 
+import config
 import positions
 import rope
-from data.tokenizer import HF_PREFIX as PREFIX, hf_checkpoint, hf_tokenizer_fields  # hf:NAME_OR_PATH
+from data.tokenizer import hf_checkpoint, hf_tokenizer_fields
 from model import GPTConfig
-# what GPT-NeoX, Persimmon and GPT-2 lack for each scheme that export refuses; a scheme not named here is refused too
-LACKS = {
-    "sinusoidal": "a fixed sinusoidal table added to sqrt(n_embd)-scaled token embeddings",
-    "alibi": "ALiBi's per-head linear score biases",
-    "xpos": "xPos's distance decay of queries and keys",
-    "kerple": "KERPLE's learned logarithmic score biases",
-    "fire": "FIRE's learned function of normalised distances",
-    "rnope": "layers without RoPE among layers with it (GPT-NeoX rotates in every layer)",
-}
+
 # mlp_act -> the activation's name in transformers (hidden_act, activation_function): the same functions
 HIDDEN_ACTS = {"gelu": "gelu",  # the exact erf GELU
                "gelu_tanh": "gelu_new",  # GPT-2's tanh approximation
@@ -33,11 +24,8 @@ PROBE_TOKENS = 32  # tokens past block_size in the logit check of a RoPE or NoPE
 
 
 def transformers():
-    """The transformers module, or one line saying how to install it."""
-    try:
-        import transformers
-    except ImportError:
-        raise ValueError("this needs Hugging Face transformers: pip install -e '.[hf]'") from None
+    """The transformers module, or one line saying how to install (or reinstall) it."""
+    transformers = config.optional_package("transformers", "export and hf: imports", "pip install -e '.[hf]'")
     transformers.logging.set_verbosity_error()  # its notes on configs and one-file progress bars are noise here
     transformers.logging.disable_progress_bar()
     return transformers
@@ -53,11 +41,11 @@ def refusal(cfg):
     if cfg.mlp_act not in HIDDEN_ACTS:
         return f"mlp_act={cfg.mlp_act!r} has no transformers activation here"
     scheme = positions.scheme(cfg.pos_emb)
-    if scheme not in ARCHITECTURES:
-        lacks = LACKS.get(cfg.pos_emb, "this scheme")
+    family, lacks = scheme.transformers()
+    if family is None:
         return (f"pos_emb={cfg.pos_emb!r} has no transformers architecture here: GPT-NeoX, Persimmon and GPT-2 lack "
                 f"{lacks} (export writes rope and none as GPT-NeoX or Persimmon, learned as GPT-2)")
-    learned = ARCHITECTURES[scheme] is gpt2
+    learned = family == "gpt2"
     if cfg.qk_norm and (learned or cfg.parallel_residual):
         return (f"qk_norm=True with {'learned positions' if learned else 'parallel_residual=True'}: of the "
                 "architectures here only Persimmon normalises queries and keys, and it has RoPE and a sequential "
@@ -66,9 +54,9 @@ def refusal(cfg):
         return "parallel_residual=True with learned positions: GPT-2's residual is sequential"
     if not issubclass(scheme, positions.RoPE):
         return None
-    if cfg.scaled and cfg.rope_scaling == "yarn" and cfg.rope_fraction < 1:
-        return (f"rope_scaling='yarn' with rope_fraction={cfg.rope_fraction} < 1: transformers puts YaRN's attention "
-                "temperature on the rotated dims alone, nanorope on the whole score; export with another "
+    if cfg.scaling.tempered and cfg.rope_fraction < 1:
+        return (f"rope_scaling={cfg.rope_scaling!r} with rope_fraction={cfg.rope_fraction} < 1: transformers puts its "
+                "attention temperature on the rotated dims alone, nanorope on the whole score; export with another "
                 "--rope_scaling, or a model that rotates every dim")
     if cfg.rope_p < 1:
         return (f"rope_p={cfg.rope_p} < 1 (p-RoPE leaves the slowest frequencies unrotated): the rotary of "
@@ -81,18 +69,9 @@ def rope_parameters(cfg, rotates):
     if not rotates:
         return {"rope_type": "default", "rope_theta": cfg.rope_base, "partial_rotary_factor": 0.0}
     # the fraction itself, not rot_dim / head_dim: both sides take int(head_dim * fraction) dims
-    out = {"rope_type": "default", "rope_theta": cfg.rope_base, "partial_rotary_factor": cfg.rope_fraction}
-    if not cfg.scaled:
-        return out
-    s, rot_dim = cfg.rope_scaling_factor, int(cfg.head_dim * cfg.rope_fraction)
-    if cfg.rope_scaling == "ntk":  # a fixed base change (rope.SCALINGS["ntk"]): plain RoPE with a larger base
-        return out | {"rope_theta": cfg.rope_base * s ** (rot_dim / (rot_dim - 2))}
-    out |= {"rope_type": cfg.rope_scaling, "factor": s}
-    if cfg.rope_scaling in ("llama3", "yarn"):
-        bands = inspect.signature(rope.SCALINGS[cfg.rope_scaling]).parameters  # its band edges, as rope.py's defaults
-        names = ("low_freq_factor", "high_freq_factor") if cfg.rope_scaling == "llama3" else ("beta_fast", "beta_slow")
-        out |= {"original_max_position_embeddings": cfg.original_len, **{n: bands[n].default for n in names}}
-    return out
+    rot_dim = int(cfg.head_dim * cfg.rope_fraction)
+    return cfg.scaling.hf_parameters(rot_dim, cfg.rope_base, cfg.rope_scaling_factor, cfg.L0) | {
+        "partial_rotary_factor": cfg.rope_fraction}
 
 
 def token_ids(meta):
@@ -194,10 +173,8 @@ def rotary_architecture(model, meta):
                   hidden_act=HIDDEN_ACTS[c.mlp_act], attention_dropout=c.dropout, hidden_dropout=c.dropout,
                   layer_norm_eps=model.ln_f.eps, tie_word_embeddings=c.tie_embeddings,
                   rope_parameters=rope_parameters(c, rotary is not None),
-                  # the context a scaling stretches L0 to; dynamic reads it as L0, its threshold
-                  max_position_embeddings=(c.original_len if c.rope_scaling == "dynamic" and c.scaled else
-                                           max(c.block_size, round(c.original_len * c.rope_scaling_factor))
-                                           if c.scaled else c.block_size), **token_ids(meta))
+                  max_position_embeddings=c.scaling.hf_context(c.block_size, c.L0, c.rope_scaling_factor),
+                  **token_ids(meta))
     if c.qk_norm:
         arch, hf = "PersimmonForCausalLM", tf.PersimmonForCausalLM(tf.PersimmonConfig(qk_layernorm=True, **common))
     else:
@@ -234,8 +211,8 @@ def load(model_hf, state):
     return model_hf.eval()
 
 
-# the scheme (its class exactly: xpos and rnope are RoPE's subclasses) -> the writer of a model that runs it
-ARCHITECTURES = {positions.RoPE: rotary_architecture, positions.NoPE: rotary_architecture, positions.Learned: gpt2}
+# a scheme's hf_family -> the writer of a model that runs it
+ARCHITECTURES = {"rotary": rotary_architecture, "gpt2": gpt2}
 
 
 def exported(model, meta):
@@ -243,7 +220,7 @@ def exported(model, meta):
     why = refusal(model.config)
     if why:
         raise ValueError(why)
-    return ARCHITECTURES[positions.scheme(model.config.pos_emb)](model, meta)
+    return ARCHITECTURES[positions.scheme(model.config.pos_emb).transformers()[0]](model, meta)
 
 
 @torch.inference_mode()
@@ -298,13 +275,21 @@ def import_config(where, hf):
         require(where, "layer_norm_eps", hf.layer_norm_eps, 1e-5)
         require(where, "attention_bias", hf.attention_bias, True)
         rp = hf.rope_parameters
-        require(where, "rope_type", rp.get("rope_type", "default"), "default")
-        return GPTConfig(vocab_size=hf.vocab_size, block_size=hf.max_position_embeddings,
-                         n_layer=hf.num_hidden_layers, n_head=hf.num_attention_heads, n_embd=hf.hidden_size,
-                         bias=True, pos_emb=positions.RoPE.name, rope_base=float(rp["rope_theta"]),
-                         rope_fraction=float(rp.get("partial_rotary_factor", 1.0)), rope_layout="half",
-                         mlp_act=activation(where, hf.hidden_act), parallel_residual=hf.use_parallel_residual,
-                         tie_embeddings=hf.tie_word_embeddings)
+        try:
+            base, scaling, factor, L0 = rope.from_hf(rp, hf.max_position_embeddings)
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
+        config = GPTConfig(vocab_size=hf.vocab_size, block_size=hf.max_position_embeddings,
+                           n_layer=hf.num_hidden_layers, n_head=hf.num_attention_heads, n_embd=hf.hidden_size,
+                           bias=True, pos_emb=positions.RoPE.name, original_len=L0, rope_base=base,
+                           rope_scaling=scaling, rope_scaling_factor=factor,
+                           rope_fraction=float(rp.get("partial_rotary_factor", 1.0)), rope_layout="half",
+                           mlp_act=activation(where, hf.hidden_act), parallel_residual=hf.use_parallel_residual,
+                           tie_embeddings=hf.tie_word_embeddings)
+        why = refusal(config)  # what transformers computes otherwise than nanorope, as on the way out
+        if why:
+            raise ValueError(f"{where}: {why}")
+        return config
     raise ValueError(f"{where} is a {arch} ({hf.model_type}); nanorope imports GPT-2 (gpt2) and the GPT-NeoX family "
                      "(gpt_neox: Pythia)")
 
@@ -320,23 +305,20 @@ def load_pretrained(model, name, where):
         raise ValueError(f"{where}: its weights cannot be read ({str(e).splitlines()[0][:200]}); the file is damaged "
                          "or incomplete: download it again") from None
     theirs, c = hf.state_dict(), model.config
-    if ARCHITECTURES[positions.scheme(c.pos_emb)] is gpt2:
+    if positions.scheme(c.pos_emb).transformers()[0] == "gpt2":
         names = gpt2_names(c)
         state = {ours: theirs[t].t() if conv1d(t) else theirs[t] for t, ours in names.items()}
-        state["pos.wpe.weight"] = state["pos.wpe.weight"][:c.block_size]
     else:
         rot_dim = int(c.head_dim * c.rope_fraction)
         state = {ours: permuted(ours, theirs[t], c, rot_dim, inverse=True)
                  for t, ours in rotary_names(type(hf).__name__, c).items()}
     if c.tie_embeddings:
         state["lm_head.weight"] = state["wte.weight"]
-    model.load_state_dict(state)
-    return model
+    return model.load_trained(state)
 
 
 def source(name, where):
-    """checkpoint.Source of hf:name: its architecture at its own context, with its own tokenizer."""
-    from checkpoint import Source
+    """hf:name's model config (its architecture at its own context), its own tokenizer (meta) and how its weights go
+    into a model: what checkpoint.load_source makes a Source of."""
     config = import_config(where, pretrained_config(name, where))
-    return Source(config, hf_tokenizer_fields(name, where), PREFIX + name, {},
-                  lambda model: load_pretrained(model, name, where))
+    return config, hf_tokenizer_fields(name, where), lambda model: load_pretrained(model, name, where)

@@ -5,7 +5,7 @@ decoding (KV cache, sampling) is generate.py's. This module knows nothing about 
 """
 
 import math
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, make_dataclass, replace
 
 import torch
 import torch.nn as nn
@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 import positions
 import rope
-from config import FRACTION, NON_NEGATIVE, POSITIVE, SHARE, one_of, opt, validate, weightless
+from config import FRACTION, NON_NEGATIVE, POSITIVE, declared, one_of, opt, validate, weightless
 
 
 ACTIVATIONS = {  # mlp_act -> the MLP's nonlinearity
@@ -23,40 +23,22 @@ ACTIVATIONS = {  # mlp_act -> the MLP's nonlinearity
 }
 
 
-ROTARY, XPOS, RNOPE = positions.RoPE, positions.XPos, positions.RNoPE  # a setting applies to these and subclasses
-FIXED_ON_BUILT = ("block_size", "dropout")  # no weight depends on them, but modules are built with them
-
-
 @dataclass
-class GPTConfig:
-    block_size: int = opt(256, "context length the model is trained at", weights=False, check=POSITIVE)
+class ModelConfig:
+    """The model's own settings and the rules between them; GPTConfig adds every scheme's (`gathered`)."""
+    block_size: int = opt(256, "context length the model is trained at", weights=False, built=True, check=POSITIVE)
     vocab_size: int = opt(65, "vocabulary size; set from the dataset's meta.json", check=POSITIVE)
     n_layer: int = opt(6, "number of transformer blocks", check=POSITIVE)
     n_head: int = opt(6, "attention heads per block", check=POSITIVE)
     n_embd: int = opt(384, "model width", check=POSITIVE)
-    dropout: float = opt(0.0, "dropout probability (0 for pretraining small models)", weights=False,
-                           check=FRACTION)
+    dropout: float = opt(0.0, "dropout probability (0 for pretraining small models)", weights=False, built=True,
+                         resume=True, check=FRACTION)
     bias: bool = opt(False, "biases in linear layers and layer norms")
     pos_emb: str = opt("rope", "positional scheme: " + ", ".join(positions.SCHEMES))
     original_len: int | None = opt(None, "L0, the context the model first learned (default block_size): every "
                                          "length-relative default reads it, and a fine-tune at a longer block_size "
-                                         "keeps its checkpoint's", weights=False, check=POSITIVE)
-    rope_base: float = opt(10000.0, "RoPE base b in theta_i = b^(-2(i-1)/d)", ROTARY)
-    rope_fraction: float = opt(1.0, "fraction of each head's dims that RoPE rotates", ROTARY)
-    rope_layout: str = opt("interleaved", "RoPE pairing: " + ", ".join(rope.LAYOUTS), ROTARY,
-                           check=one_of(rope.LAYOUTS))
-    rope_scaling: str = opt(rope.NO_SCALING, "RoPE context scaling: " + ", ".join(rope.SCALINGS), ROTARY,
-                            weights=False, check=one_of(tuple(rope.SCALINGS)))
-    rope_scaling_factor: float = opt(1.0, "RoPE scaling factor s (1: plain RoPE)", ROTARY, weights=False,
-                                     check=("be a finite number >= 1", lambda v: 1 <= v < math.inf))
-    rope_p: float = opt(1.0, "p-RoPE: fraction of RoPE's frequencies that rotate, the highest (1 = all)", ROTARY,
-                        check=SHARE)
-    xpos_scale_base: float | None = opt(None, "xpos: B in the decay zeta^((m - n)/B) of its scores (default L0 / 2, "
-                                              "the paper's ratio)", XPOS)
-    nope_every: int = opt(4, "rnope: every this many layers, the last has no positional information", RNOPE,
-                          check=POSITIVE)
-    rnope_window: int | None = opt(None, "rnope: keys a RoPE layer's query sees, sliding-window attention (default "
-                                         "L0 / 2, the paper's ratio)", RNOPE, check=POSITIVE)
+                                         "keeps its checkpoint's", weights=False, check=POSITIVE,
+                                   renamed=("rope_original_len",))
     qk_norm: bool = opt(False, "layer-normalise each head's queries and keys (learned gain) before positions and scores")
     mlp_act: str = opt("gelu", "MLP activation: " + ", ".join(ACTIVATIONS), check=one_of(tuple(ACTIVATIONS)))
     tie_embeddings: bool = opt(True, "the head reuses the token embedding (false: a head of its own)")
@@ -69,16 +51,11 @@ class GPTConfig:
     def __post_init__(self):
         scheme = positions.scheme(self.pos_emb)  # an unknown name fails first
         validate(self)
-        if self.original_len is None:  # the config's own default rule, resolved once: a replace() then keeps it
-            self.original_len = self.block_size
-        if self.original_len > self.block_size:
+        if self.L0 > self.block_size:
             raise ValueError(f"original_len={self.original_len} (L0) exceeds block_size={self.block_size}; L0 is the "
                              "length first trained, at most the context now")
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
-        if self.rope_scaling == rope.NO_SCALING and self.rope_scaling_factor != 1:
-            raise ValueError(f"rope_scaling_factor={self.rope_scaling_factor:g} does nothing without a rope_scaling "
-                             f"({', '.join(s for s in rope.SCALINGS if s != rope.NO_SCALING)})")
         for f in fields(self):
             if getattr(self, f.name) != f.default and not self.takes(f.name):
                 users = ", ".join(name for name in positions.SCHEMES if self.takes(f.name, name))
@@ -88,34 +65,51 @@ class GPTConfig:
 
     def takes(self, name, pos_emb=None):
         """Whether setting name acts on pos_emb (default this config's scheme), as its field declares."""
-        applies = GPTConfig.__dataclass_fields__[name].metadata["applies"]
+        applies = self.__dataclass_fields__[name].metadata["applies"]
         return applies is None or issubclass(positions.scheme(pos_emb or self.pos_emb), applies)
+
+    @property
+    def L0(self):
+        """The length the model first learned: original_len as typed, else block_size. Every default relative to
+        the trained length reads it, so a typed original_len stays known as typed."""
+        return self.original_len or self.block_size
 
     @property
     def head_dim(self):
         return self.n_embd // self.n_head
 
     @property
-    def xpos_scale(self):
-        """xPos's B: xpos_scale_base, else L0 / 2 (the paper's 512 at a training length of 1,024)."""
-        return self.xpos_scale_base or self.original_len / 2
-
-    @property
-    def swa_window(self):
-        """rnope's sliding window: rnope_window, else L0 / 2 (the paper's 4,096 at 8,192)."""
-        return self.rnope_window or max(1, self.original_len // 2)
-
-    @property
     def scaled(self):
         """Whether a RoPE scaling changes anything: every scaling is plain RoPE at factor 1."""
         return self.rope_scaling != rope.NO_SCALING and self.rope_scaling_factor != 1
+
+    @property
+    def scaling(self):
+        """The RoPE scaling in force (a rope.Scaling): plain RoPE at factor 1."""
+        return rope.SCALINGS[self.rope_scaling if self.scaled else rope.NO_SCALING]
 
     def with_scheme(self, name):
         """This config with pos_emb=name, the settings that do not apply to that scheme back at their defaults."""
         return replace(self, pos_emb=name, **{f.name: f.default for f in fields(self) if not self.takes(f.name, name)})
 
     def asdict(self):
+        """Every setting as given (None where a default rule applies)."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def resolved(self):
+        """asdict with the default rules applied: what the settings mean."""
+        return self.asdict() | {"original_len": self.L0}
+
+
+def gathered(base):
+    """base (a dataclass of settings) with every registered scheme's settings as fields of its own (flat keys, as
+    a TOML file or the command line sets them), each declared to apply to the class that declares it."""
+    added = [(name, type_, field(default=f.default, metadata=dict(f.metadata) | {"applies": scheme}))
+             for scheme in positions.SCHEMES.values() for name, (type_, f) in vars(scheme).get("settings", {}).items()]
+    return make_dataclass("GPTConfig", added, bases=(base,), namespace={"__module__": __name__})
+
+
+GPTConfig = gathered(ModelConfig)
 
 
 def attention(q, k, v, mask, **kw):
@@ -265,12 +259,19 @@ class GPT(nn.Module):
         c = self.config.logit_softcap
         return c * torch.tanh(logits.float() / c) if c else logits
 
+    def load_trained(self, state):
+        """Load a trained model's state dict, a fine-tune's source's too: its scheme fitted to this model (a learned
+        table cut to a shorter block_size)."""
+        self.load_state_dict(self.pos.fitted(state, "pos."))
+        return self
+
     def reconfigure(self, **changes):
         """Change settings that no weight depends on (config.weightless: the RoPE scaling to evaluate or sample past
         block_size, L0), or the scheme itself between schemes with the same parameters (DroPE's drop of RoPE: the
         settings the new scheme does not take return to their defaults). The config is replaced and the scheme
         rebuilt from it, keeping its trained parameters, so model.config always tells the truth."""
-        allowed = [k for k in weightless(GPTConfig) if k not in FIXED_ON_BUILT] + ["pos_emb"]
+        allowed = [k for k in weightless(type(self.config)) if k not in declared("built", type(self.config))]
+        allowed.append("pos_emb")
         fixed = [k for k in changes if k not in allowed]
         if fixed:
             raise ValueError(f"{', '.join(fixed)} cannot change on a built model; only {', '.join(allowed)} can")

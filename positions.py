@@ -11,10 +11,12 @@ The last two get the block's index, so a scheme may differ from layer to layer (
 tokens, or in a static-shape decoding step; schemes read positions from it and never ask which.
 
 Class attributes say the rest: `relative` (scores depend on m - n alone), `extrapolates` (whether it runs
-past block_size at all); `check(config)` says what the config must satisfy and `init_parameter` how the scheme's
-own parameters start. Which settings act on which schemes (RoPE's scalings on RoPE and its subclasses) each
-GPTConfig field declares. Adding a scheme is one class here plus its tests:
-the config's choices, the ablation grid and every generic test read `SCHEMES`.
+past block_size at all), `settings` (its own, declared as any other: model.GPTConfig gathers them as flat keys,
+refused for the schemes that do not take them, i.e. other than this class and its subclasses), and what the
+transformers architectures of hf.py make of it; `check(config)` says what the config must satisfy,
+`init_parameter` how the scheme's own parameters start and `fitted` how a trained state fits it. A default
+relative to L0 is a method of the scheme that reads it. Adding a scheme is one class here plus its tests: the
+config's choices and settings, the ablation grid and every generic test read `SCHEMES`.
 
 RoPE's maths is in rope.py (p-RoPE's too: it is a RoPE option); the other schemes' maths is here.
 """
@@ -26,6 +28,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import rope
+from config import POSITIVE, SHARE, one_of, opt
 
 SCHEMES = {}  # pos_emb name -> scheme class, in the order of the tables
 
@@ -115,6 +118,11 @@ class Scheme(nn.Module):
     extrapolates = True  # it can read positions past block_size
     reads_positions = True  # position ids change what it computes (PoSE's skipped ids act through them)
     attn_factor = 1.0  # multiplier of the softmax scale
+    settings = {}  # name: (type, opt(...)), the settings this class adds; its subclasses take them too
+    # transformers interop (hf.py), read from each class itself, never inherited (a subclass adds maths that its
+    # parent's architecture lacks): hf_family "rotary" (GPT-NeoX; Persimmon with qk_norm) or "gpt2" runs it, else
+    # hf_lacks says what those architectures lack
+    hf_family, hf_lacks = None, "this scheme"
 
     def __init__(self, config):
         super().__init__()
@@ -123,6 +131,16 @@ class Scheme(nn.Module):
     @classmethod
     def check(cls, config):
         """Raise ValueError for a config this scheme cannot build."""
+
+    @classmethod
+    def transformers(cls):
+        """(hf_family, hf_lacks) as this very class declares them."""
+        return vars(cls).get("hf_family"), vars(cls).get("hf_lacks", Scheme.hf_lacks)
+
+    def fitted(self, state, prefix):
+        """A trained model's state dict, its entries of this scheme under prefix, fitted to this module (a
+        fine-tune's source may have a longer context); by default as it is."""
+        return state
 
     def embed(self, tok, span):
         """Token embeddings tok (B, T, C) at the span's positions -> the input (B, T, C)."""
@@ -159,14 +177,29 @@ class RoPE(Scheme):
     """Rotary position embedding (Su et al., RoFormer, eq. 14-15): queries and keys turned by R(m), never values;
     the maths, tables and context-extension scalings are rope.py's."""
 
+    settings = {
+        "rope_base": (float, opt(10000.0, "RoPE base b in theta_i = b^(-2(i-1)/d)")),
+        "rope_fraction": (float, opt(1.0, "fraction of each head's dims that RoPE rotates")),
+        "rope_layout": (str, opt("interleaved", "RoPE pairing: " + ", ".join(rope.LAYOUTS),
+                                 check=one_of(rope.LAYOUTS))),
+        "rope_scaling": (str, opt(rope.NO_SCALING, "RoPE context scaling: " + ", ".join(rope.SCALINGS),
+                                  weights=False, check=one_of(tuple(rope.SCALINGS)))),
+        "rope_scaling_factor": (float, opt(1.0, "RoPE scaling factor s (1: plain RoPE)", weights=False,
+                                           check=("be a finite number >= 1", lambda v: 1 <= v < math.inf))),
+        "rope_p": (float, opt(1.0, "p-RoPE: fraction of RoPE's frequencies that rotate, the highest (1 = all)",
+                              check=SHARE)),
+    }
+    hf_family = "rotary"
+
     def __init__(self, config):
         super().__init__(config)
         self.rotary = rope.Rotary(config.head_dim, config.rope_base, config.rope_fraction, config.rope_layout,
                                   config.rope_scaling, config.rope_scaling_factor,
-                                  original_len=config.original_len, max_len=config.block_size, keep=config.rope_p)
+                                  original_len=config.L0, max_len=config.block_size, keep=config.rope_p)
 
     @classmethod
     def check(cls, config):
+        rope.scaling_pair(config.rope_scaling, config.rope_scaling_factor)
         rotated = int(config.head_dim * config.rope_fraction)
         if rotated % 2:
             raise ValueError(f"RoPE rotates pairs of dims, but head size n_embd/n_head={config.head_dim} times "
@@ -200,6 +233,7 @@ class Sinusoidal(Scheme):
     """Fixed sinusoids added to the input (Vaswani et al. 2017, section 3.5); the formula reaches any position."""
 
     relative = False
+    hf_lacks = "a fixed sinusoidal table added to sqrt(n_embd)-scaled token embeddings"
 
     def __init__(self, config):
         super().__init__(config)
@@ -230,10 +264,17 @@ class Learned(Scheme):
     """A trained table of block_size absolute position embeddings (GPT-2); nothing past block_size."""
 
     relative, extrapolates = False, False
+    hf_family = "gpt2"
 
     def __init__(self, config):
         super().__init__(config)
         self.wpe = nn.Embedding(config.block_size, config.n_embd)
+
+    def fitted(self, state, prefix):
+        """The first block_size rows of a longer trained table: a fine-tune at a shorter context keeps the positions
+        it still reads."""
+        key = prefix + "wpe.weight"
+        return state | {key: state[key][:self.config.block_size]}
 
     def embed(self, tok, span):
         if span.end > self.config.block_size:
@@ -269,6 +310,8 @@ class ALiBi(Scheme):
     """Attention with linear biases (Press et al. 2022): no embedding, each head's scores lowered in proportion
     to the distance, with its own slope."""
 
+    hf_lacks = "ALiBi's per-head linear score biases"
+
     def __init__(self, config):
         super().__init__(config)
         self.register_buffer("slopes", alibi_slopes(config.n_head), persistent=False)
@@ -282,6 +325,7 @@ class NoPE(Scheme):
     """No positional information (NoPE, Kazemnejad et al. 2023): the causal mask alone lets a decoder count."""
 
     reads_positions = False
+    hf_family = "rotary"  # with no rotary dims
 
 
 def pairwise(per_pair, layout, head_dim, fill):
@@ -303,6 +347,10 @@ class XPos(RoPE):
     left it at 0.86: xPos was RoPE in context). Past L0 it attends blockwise, as its paper evaluates it: each
     query sees the last block_size keys (torchscale's window at decoding), never a distance it was not trained at."""
 
+    settings = {"xpos_scale_base": (float | None, opt(None, "xpos: B in the decay zeta^((m - n)/B) of its scores "
+                                                            "(default L0 / 2, the paper's ratio)"))}
+    hf_lacks = "xPos's distance decay of queries and keys"
+
     def __init__(self, config):
         super().__init__(config)
         half = self.rotary.rot_dim // 2
@@ -313,8 +361,13 @@ class XPos(RoPE):
     def rotate(self, qk, span, layer):
         q, k = self.rotary(qk, span.ids, span.end)  # (B, nh, T, hs) each
         m = span.ids.float()[..., None]  # (T, 1) or (B, T, 1)
-        scale = span.heads((m / self.config.xpos_scale * self.log_zeta).exp())  # (T, hs): zeta^(m/B) per dim
+        scale = span.heads((m / self.scale * self.log_zeta).exp())  # (T, hs): zeta^(m/B) per dim
         return torch.stack((q * scale, k / scale)).to(qk.dtype)
+
+    @property
+    def scale(self):
+        """B: xpos_scale_base, else L0 / 2 (the paper's 512 at a training length of 1,024)."""
+        return self.config.xpos_scale_base or self.config.L0 / 2
 
     def window(self, layer):
         return self.config.block_size
@@ -332,6 +385,8 @@ class Kerple(Scheme):
     r1, r2 > 0 learned. They start as the authors' code draws them, per head: r1 ~ U(0, 2), r2 ~ U(0, 1) (at least
     0.01, the authors' clamp), so heads start at different ranges; here r = softplus of a free parameter keeps
     them positive with a gradient everywhere (the authors clamp). Nothing depends on L0."""
+
+    hf_lacks = "KERPLE's learned logarithmic score biases"
 
     def __init__(self, config):
         super().__init__(config)
@@ -362,6 +417,7 @@ class FIRE(Scheme):
 
     HIDDEN = 32
     relative = False
+    hf_lacks = "FIRE's learned function of normalised distances"
 
     def __init__(self, config):
         super().__init__(config)
@@ -369,7 +425,7 @@ class FIRE(Scheme):
         self.w1, self.b1 = per_layer(nl, h, 1), per_layer(nl, h)  # the MLP's layers, as nn.Linear holds them
         self.w2, self.b2 = per_layer(nl, config.n_head, h), per_layer(nl, config.n_head)
         self.c, self.multiplier = per_layer(nl), per_layer(nl)
-        self.register_buffer("init_threshold", torch.tensor(config.original_len / 4), persistent=False)
+        self.register_buffer("init_threshold", torch.tensor(config.L0 / 4), persistent=False)
 
     def init_parameter(self, name, p):
         kind = name.partition(".")[0]
@@ -401,6 +457,19 @@ class RNoPE(RoPE):
     RoPE with sliding-window attention (RNoPE-SWA, the paper's proposal). The rule relative to L0: the window is
     rnope_window keys, by default L0 / 2 (the paper's 4,096 at its 8,192-token training length)."""
 
+    settings = {
+        "nope_every": (int, opt(4, "rnope: every this many layers, the last has no positional information",
+                                check=POSITIVE)),
+        "rnope_window": (int | None, opt(None, "rnope: keys a RoPE layer's query sees, sliding-window attention "
+                                               "(default L0 / 2, the paper's ratio)", check=POSITIVE)),
+    }
+    hf_lacks = "layers without RoPE among layers with it (GPT-NeoX rotates in every layer)"
+
+    @property
+    def swa_window(self):
+        """The sliding window: rnope_window, else L0 / 2."""
+        return self.config.rnope_window or max(1, self.config.L0 // 2)
+
     def nope(self, layer):
         return (layer + 1) % self.config.nope_every == 0
 
@@ -408,4 +477,4 @@ class RNoPE(RoPE):
         return qk if self.nope(layer) else super().rotate(qk, span, layer)
 
     def window(self, layer):
-        return None if self.nope(layer) else self.config.swa_window
+        return None if self.nope(layer) else self.swa_window

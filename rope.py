@@ -15,7 +15,10 @@ scheme that puts it in the model is positions.RoPE; this file knows nothing of t
   model's dtype, and the result is cast back once: a bf16 angle cannot tell position 256 from 257, and a
   float32 angle at position 4096 is already off by ~5e-4.
 """
+import inspect
 import math
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -55,13 +58,18 @@ def _linear(rot_dim, base, factor, original_len, seq_len):
     return _inv_freq64(rot_dim, base) / factor, 1.0
 
 
-def _ntk(rot_dim, base, factor, original_len, seq_len):
-    """NTK-aware: base' = base * s^(d/(d-2)). Then theta_1 = 1 is kept (exponent 0) and the
-    lowest frequency base'^(-(d-2)/d) = theta_{d/2} / s: fast pairs (local order) are untouched
-    while the slowest are interpolated like `linear`."""
+def ntk_base(rot_dim, base, factor):
+    """NTK-aware scaling's new base, base' = base * s^(d/(d-2)). Then theta_1 = 1 is kept (exponent 0) and the
+    lowest frequency base'^(-(d-2)/d) = theta_{d/2} / s: fast pairs (local order) are untouched while the slowest
+    are interpolated like `linear`."""
     if rot_dim <= 2:
         raise ValueError(f"rot_dim={rot_dim} must be > 2 for NTK scaling (exponent d/(d-2))")
-    return _inv_freq64(rot_dim, base * factor ** (rot_dim / (rot_dim - 2))), 1.0
+    return base * factor ** (rot_dim / (rot_dim - 2))
+
+
+def _ntk(rot_dim, base, factor, original_len, seq_len):
+    """NTK-aware: plain RoPE at `ntk_base`."""
+    return _inv_freq64(rot_dim, ntk_base(rot_dim, base, factor)), 1.0
 
 
 def _dynamic(rot_dim, base, factor, original_len, seq_len):
@@ -121,23 +129,98 @@ def _llama3(rot_dim, base, factor, original_len, seq_len, low_freq_factor=1.0, h
     return _turns_ramp(_inv_freq64(rot_dim, base), factor, original_len, low_freq_factor, high_freq_factor), 1.0
 
 
+@dataclass(frozen=True)
+class Scaling:
+    """A context-extension scaling: its formula and everything else that its name stands for."""
+    formula: Callable  # f(rot_dim, base, s, L0, L) -> (float64 theta', attn_factor), plain RoPE at s = 1
+    needs_original_len: bool = False  # it reads L0, the length first trained
+    dynamic: bool = False  # it reads the current length L: past L0 no fixed table serves
+    rope_type: str | None = None  # transformers' name of it; None: it has none, and `new_base` says what it is
+    new_base: Callable | None = None  # (rot_dim, base, s) -> the base of plain RoPE that it is, where it is one
+    bands: tuple = ()  # the formula's band edges, which transformers reads under the same names
+    tempered: bool = False  # it multiplies the softmax scale (attn_factor); transformers, the rotated dims' alone
+
+    def band_defaults(self):
+        """{name: value} of the band edges, as the formula's defaults."""
+        parameters = inspect.signature(self.formula).parameters
+        return {name: parameters[name].default for name in self.bands}
+
+    def hf_parameters(self, rot_dim, base, factor, original_len):
+        """transformers' rope_type, rope_theta and the scaling's own parameters in its rope_parameters."""
+        if self.new_base:
+            return {"rope_type": SCALINGS[NO_SCALING].rope_type, "rope_theta": self.new_base(rot_dim, base, factor)}
+        out = {"rope_type": self.rope_type, "rope_theta": base}
+        if self is not SCALINGS[NO_SCALING]:
+            out["factor"] = factor
+        if self.bands:
+            out |= {"original_max_position_embeddings": original_len, **self.band_defaults()}
+        return out
+
+    def hf_context(self, block_size, original_len, factor):
+        """transformers' max_position_embeddings: the context the scaling stretches L0 to, except for a dynamic
+        scaling, which transformers reads it as L0, where it starts growing the base."""
+        return original_len if self.dynamic else max(block_size, round(original_len * factor))
+
+
 NO_SCALING = "none"  # the name of plain RoPE among the scalings
-SCALINGS = {NO_SCALING: _none, "linear": _linear, "ntk": _ntk, "dynamic": _dynamic, "yarn": _yarn, "llama3": _llama3}
-_NEEDS_ORIGINAL_LEN = ("dynamic", "yarn", "llama3")
+SCALINGS = {
+    NO_SCALING: Scaling(_none, rope_type="default"),
+    "linear": Scaling(_linear, rope_type="linear"),
+    "ntk": Scaling(_ntk, new_base=ntk_base),
+    "dynamic": Scaling(_dynamic, needs_original_len=True, dynamic=True, rope_type="dynamic"),
+    "yarn": Scaling(_yarn, needs_original_len=True, rope_type="yarn", bands=("beta_fast", "beta_slow"),
+                    tempered=True),
+    "llama3": Scaling(_llama3, needs_original_len=True, rope_type="llama3",
+                      bands=("low_freq_factor", "high_freq_factor")),
+}
+
+
+def from_hf(params, max_len):
+    """(base, scaling, factor, L0) of transformers' rope_parameters (rope_type, rope_theta, the scaling's own; its
+    partial_rotary_factor is the caller's) and max_position_embeddings, or a ValueError naming what has no
+    equivalent here. L0 is None where the scaling does not read it."""
+    rope_type = params.get("rope_type", "default")
+    name = next((n for n, s in SCALINGS.items() if s.rope_type == rope_type), None)
+    if name is None:
+        raise ValueError(f"rope_type={rope_type!r} has no nanorope scaling; supported: "
+                         + ", ".join(s.rope_type for s in SCALINGS.values() if s.rope_type))
+    scaling, bands = SCALINGS[name], SCALINGS[name].band_defaults()
+    read = ("rope_type", "rope_theta", "partial_rotary_factor", "factor", "original_max_position_embeddings")
+    other = {k: v for k, v in params.items() if k not in read and v is not None and bands.get(k) != v}
+    if other:
+        raise ValueError(f"rope_type={rope_type!r} with " + ", ".join(f"{k}={v!r}" for k, v in other.items())
+                         + f": nanorope's {name} has " + (", ".join(f"{k}={v!r}" for k, v in bands.items())
+                                                          or "no such parameter"))
+    L0 = max_len if scaling.dynamic else params.get("original_max_position_embeddings") if scaling.bands else None
+    return float(params["rope_theta"]), name, float(params.get("factor", 1.0)), L0
+
+
+def scaling_pair(scaling, factor, stretch=None):
+    """The one rule for a RoPE scaling and its factor s, wherever they are set: (scaling, factor), where a factor
+    other than 1 (plain RoPE) needs a scaling, and a scaling without a factor takes `stretch` (the factor its use
+    asks for), or is refused where there is none. scaling None or NO_SCALING: none."""
+    if scaling in (None, NO_SCALING):
+        if factor not in (None, 1):
+            raise ValueError(f"rope_scaling_factor={factor:g} does nothing without a rope_scaling "
+                             f"({', '.join(s for s in SCALINGS if s != NO_SCALING)})")
+        return NO_SCALING, 1.0
+    if factor is None and stretch is None:
+        raise ValueError(f"rope_scaling={scaling!r} needs its factor: name it with --rope_scaling_factor")
+    return scaling, stretch if factor is None else factor
 
 
 def scaled_frequencies(rot_dim, base, scaling=NO_SCALING, factor=1.0, original_len=None, seq_len=None):
     """(inv_freq float64 (rot_dim//2,), attn_factor) for a context-extension `scaling` by `factor` s
     from a model trained on `original_len` L0 positions, at total length `seq_len` (dynamic only).
-    attn_factor multiplies the attention softmax scale (1.0 except for yarn). Formulas: SCALINGS[name]."""
+    attn_factor multiplies the attention softmax scale (1.0 except for yarn). Formulas: SCALINGS[name].formula."""
     if scaling not in SCALINGS:
         raise ValueError(f"scaling={scaling!r} is not one of {tuple(SCALINGS)}")
     if not (math.isfinite(factor) and factor >= 1):
         raise ValueError(f"factor={factor!r} must be a finite number >= 1 (1 means no scaling)")
-    if scaling in _NEEDS_ORIGINAL_LEN and not (isinstance(original_len, int) and original_len > 0):
+    if SCALINGS[scaling].needs_original_len and not (isinstance(original_len, int) and original_len > 0):
         raise ValueError(f"scaling={scaling!r} needs original_len (the trained context) as a positive int, "
                          f"got {original_len!r}")
-    return SCALINGS[scaling](rot_dim, base, factor, original_len, seq_len)
+    return SCALINGS[scaling].formula(rot_dim, base, factor, original_len, seq_len)
 
 
 def keep_highest(inv_freq: torch.Tensor, p: float) -> torch.Tensor:
@@ -312,7 +395,7 @@ class Rotary(torch.nn.Module):
             raise ValueError(f"x has hs={x.shape[-1]} but this Rotary was built for head_dim={self.head_dim}")
         if positions is None:
             positions, end = torch.arange(x.shape[-2], device=x.device), x.shape[-2]
-        if self.scaling == "dynamic" and end > self.original_len:
+        if SCALINGS[self.scaling].dynamic and end > self.original_len:
             # The frequencies depend on the total length, so no fixed table serves: compute the T
             # rows needed. Keys already in a KV cache keep the frequencies they were rotated with.
             cos, sin = rope_cache(self.frequencies(seq_len=end)[0], positions)  # (T, rot/2)

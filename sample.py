@@ -26,6 +26,7 @@ import torch
 from tqdm import tqdm
 
 import config
+import rope
 from checkpoint import CHECKPOINTS, checkpoint_in, load_source
 from config import NON_NEGATIVE, POSITIVE, one_of, opt
 from data.tokenizer import tokenizer_from_meta
@@ -58,7 +59,8 @@ class SampleConfig:
                                         "sinusoidal run past the trained length)", check=POSITIVE)
     rope_scaling: str | None = opt(None, "a RoPE scaling at sampling time, for the models that take one "
                                          "(default: each model's own)", check=config.check_of(GPTConfig, "rope_scaling"))
-    rope_scaling_factor: float | None = opt(None, "its factor (default max_context / block_size, at least 1)",
+    rope_scaling_factor: float | None = opt(None, "its factor (default max_context / L0, at least 1: L0 "
+                                                  "stretched to max_context)",
                                             check=config.check_of(GPTConfig, "rope_scaling_factor"))
     kv_cache: bool = opt(True, "reuse keys and values across steps")
     compile: bool = opt(False, "torch.compile the cached decoding: several times the tokens/s of a small model on "
@@ -74,8 +76,8 @@ class SampleConfig:
         config.validate(self)
         if self.out_dir and self.compare:
             raise ValueError("out_dir and compare exclude each other: sample one model, or compare several")
-        if self.rope_scaling_factor is not None and self.rope_scaling is None:
-            raise ValueError(f"rope_scaling_factor={self.rope_scaling_factor} needs a rope_scaling")
+        if self.rope_scaling_factor is not None:  # the scaling without one is each model's, decided by its L0
+            rope.scaling_pair(self.rope_scaling, self.rope_scaling_factor)
         if self.compile and not self.kv_cache:
             raise ValueError("compile=true compiles the cached decoding; it needs kv_cache=true")
         if self.static_cache and not self.kv_cache:
@@ -119,10 +121,9 @@ class Sampler:
         try:
             self.max_context = context_length(cfg, sc.max_context)
             if sc.rope_scaling is not None and cfg.takes("rope_scaling"):
-                factor = sc.rope_scaling_factor
-                if factor is None:
-                    factor = max(1.0, self.max_context / cfg.block_size)
-                self.model.reconfigure(rope_scaling=sc.rope_scaling, rope_scaling_factor=factor)
+                scaling, factor = rope.scaling_pair(sc.rope_scaling, sc.rope_scaling_factor,
+                                                    stretch=max(1.0, self.max_context / cfg.L0))
+                self.model.reconfigure(rope_scaling=scaling, rope_scaling_factor=factor)
             ids = self.tok.encode(prompt) if prompt else []
         except ValueError as e:
             raise ValueError(f"{flag}={spec}: {e}") from None

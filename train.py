@@ -394,7 +394,7 @@ def settings(argv, *classes):
         return config.build(typed, *classes)
     run = run_settings(recorded)
     built = config.build(run | typed, *classes)  # a typed value is checked where it is declared first
-    free = config.resumable(*classes)
+    free = config.declared("resume", *classes)
     clash = [f"{k}: the run has {run[k]!r}, now {v!r}" for k, v in typed.items() if k in run and k not in free
              and run[k] != v]
     if clash:

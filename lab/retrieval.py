@@ -166,7 +166,7 @@ class Probe:
     def grid(self, model, rt, scaling=rope.NO_SCALING):
         """{str(W): {str(k): share}} over the probed lengths: the model as it is, or with a scaling by factor W/L0
         past L0 (lengths at or below L0 left out); None past a scheme's reach."""
-        L0, scheme, out = model.config.original_len, positions.scheme(model.config.pos_emb), {}
+        L0, scheme, out = model.config.L0, positions.scheme(model.config.pos_emb), {}
         for W in self.lengths:
             if scaling != rope.NO_SCALING and W <= L0:
                 continue

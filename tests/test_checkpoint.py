@@ -12,6 +12,7 @@ import checkpoint
 import positions
 from conftest import ROOT, Payload, all_logits
 from conftest import tiny_model as tiny
+from model import GPT, GPTConfig
 
 
 def test_rng_states_round_trip_through_a_weights_only_checkpoint(tmp_path):
@@ -68,3 +69,49 @@ def test_a_saved_model_loads_back_to_the_same_logits(pos_emb, tmp_path):
     loaded = checkpoint.model_from_checkpoint(checkpoint.load_checkpoint(tmp_path / "m.pt")).eval()
     idx = torch.randint(0, 11, (2, 16))
     assert torch.equal(all_logits(loaded, idx), all_logits(model, idx))
+
+
+# ----------------------------------------------------------------------------- fine-tunes from a checkpoint
+
+META = {"tokenizer": "char", "chars": list("abcdefghijk"), "start_id": 0, "dataset": "tiny"}
+
+
+def saved_source(tmp_path, pos_emb, **kw):
+    """load_source of a run folder holding a tiny model of block_size 32, moved off its init."""
+    model = tiny(pos_emb, block_size=32, **kw)
+    for p in model.parameters():
+        p.data.add_(torch.randn_like(p), alpha=0.1)
+    (tmp_path / "run").mkdir()
+    checkpoint.save_checkpoint({"model": model.state_dict(), "model_config": model.config.asdict(), "tokenizer": META},
+                               tmp_path / "run" / "ckpt.pt")
+    return checkpoint.load_source(str(tmp_path / "run"), "init_from")
+
+
+@pytest.mark.parametrize("pos_emb", positions.SCHEMES)
+def test_a_fine_tune_at_a_shorter_context_takes_every_weight_its_scheme_still_reads(pos_emb, tmp_path):
+    source = saved_source(tmp_path, pos_emb)
+    config = checkpoint.fine_tune_config(source, GPTConfig(block_size=16, pos_emb=pos_emb), META, "init_from=run")
+    assert (config.block_size, config.L0) == (16, 16)
+    tuned, trained = source.load_into(GPT(config)).state_dict(), source.model().state_dict()
+    assert tuned.keys() == trained.keys()
+    for name, t in tuned.items():  # a learned table's first 16 rows, every other weight as it was
+        assert torch.equal(t, trained[name][:16] if name == "pos.wpe.weight" else trained[name]), name
+
+
+def test_a_typed_original_len_is_compared_with_the_sources_even_where_it_equals_its_default(tmp_path):
+    source = saved_source(tmp_path, "rope")  # L0 = 32, by the default rule
+    assert source.config.original_len is None and source.config.L0 == 32
+    longer = checkpoint.fine_tune_config(source, GPTConfig(block_size=64), META, "init_from=run")
+    assert longer.original_len == 32  # kept
+    with pytest.raises(ValueError, match="^original_len=64 contradicts init_from=run, which learned L0 = 32"):
+        checkpoint.fine_tune_config(source, GPTConfig(block_size=64, original_len=64), META, "init_from=run")
+    typed = checkpoint.fine_tune_config(source, GPTConfig(block_size=64, original_len=32), META, "init_from=run")
+    assert typed == longer
+
+
+def test_a_renamed_setting_of_an_older_checkpoint_loads_under_its_name_now(tmp_path):
+    model = tiny("rope", original_len=8)
+    old = model.config.asdict()
+    old["rope_original_len"] = old.pop("original_len")
+    checkpoint.save_checkpoint({"model": model.state_dict(), "model_config": old}, tmp_path / "old.pt")
+    assert checkpoint.load_checkpoint(tmp_path / "old.pt")["model_config"]["original_len"] == 8

@@ -12,7 +12,6 @@ import checkpoint  # noqa: E402  (after the skip: export imports transformers)
 import data.tokenizer  # noqa: E402
 import config  # noqa: E402
 import export  # noqa: E402
-import hf  # noqa: E402
 import positions  # noqa: E402
 from conftest import ROOT, all_logits, run, tiny_model  # noqa: E402
 from data.tokenizer import GPT2_PATTERN, bpe_encoding, ranks_to_text, tokenizer_from_meta, train_bpe  # noqa: E402
@@ -144,6 +143,19 @@ def test_rope_scalings_run_as_transformers_own_past_block_size(tmp_path, scaling
     assert max_difference(model, hf, 96) < TOLERANCE  # 3 x block_size: dynamic's frequencies move with the length
 
 
+@pytest.mark.parametrize("scaling", SCALINGS)
+def test_an_exported_scaling_imports_back_to_the_same_frequencies_and_logits(tmp_path, scaling):
+    kw, flags, _ = SCALINGS[scaling]
+    model, _, folder = exported(tmp_path, "rope", *flags, **({"rope_fraction": 0.5, "bias": True} | kw))
+    if flags:
+        model.reconfigure(rope_scaling=flags[0].partition("=")[2], rope_scaling_factor=4.0)
+    back = checkpoint.load_source(f"hf:{folder}", "init_from").model().eval()
+    assert torch.equal(back.pos.rotary.inv_freq, model.pos.rotary.inv_freq)  # bit for bit: ntk as its larger base
+    assert back.pos.attn_factor == model.pos.attn_factor
+    idx = torch.randint(0, model.config.vocab_size, (2, 96), generator=torch.Generator().manual_seed(1))
+    assert (all_logits(back, idx) - all_logits(model, idx)).abs().max().item() < TOLERANCE
+
+
 # ----------------------------------------------------------------------------- tokenizers
 
 def test_char_tokenizer_gives_our_ids_and_text_back(tmp_path, corpus):
@@ -191,7 +203,7 @@ def test_gpt2_tokenizer_keeps_its_end_of_text_token(tmp_path, corpus, monkeypatc
 
 REFUSED = {  # name: (pos_emb, config, the arguments after OUT_DIR, the error's gist)
     **{s: (s, {}, ["hf"], f"pos_emb='{s}' has no transformers architecture")
-       for s, cls in positions.SCHEMES.items() if cls not in hf.ARCHITECTURES},
+       for s, cls in positions.SCHEMES.items() if cls.transformers()[0] is None},
     "p-rope": ("rope", {"rope_p": 0.5}, ["hf"], "rope_p=0.5 < 1"),
     "qk-norm-learned": ("learned", {"qk_norm": True}, ["hf"], "only Persimmon normalises queries and keys"),
     "qk-norm-parallel": ("rope", {"qk_norm": True, "parallel_residual": True}, ["hf"], "sequential residual"),
@@ -199,7 +211,7 @@ REFUSED = {  # name: (pos_emb, config, the arguments after OUT_DIR, the error's 
     "logit-softcap": ("learned", {"logit_softcap": 30.0}, ["hf"], "logit_softcap=30.0: GPT-NeoX, Persimmon and"),
     "partial-yarn": ("rope", {"rope_fraction": 0.5}, ["hf", "--rope_scaling=yarn", "--rope_scaling_factor=4"],
                      "temperature on the rotated dims alone"),
-    "scaling-without-factor": ("rope", {}, ["hf", "--rope_scaling=linear"], "go together"),
+    "scaling-without-factor": ("rope", {}, ["hf", "--rope_scaling=linear"], "needs its factor"),
     "scaling-of-learned": ("learned", {}, ["hf", "--rope_scaling=linear", "--rope_scaling_factor=2"],
                            "rope_scaling='linear' does nothing for pos_emb='learned'"),
     "into-the-run": ("rope", {}, ["out"], "training run's folder"),  # would overwrite the run's config.json

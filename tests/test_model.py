@@ -108,7 +108,7 @@ def test_the_settings_no_weight_depends_on_are_declared_once_and_every_reader_as
     source = Source(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, rope_base=500.0), {}, "run", {}, None)
     wanted = GPTConfig(block_size=32, dropout=0.1, rope_scaling="yarn", rope_scaling_factor=2.0, rope_base=500.0)
     tuned = fine_tune_config(source, wanted, {}, "init_from=run")
-    changed = [k for k, v in tuned.asdict().items() if v != source.config.asdict()[k]]
+    changed = [k for k, v in tuned.resolved().items() if v != source.config.resolved()[k]]
     assert changed == ["block_size", "dropout", "rope_scaling", "rope_scaling_factor"]  # every one declared weightless
     assert tuned.original_len == 16  # the source's L0, kept: the context grew past it
     with pytest.raises(ValueError, match="init_from=run is another model \\(n_layer: init_from=run has 2, this run 3\\)"):
@@ -147,12 +147,13 @@ def test_a_change_of_scheme_returns_what_the_new_one_does_not_take_to_its_defaul
 
 def test_length_relative_defaults_read_l0_which_a_longer_block_size_keeps():
     trained = GPTConfig(n_layer=4, n_head=2, n_embd=32, block_size=64)
-    longer = replace(trained, block_size=128)  # a fine-tune's config: L0 is resolved once, and kept
-    assert (trained.original_len, longer.original_len) == (64, 64)
-    assert trained.with_scheme("xpos").xpos_scale == longer.with_scheme("xpos").xpos_scale == 32
-    assert trained.with_scheme("rnope").swa_window == longer.with_scheme("rnope").swa_window == 32
+    longer = replace(trained, block_size=128, original_len=trained.L0)  # a fine-tune's config: L0 kept
+    assert (trained.original_len, trained.L0, longer.L0) == (None, 64, 64)  # untyped: known as the default rule
+    assert replace(trained, block_size=128).L0 == 128  # resolved where it is read, never filled in
+    xpos = [positions.XPos(c.with_scheme("xpos")).scale for c in (trained, longer)]
+    rnope = [positions.RNoPE(c.with_scheme("rnope")).window(0) for c in (trained, longer)]
     fire = [positions.FIRE(c.with_scheme("fire")).init_threshold.item() for c in (trained, longer)]
-    assert fire == [16.0, 16.0]
+    assert (xpos, rnope, fire) == ([32, 32], [32, 32], [16.0, 16.0])
 
 
 # ----------------------------------------------------------------------------- recipe options (each off by default)

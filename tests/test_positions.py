@@ -3,12 +3,16 @@ The generic behaviour of every registered scheme (causality, shifts, cache exact
 test_model.py and test_generate.py, parametrized over positions.SCHEMES."""
 
 import math
+from dataclasses import fields, replace
 
 import pytest
 import torch
 
+import config
+import model
 import positions
 import rope
+from config import RATE, opt
 from conftest import all_logits
 from conftest import tiny_model as tiny
 from generate import GREEDY, generate
@@ -203,10 +207,11 @@ def test_fire_interpolates_inside_the_trained_context_and_its_threshold_stays_th
 
 def test_xpos_decay_within_the_trained_context_is_the_papers():
     """B = L0 / 2: the fastest pair decays by zeta_0^2 = 0.082 across L0 (B = 512 at L0 = 64 gave 0.86)."""
-    cfg = tiny("xpos").config
-    assert cfg.xpos_scale == cfg.block_size / 2
-    assert (0.4 / 1.4) ** (cfg.block_size / cfg.xpos_scale) == pytest.approx(0.0816, abs=1e-4)
-    assert tiny("xpos").pos.window(0) == cfg.block_size  # blockwise past L0: never a distance it did not train at
+    xpos = tiny("xpos")
+    cfg = xpos.config
+    assert xpos.pos.scale == cfg.block_size / 2
+    assert (0.4 / 1.4) ** (cfg.block_size / xpos.pos.scale) == pytest.approx(0.0816, abs=1e-4)
+    assert xpos.pos.window(0) == cfg.block_size  # blockwise past L0: never a distance it did not train at
 
 
 def test_kerple_heads_start_at_different_ranges_as_its_authors_draw_them():
@@ -255,3 +260,46 @@ def test_each_row_at_positions_of_its_own_is_what_the_row_alone_gives(pos_emb):
         assert not torch.allclose(both[0, 4:], all_logits(model, idx[:1])[0, 4:])
     if positions.SCHEMES[pos_emb].relative:  # shifting every position of a row changes nothing
         torch.testing.assert_close(all_logits(model, idx[:1], position_ids=ids[:1] + 3), both[:1], atol=1e-5, rtol=1e-4)
+
+
+# ----------------------------------------------------------------------------- a new scheme is one class
+
+def test_a_new_scheme_with_a_setting_of_its_own_is_one_class():
+    """A toy scheme (token embeddings times a gain of its own) registered here: its setting is a flat key, refused
+    for the other schemes, checked where it is declared, and it trains."""
+
+    @positions.register("toy")
+    class Toy(positions.Scheme):
+        settings = {"toy_gain": (float, opt(1.0, "toy: the token embeddings' gain", check=RATE))}
+
+        def embed(self, tok, span):
+            return tok * self.config.toy_gain
+
+    try:
+        Config = model.gathered(model.ModelConfig)  # as GPTConfig is gathered when model.py is imported
+        shape = ["--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=8", "--vocab_size=11"]
+        (cfg,) = config.parse(["--pos_emb=toy", "--toy_gain=2.5", *shape], Config)
+        assert cfg.toy_gain == 2.5 and cfg.takes("toy_gain") and not cfg.takes("toy_gain", "rope")
+        with pytest.raises(ValueError, match="^toy_gain=2.5 does nothing for pos_emb='rope'; it applies to "
+                                             "pos_emb toy$"):
+            config.parse(["--toy_gain=2.5", *shape], Config)
+        with pytest.raises(ValueError, match="^toy_gain=0.0 must be a finite number > 0"):
+            config.parse(["--pos_emb=toy", "--toy_gain=0", *shape], Config)
+        torch.manual_seed(0)
+        gpt = model.GPT(cfg)
+        torch.manual_seed(0)
+        plain = model.GPT(replace(cfg, toy_gain=1.0))  # the same weights
+        idx = torch.randint(0, 11, (4, 9), generator=torch.Generator().manual_seed(0))
+        assert not torch.equal(all_logits(gpt, idx), all_logits(plain, idx))  # the setting reaches the scheme
+        optimizer = torch.optim.AdamW(gpt.parameters(), lr=1e-2)
+        losses = []
+        for _ in range(5):
+            loss = gpt(idx[:, :-1], idx[:, 1:])[1]
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+        assert losses[-1] < losses[0]
+    finally:
+        del positions.SCHEMES["toy"]
+    assert "toy_gain" not in {f.name for f in fields(GPTConfig)}

@@ -59,7 +59,7 @@ def how(argv):
         return ["--data_dir=data", "--num_proc=1", *([] if "--input" in argv else ["--input", str(CORPUS)])], True
     if argv[1] == "train.py":
         if "--resume" in argv:  # the run's own settings: only what a resume may change can be appended
-            free = config.resumable(*train.SETTINGS)
+            free = config.declared("resume", *train.SETTINGS)
             return [a for a in TINY if a[2:].partition("=")[0] in free] + ["--max_iters=4"], True
         return [*TINY, *RUN], True
     return (SHORT if argv[1] == "sample.py" else []), True

@@ -39,7 +39,7 @@ class Answerer(torch.nn.Module):
     def __init__(self, pick, pos_emb="rope"):
         super().__init__()
         self.pick = pick
-        self.config = SimpleNamespace(original_len=L0, block_size=L0, pos_emb=pos_emb)
+        self.config = SimpleNamespace(L0=L0, block_size=L0, pos_emb=pos_emb)
 
     def forward(self, x, y=None):
         logits = torch.zeros(*x.shape, len(TOK.chars))  # (B, T, vocab)

@@ -1,11 +1,13 @@
 """Tests for rope.py: RoPE's maths against the paper's explicit matrices or an
 independent float64 computation. Each test pins a property that a plausible bug would break."""
 import math
+import re
 
 import pytest
 import torch
 
 import rope
+from conftest import ROOT
 
 L0 = 256  # the "trained" context used throughout
 
@@ -427,3 +429,67 @@ def test_bad_inputs_are_value_errors_naming_the_choices():
         rope.apply_rope(torch.randn(2, 8), *tables(16, [0, 1]))
     with pytest.raises(ValueError, match="positions"):
         rope.rope_cache(rope.rope_frequencies(8), torch.tensor([0.0, 1.0]))
+
+
+# ---- the registry of scalings: each entry carries what its name stands for --------------------
+
+@pytest.mark.parametrize("name", rope.SCALINGS)
+def test_a_scaling_reads_l0_and_the_length_where_its_entry_says(name):
+    scaling = rope.SCALINGS[name]
+    try:
+        rope.scaled_frequencies(16, 10000.0, name, 4.0)
+    except ValueError as e:
+        assert scaling.needs_original_len and "needs original_len" in str(e)
+    else:
+        assert not scaling.needs_original_len
+    at = [rope.scaled_frequencies(16, 10000.0, name, 4.0, 32, seq_len=L)[0] for L in (None, 32, 128)]
+    assert torch.equal(at[0], at[1]) and torch.equal(at[0], at[2]) != scaling.dynamic
+
+
+@pytest.mark.parametrize("name", rope.SCALINGS)
+@pytest.mark.parametrize("L0", [32, 48])
+def test_transformers_parameters_of_a_scaling_read_back_to_the_same_frequencies(name, L0):
+    scaling, factor = rope.SCALINGS[name], (1.0 if name == rope.NO_SCALING else 4.0)
+    params = scaling.hf_parameters(16, 500.0, factor, L0)
+    base, read, s, L0_read = rope.from_hf(params, scaling.hf_context(64, L0, factor))
+    for L in (None, 256):
+        ours = rope.scaled_frequencies(16, 500.0, name, factor, L0, L)
+        theirs = rope.scaled_frequencies(16, base, read, s, L0_read, L)
+        assert torch.equal(ours[0], theirs[0]) and ours[1] == theirs[1]  # bit for bit
+    assert (read, base) == (rope.NO_SCALING, rope.ntk_base(16, 500.0, 4.0)) if scaling.new_base else read == name
+
+
+def test_transformers_parameters_with_no_equivalent_here_are_named():
+    with pytest.raises(ValueError, match="^rope_type='longrope' has no nanorope scaling; supported: default, linear"):
+        rope.from_hf({"rope_type": "longrope", "rope_theta": 1e4, "factor": 2.0}, 64)
+    yarn = rope.SCALINGS["yarn"].hf_parameters(16, 1e4, 2.0, 32)
+    with pytest.raises(ValueError, match="^rope_type='yarn' with beta_fast=16.0: nanorope's yarn has beta_fast=32.0, "
+                                         "beta_slow=1.0$"):
+        rope.from_hf(yarn | {"beta_fast": 16.0}, 64)
+    with pytest.raises(ValueError, match="^rope_type='linear' with mscale=2.0: nanorope's linear has no such"):
+        rope.from_hf({"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0, "mscale": 2.0}, 64)
+
+
+@pytest.mark.parametrize("scaling, factor, stretch, result", [
+    (None, None, None, (rope.NO_SCALING, 1.0)),
+    ("none", 1.0, None, (rope.NO_SCALING, 1.0)),
+    ("yarn", 2.0, 8.0, ("yarn", 2.0)),  # a factor given is the factor
+    ("yarn", None, 8.0, ("yarn", 8.0)),  # else the one the use asks for
+    (None, 2.0, None, "rope_scaling_factor=2 does nothing without a rope_scaling (linear, ntk, dynamic, yarn, llama3)"),
+    ("none", 2.0, 8.0, "rope_scaling_factor=2 does nothing without a rope_scaling"),
+    ("linear", None, None, "rope_scaling='linear' needs its factor"),
+])
+def test_one_rule_for_a_scaling_and_its_factor(scaling, factor, stretch, result):
+    if isinstance(result, tuple):
+        assert rope.scaling_pair(scaling, factor, stretch) == result
+    else:
+        with pytest.raises(ValueError, match="^" + re.escape(result)):
+            rope.scaling_pair(scaling, factor, stretch)
+
+
+def test_no_scaling_name_is_compared_outside_rope_py():
+    """The registry entry carries what a name stands for: a name compared elsewhere is a missing attribute."""
+    compared = re.compile(r'== *"(dynamic|yarn|llama3|ntk|linear)"|in \("(llama3|yarn)')
+    found = [f"{p.relative_to(ROOT)}:{i}" for p in sorted([*ROOT.glob("*.py"), *ROOT.glob("lab/*.py")])
+             if p.name != "rope.py" for i, line in enumerate(p.read_text().splitlines(), 1) if compared.search(line)]
+    assert not found

@@ -8,10 +8,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import export
 import sample
 from conftest import TINY, run
 from data.tokenizer import TiktokenTokenizer, bpe_encoding
-from checkpoint import load_checkpoint, model_from_checkpoint
+from model import GPT, GPTConfig
+from checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
 
 SCHEMES = ("rope", "sinusoidal")
 PROMPT = "ROMEO:\nThe"
@@ -248,7 +250,7 @@ def foreign(tmp_path):
      "rope_scaling_factor=0.5 must be a finite number >= 1"),
     (["--out_dir={runs}/out-rope", "--max_context=64", "--rope_scaling=linear", "--rope_scaling_factor=0"],
      "rope_scaling_factor=0.0 must be a finite number >= 1"),  # not silently the default factor
-    (["--rope_scaling_factor=2"], "rope_scaling_factor=2.0 needs a rope_scaling"),
+    (["--rope_scaling_factor=2"], "rope_scaling_factor=2 does nothing without a rope_scaling"),
     (["--rope_scaling=wild"], "rope_scaling='wild' must be one of none, linear, ntk, dynamic, yarn, llama3"),
     (["--format=html"], "format='html' must be one of columns, text, markdown"),
     (["--start=FILE:{runs}/nowhere.txt"], "prompt file '{runs}/nowhere.txt' does not exist"),
@@ -296,3 +298,26 @@ def test_the_real_command_exits_non_zero_without_a_traceback(runs, foreign):
     assert proc.returncode == 1 and proc.stdout == ""
     assert proc.stderr == f"error: compare={foreign}/other: '{foreign}/other/best.pt' is not a nanorope checkpoint " \
                           f"(it lacks the model and model_config entries)\n"
+
+
+def test_a_scaling_and_its_factor_follow_one_rule_in_the_model_sampling_and_export():
+    refusals = []
+    for settings in (lambda: GPTConfig(rope_scaling_factor=2.0), lambda: sample.SampleConfig(rope_scaling_factor=2.0),
+                     lambda: export.ExportConfig(hf_dir="hf-out", rope_scaling_factor=2.0)):
+        with pytest.raises(ValueError) as refused:
+            settings()
+        refusals.append(str(refused.value))
+    assert refusals == ["rope_scaling_factor=2 does nothing without a rope_scaling (linear, ntk, dynamic, yarn, "
+                        "llama3)"] * 3
+
+
+def test_a_sampling_scalings_default_factor_stretches_l0_to_max_context(tmp_path):
+    """A model fine-tuned to 32 tokens from L0 = 16 and sampled at 64: s = 64 / 16, as every scaling reads L0."""
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=32, original_len=16, vocab_size=3))
+    meta = {"tokenizer": "char", "chars": list("abc"), "start_id": 0}
+    save_checkpoint({"model": model.state_dict(), "model_config": model.config.asdict(), "tokenizer": meta},
+                    tmp_path / "ckpt.pt")
+    sc = sample.SampleConfig(out_dir=str(tmp_path), checkpoint="latest", max_context=64, rope_scaling="linear",
+                             device="cpu")
+    sampler = sample.Sampler(sc.out_dir, "out_dir", "ab", sc, "cpu")
+    assert (sampler.model.config.rope_scaling, sampler.model.config.rope_scaling_factor) == ("linear", 4.0)
