@@ -4,6 +4,7 @@ its settings parse as the command's own main reads them."""
 
 import runpy
 import shlex
+import signal
 import sys
 
 import pytest
@@ -71,6 +72,7 @@ def test_every_readme_command_runs_in_order_as_written(corpus, tmp_path, monkeyp
     (tmp_path / "corpus").mkdir()  # the README's own corpus folder: a slice of the shared one
     (tmp_path / "corpus" / "a.txt").write_text(corpus.read_text()[:60_000])
     ran, parsed = [], []
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     for argv in commands():
         if argv[0] == "pip" or argv[1:3] == ["-m", "pytest"]:
             continue  # installs, and the suite this test is part of
@@ -92,6 +94,8 @@ def test_every_readme_command_runs_in_order_as_written(corpus, tmp_path, monkeyp
         except SystemExit as e:
             assert e.code in (0, None), f"{shlex.join(argv)} exited {e.code}: {capsys.readouterr().err}"
         (ran if runs else parsed).append(shlex.join(argv))
+        for sig, handler in handlers.items():  # what a command's process set for itself ends with it
+            signal.signal(sig, handler)
         monkeypatch.undo()
         monkeypatch.chdir(tmp_path)
     assert any("--resume" in c for c in ran) and any("lab.extend" in c for c in parsed), (ran, parsed)
