@@ -6,18 +6,18 @@ import pytest
 import tiktoken
 import torch
 
-transformers = pytest.importorskip("transformers")  # the test extra has it; conftest keeps it offline
+import checkpoint
+import data.tokenizer
+import config
+import export
+import positions
+from conftest import ROOT, all_logits, run, tiny_model
+from data.tokenizer import GPT2_PATTERN, bpe_encoding, ranks_to_text, tokenizer_from_meta, train_bpe
+from generate import GREEDY, generate
+from model import GPTConfig
+from train import TrainConfig
 
-import checkpoint  # noqa: E402  (after the skip: export imports transformers)
-import data.tokenizer  # noqa: E402
-import config  # noqa: E402
-import export  # noqa: E402
-import positions  # noqa: E402
-from conftest import ROOT, all_logits, run, tiny_model  # noqa: E402
-from data.tokenizer import GPT2_PATTERN, bpe_encoding, ranks_to_text, tokenizer_from_meta, train_bpe  # noqa: E402
-from generate import GREEDY, generate  # noqa: E402
-from model import GPTConfig  # noqa: E402
-from train import TrainConfig  # noqa: E402
+transformers = pytest.importorskip("transformers")  # the test extra has it; conftest keeps it offline
 
 CHARS = sorted("\n !',.:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
 CHAR_META = {"tokenizer": "char", "chars": CHARS, "start_id": 0}
