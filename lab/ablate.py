@@ -237,8 +237,8 @@ def arm_name(name, scale):
 
 def staged_training(plan, job):
     """Train one run stage by stage, a stage ending at each of its evaluations (a resume is exact, so the stages add
-    up to one run), and probe every query slot at L0 after each: train_run's summary with "slots" {str(step): {str(slot):
-    whole answers}}, the curve steps-to-learn reads (empty where training carries no recall task)."""
+    up to one run), and probe every query slot at L0 after each: train_run's summary with "slots" {str(step):
+    {str(slot): whole answers}}, the curve steps-to-learn reads (empty where training carries no recall task)."""
     name, scale, seed = job
     gcfg, tc, out = plan.grid[name], plan.run_tc(name, seed, scale), plan.folder(job)
     schedule, slots = plan.schedule(name, tc), {}
@@ -506,8 +506,9 @@ def print_estimate(plan, statuses):
     left = [flops[name] for (name, _, _), st in statuses.items() if st != "finished"]  # resumed runs counted whole
     train_min, eval_min = (sum(f[i] for f in left) / rate / 60 for i in (0, 1))
     print(f"estimated time: {train_min + eval_min:.1f} min for the {len(left)} runs left (training {train_min:.1f}, "
-          f"evaluation {eval_min:.1f}), from their FLOPs at the {rate / 1e9:.1f} GFLOP/s a training step reached "
-          f"here just now (resumed runs counted whole)")
+          f"evaluation and probes {eval_min:.1f}), about {(train_min + eval_min) / plan.settings.workers:.0f} min "
+          f"wall at {plan.settings.workers} run(s) at a time, from their FLOPs at the {rate / 1e9:.1f} GFLOP/s a "
+          f"training step reached here just now (resumed runs counted whole)")
 
 
 def ablate(plan):

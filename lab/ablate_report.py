@@ -55,7 +55,8 @@ def seed_figures(run, ev, L0, gate, per):
 
     def read(counts):
         cells = counts["cells"]
-        return {**counts, "bands": bands(cells, L0, s), "reach": {n: reach(cells, th, per) for n, th in THRESHOLDS.items()},
+        return {**counts, "bands": bands(cells, L0, s),
+                "reach": {n: reach(cells, th, per) for n, th in THRESHOLDS.items()},
                 "effective_length": effective_length(cells, L0, per=per)}
     return {"seed": run["seed"], "final_val_loss": run["final_val_loss"], "slots": slots,
             "learning": steps_to_learn(slots, gate) if slots else None,
@@ -156,7 +157,8 @@ def learning_order(schemes, reference, ranking, alpha=ALPHA):
     for name, x in schemes.items():
         if name != reference:
             mine = first_learned(x[ranking])
-            signs = [(mine[s] > ref_first[s]) - (mine[s] < ref_first[s]) for s in sorted(mine.keys() & ref_first.keys())]
+            common = sorted(mine.keys() & ref_first.keys())
+            signs = [(mine[s] > ref_first[s]) - (mine[s] < ref_first[s]) for s in common]  # +1: the reference first
             untied = sum(d != 0 for d in signs)
             claims.append({"scheme": name, "earlier": signs.count(-1), "later": signs.count(1),
                            "ties": signs.count(0), "p": sign_p(signs) if untied else None,
@@ -330,8 +332,8 @@ def md_retrieval(r):
             f"between the asked one and the query) are kept apart in results.json and left out of every figure. "
             f"Bands: whole answers over the distances inside L0 (from the {L0}-token windows, where most of them "
             f"lie), from L0 to {s:g} L0 and from {s:g} L0 to {2 * s:g} L0 (from the {longest}-token windows). k_max "
-            f"is the PI paper's effective window (section 3.3: every distance up to k retrieved at {THRESHOLDS['pi']:.0%} "
-            f"at least), beside it our {THRESHOLDS['strict']:.0%}, in the longest window, read so that no single "
+            f"is the PI paper's effective window (section 3.3: every distance up to k retrieved at "
+            f"{THRESHOLDS['pi']:.0%} at least), beside it our {THRESHOLDS['strict']:.0%}, in the longest window, read so that no single "
             f"distance decides it: {probe['per']} consecutive distances pooled into a cell of {probe['cell_trials']} "
             f"trials, a cell failing only when its 95% Clopper-Pearson interval lies wholly below the threshold. "
             f"Error rates at these trials ({probe['cells']} cells): {errors}. Effective length: RULER's reading, k_max "
@@ -362,8 +364,9 @@ def md_learning(r):
     if not any(x["shared"]["learning"] for x in r["schemes"].values()):
         return ""
     t, probe, ref, n = r["settings"]["train"], r["probe"], r["reference"], len(r["seeds"])
+    a = r["settings"]["ablate"]
     parts = [f"## Learning retrieval: steps to learn\n\nEvery {t['eval_interval']} steps each run's query slots "
-             f"are probed at L0 ({r['settings']['ablate']['probe_trials'] * r['settings']['ablate']['probe_distances']} "
+             f"are probed at L0 ({a['probe_trials'] * a['probe_distances']} "
              f"windows, every needle queried once); a run has learned retrieval at the first evaluation at which every "
              f"slot answers at least {probe['learn_gate']:.0%} whole, the extension lab's gate. No gate decides who "
              f"is compared here: learning is an outcome of the scheme. \">{t['max_iters']}\": not by the ceiling "
@@ -375,7 +378,6 @@ def md_learning(r):
                 for name, x in r["schemes"].items() if (lg := x[ranking]["learning"])]
         order = r["learning_order"][ranking]
         family = order[0]["family"] if order else 0
-        level = 0.05 / family if family else None
         words = {"earlier": f"learns before {ref}", "later": f"learns after {ref}", "inconclusive": "inconclusive",
                  None: "no test: every seed tied"}
         tests = [[c["scheme"], f"{c['earlier']} / {c['later']} / {c['ties']}", fmt(c["p"]), fmt(c["p_holm"]),
@@ -391,8 +393,9 @@ def md_learning(r):
                 f"ceiling), p Holm-adjusted over one family of {family} tests (those with an untied seed). With "
                 f"{n} seeds the smallest p a sign test reaches is 2 x 0.5^{n} = {2 * 0.5 ** n:.2g}, where every seed "
                 f"agrees; smallest p below is that of the untied seeds, and \"can settle\" says whether it passes "
-                f"Holm's strictest step, 0.05 / {family} = {fmt(level)}. A difference is a finding only where p "
-                f"(Holm) < 0.05.\n\n"
+                + (f"Holm's strictest step, 0.05 / {family} = {0.05 / family:.2g}" if family
+                   else "Holm's strictest step (here no comparison has an untied seed)")
+                + ". A difference is a finding only where p (Holm) < 0.05.\n\n"
                 + md_table(["scheme", f"first: scheme / {ref} / tie", "p", "p (Holm)", "smallest p", "can settle",
                             "verdict"], tests))
     return "\n\n".join(parts)

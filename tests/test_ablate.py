@@ -288,7 +288,7 @@ def test_the_gpu_config_runs_shrunk_on_the_cpu(data_dir, tmp_path, capsys):
     out = tmp_path / "abl"
     code, _, err = ablate_main(capsys, "configs/ablate_gpu.toml", *TINY, "--schemes=rope,learned", "--seeds=2",
                                "--max_iters=2", "--eval_interval=2", "--eval_tokens=128", "--probe_trials=2",
-                               "--probe_distances=2", "--recall_pairs=2", "--recall_queries=2", "--probe_pairs=2",
+                               "--probe_distances=2", "--recall_pairs=2", "--recall_fewest=1", "--probe_pairs=2",
                                "--sample_tokens=4", "--device=cpu", f"--data_dir={data_dir}", f"--out_dir={out}")
     assert code == 0, err
     res = json.loads((out / "results.json").read_text())
