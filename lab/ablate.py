@@ -42,10 +42,11 @@ from files import RunLock
 from generate import Sampling, generate
 from lab import ablate_report, diagnostics
 from lab.evaluation import position_losses
+from lab.pool import Interrupted
 from lab.grid import (check_run, evaluated, field_types, number_list, numbers, parse_changes, read_json, run_dir,
                       split_list, train_run, train_settings, write_json)
 from lab.report import regime_rows
-from lab.retrieval import THRESHOLDS, Probe, ProbeSettings
+from lab.retrieval import GOOD, THRESHOLDS, Probe, ProbeSettings, error_rates
 from lab.sweep import Plan as SweepPlan, SweepSettings, tool_main
 from model import GPT, GPTConfig
 from optim import make_optimizer
@@ -108,7 +109,13 @@ class AblateConfig(ProbeSettings, SweepSettings):
                               "every test seed (1 alone: one shared rate, no selection runs)",
                          check=number_list(float, 1e-9, "0.5,1,2"))
     equivalence_margin: float = opt(0.01, "nats: a scheme and the reference show no difference when an equivalence "
-                                          "test puts their paired difference within this", check=config.RATE)
+                                          "test puts their paired difference within this (run only where the seeds "
+                                          "let it pass; elsewhere the CI is shown against it)", check=config.RATE)
+    learn_gate: float = opt(0.9, "a run has learned retrieval at the first evaluation at which every query slot "
+                                 "retrieves at least this share of whole answers at L0 (steps-to-learn)",
+                            check=config.SHARE)
+    probe_pool: int = opt(4, "consecutive probed distances pooled into one cell when k_max and the effective length "
+                             "are read, so that no single distance's trials decide them", check=config.POSITIVE)
     eval_lengths: str = opt("0.5,1,2,4,8", "context lengths to evaluate at, as multiples of block_size")
     rope_scalings: str = opt("linear,ntk,yarn", "inference-time RoPE scalings scored beyond block_size (factor L/L0)")
     sample_prompt: str = opt("ROMEO:", "prompt of the one sample per scheme")
@@ -228,14 +235,47 @@ def arm_name(name, scale):
     return name if scale == 1 else f"{name}-lr{scale:g}"
 
 
+def staged_training(plan, job):
+    """Train one run stage by stage, a stage ending at each of its evaluations (a resume is exact, so the stages add
+    up to one run), and probe every query slot at L0 after each: train_run's summary with "slots" {str(step):
+    {str(slot): whole answers}}, the curve steps-to-learn reads (empty where training carries no recall task)."""
+    name, scale, seed = job
+    gcfg, tc, out = plan.grid[name], plan.run_tc(name, seed, scale), plan.folder(job)
+    schedule, slots = plan.schedule(name, tc), {}
+    for step in eval_steps(tc) if plan.probe else [tc.max_iters]:
+        try:
+            summary = train_run(name, gcfg, replace(tc, max_iters=step), out, plan.bc, schedule)
+        except Interrupted:  # named by the run's length, not the stage's
+            at = load_checkpoint(out / "ckpt.pt")["iter"]
+            raise Interrupted(f"run {out.name} stopped at iteration {at} of {tc.max_iters}") from None
+        if plan.probe:
+            slots[str(step)] = evaluated(out / f"slots{step}.json", lambda: plan.probe.by_slot(
+                trained_model(out, plan.rt, step), gcfg.block_size, plan.rt))
+    return summary | {"slots": slots, "threads": torch.get_num_threads()}
+
+
+def trained_model(out, rt, step):
+    """The model of out's checkpoint, which must be at iteration step: a figure is never filed under another step."""
+    ckpt = load_checkpoint(out / "ckpt.pt", rt.device)
+    assert ckpt["iter"] == step, f"{out / 'ckpt.pt'} is at iteration {ckpt['iter']}, not {step}"
+    return model_from_checkpoint(ckpt, rt.device).eval()
+
+
+def retrieval_counts(plan, model):
+    """{str(W): the probe's cells in windows of W tokens (Probe.counts), None past the scheme's reach}, the model as
+    trained."""
+    reaches = positions.scheme(model.config.pos_emb).extrapolates
+    return {str(W): plan.probe.counts(model, W, plan.rt) if reaches or W <= model.config.block_size else None
+            for W in plan.probe.lengths}
+
+
 def finish_run(plan, job):
     """Train, evaluate and sample one run (scheme, scale, seed), reusing whatever an earlier invocation finished;
     (summary, eval). The summary records the CPU threads it trained on, which its tokens/s depend on."""
     name, scale, seed = job
     gcfg, tc, out = plan.grid[name], plan.run_tc(name, seed, scale), plan.folder(job)
-    summary = evaluated(out / "summary.json", lambda: train_run(name, gcfg, tc, out, plan.bc, plan.schedule(name, tc))
-                        | {"threads": torch.get_num_threads()})
-    ac, device, first = plan.settings, plan.rt.device, seed == plan.seeds[0]
+    summary = evaluated(out / "summary.json", lambda: staged_training(plan, job))
+    ac, first = plan.settings, seed == plan.seeds[0]
     sampled = ac.sample_tokens > 0 and first  # one sample per scheme
     settings = {"lengths": plan.lengths, "eval_tokens": ac.eval_tokens, "scalings": plan.scalings,
                 "sample": [ac.sample_prompt, ac.sample_tokens, ac.sample_temperature] if sampled else None,
@@ -243,15 +283,12 @@ def finish_run(plan, job):
     ev = read_json(out / "eval.json", out / "eval.json") if (out / "eval.json").is_file() else None
     if ev is None or ev["settings"] != settings:
         t0 = time.perf_counter()
-        model = model_from_checkpoint(load_checkpoint(out / "ckpt.pt", device), device).eval()
+        model = trained_model(out, plan.rt, tc.max_iters)
         # sample and look inside first: extrapolate leaves the model reconfigured with its last scaling
         sample = sample_text(model, plan.meta, ac, seed, plan.rt) if sampled else None
         inside = {"attention": diagnostics.attention_stats(model, plan.windows[gcfg.block_size], plan.rt),
                   "biases": diagnostics.bias_curves(model, max(plan.lengths))} if first else {}
-        retrieval = None
-        if plan.probe:  # by distance at each probed length, and the shortcut check by query slot at L0
-            retrieval = {"distance": plan.probe.grid(model, plan.rt),
-                         "slot": plan.probe.by_slot(model, gcfg.block_size, plan.rt)}
+        retrieval = retrieval_counts(plan, model) if plan.probe else None
         loss, position = extrapolate(model, plan.windows, plan.scalings, plan.rt)
         ev = {"settings": settings, "loss": loss, "position": position, "sample": sample, "retrieval": retrieval,
               **inside, "eval_s": time.perf_counter() - t0}
@@ -272,7 +309,8 @@ def summarize(plan, done, sweeps, best):
         schemes[name] = {"pos_emb": cfg.pos_emb, "changes": changes(plan, name), "params": plan.params[name],
                          "sweep": {f"{s:g}": v for s, v in sweep.items()}, "best_scale": best[name],
                          **{ranking: {"scale": s, **ablate_report.scheme_figures(
-                             *zip(*(done[name, s, seed] for seed in plan.seeds)), cfg.block_size)}
+                             *zip(*(done[name, s, seed] for seed in plan.seeds)), cfg.block_size,
+                             plan.settings.learn_gate, plan.settings.probe_pool)}
                             for ranking, s in (("shared", 1), ("tuned", best[name]))},
                          "sample": done[name, 1, plan.seeds[0]][1]["sample"]}
     return {"reference": REFERENCE if REFERENCE in schemes else None, "block_size": plan.gcfg.block_size,
@@ -285,13 +323,26 @@ def summarize(plan, done, sweeps, best):
             "regime": regime_rows([(f"this config (RoPE base {cfg.rope_base:g})", cfg.head_dim, cfg.rope_base,
                                     cfg.block_size) for cfg in {c.rope_base: c for c in plan.grid.values()
                                                                if c.takes("rope_base")}.values()]),
-            "probe": None if plan.probe is None else {"chance": plan.probe.chance, "elimination": plan.probe.elimination,
-                                                      "false_pass": {n: plan.probe.false_pass(t)
-                                                                     for n, t in THRESHOLDS.items()}},
-            "device": plan.rt.device, "environment": run_record(), "schemes": schemes,
+            "probe": probe_record(plan), "device": plan.rt.device, "environment": run_record(), "schemes": schemes,
             "verdicts": {ranking: ablate_report.verdicts_against(schemes, REFERENCE, ranking,
                                                                  plan.settings.equivalence_margin)
-                         for ranking in ("shared", "tuned")}}
+                         for ranking in ("shared", "tuned")},
+            "learning_order": {ranking: ablate_report.learning_order(schemes, REFERENCE, ranking)
+                               for ranking in ("shared", "tuned")}}
+
+
+def probe_record(plan):
+    """The probe's settings and what its readout gets wrong at the trials used: at each threshold, the chance that a
+    reader at chance passes a cell and that a near-perfect reader (GOOD) misses the longest window."""
+    if plan.probe is None:
+        return None
+    ac, probe = plan.settings, plan.probe
+    longest = max(probe.lengths)
+    cells = -(-len(set(probe.windows[longest]) - probe.forced[longest]) // ac.probe_pool)  # pooled, rounded up
+    trials = ac.probe_trials * ac.probe_pool
+    return {"chance": probe.chance, "elimination": probe.elimination, "lengths": probe.lengths,
+            "learn_gate": ac.learn_gate, "per": ac.probe_pool, "cell_trials": trials, "cells": cells, "good": GOOD,
+            "error_rates": {n: error_rates(trials, cells, th, probe.chance) for n, th in THRESHOLDS.items()}}
 
 
 def n_windows(batches):
@@ -350,10 +401,11 @@ class Plan(SweepPlan):
         return [1] if self.drops[name] else self.scales
 
     def run_tc(self, name, seed, scale=1):
-        """The TrainConfig of scheme name's run with seed, its learning rates scaled by scale."""
+        """The TrainConfig of scheme name's run with seed, its learning rates scaled by scale, and its rate's decay
+        fixed to the whole run, which it trains in stages (staged_training)."""
         rates = {"learning_rate": self.tc.learning_rate * scale, "muon_lr": self.tc.muon_lr * scale,
                  "min_lr": None if self.tc.min_lr is None else self.tc.min_lr * scale}
-        return replace(self.tc, seed=seed, **rates)
+        return replace(self.tc, seed=seed, lr_decay_iters=self.tc.lr_decay_iters or self.tc.max_iters, **rates)
 
     def schedule(self, name, tc):
         """The schedule of scheme name's runs: DroPE's, or train.train's default (None)."""
@@ -372,10 +424,11 @@ class Plan(SweepPlan):
         return run_dir(self.tc, arm_name(name, scale), seed)
 
     def check(self, job):
-        """A run folder made with other settings is refused before anything runs."""
+        """A run folder made with other settings is refused before anything runs, max_iters aside: a run grows stage
+        by stage (its lr_decay_iters, the whole run's length, is checked)."""
         name, scale, seed = job
         tc = self.run_tc(name, seed, scale)
-        check_run(self.folder(job), train_settings(self.grid[name], tc, self.bc, self.schedule(name, tc)))
+        check_run(self.folder(job), train_settings(self.grid[name], tc, self.bc, self.schedule(name, tc)), staged=True)
 
     def label(self, job):
         name, scale, seed = job
@@ -397,17 +450,27 @@ def calibrate(plan):
     return model.flops_per_token(cfg.block_size) * x.numel() / statistics.median(times[3:])  # the first warm up
 
 
+def eval_steps(tc):
+    """The steps at which a run evaluates (and ends a stage): every eval_interval, and max_iters."""
+    return sorted({*range(tc.eval_interval, tc.max_iters + 1, tc.eval_interval), tc.max_iters})
+
+
 def run_flops(cfg, plan):
-    """(training, evaluation) FLOPs of one run: its steps, then its in-training and extrapolation evaluations.
-    flops_per_token counts forward + backward; a forward alone is a third of it."""
+    """(training, evaluation) FLOPs of one run: its steps, then its in-training evaluations and slot probes, its
+    extrapolation and its retrieval probe. flops_per_token counts forward + backward; a forward alone is a third."""
     tc, L0, fpt = plan.tc, cfg.block_size, GPT(cfg).flops_per_token
     scheme = positions.scheme(cfg.pos_emb)
-    n_evals = len({*range(tc.eval_interval, tc.max_iters + 1, tc.eval_interval), tc.max_iters})
+    n_evals = len(eval_steps(tc))
     in_training = n_evals * 2 * tc.eval_iters * tc.batch_size * L0 * fpt(L0) / 3  # train and val splits
+    probes = 0
+    if plan.probe:
+        windows = plan.settings.probe_trials * plan.settings.probe_distances  # the slot probe's, and per length
+        reached = [W for W in plan.probe.lengths if scheme.extrapolates or W <= L0]
+        probes = windows * (n_evals * L0 * fpt(L0) + sum(W * fpt(W) for W in reached)) / 3
     rescaled = plan.scalings if cfg.takes("rope_scaling") else []
     scored = [(L, 1 + len(rescaled) if L > L0 else 1) for L in plan.lengths if scheme.extrapolates or L <= L0]
     extrapolation = sum(n * n_windows(plan.windows[L]) * L * fpt(L) / 3 for L, n in scored)
-    return tokens_per_run(cfg, tc) * fpt(L0), in_training + extrapolation
+    return tokens_per_run(cfg, tc) * fpt(L0), in_training + probes + extrapolation
 
 
 def status(plan, job):
@@ -443,8 +506,9 @@ def print_estimate(plan, statuses):
     left = [flops[name] for (name, _, _), st in statuses.items() if st != "finished"]  # resumed runs counted whole
     train_min, eval_min = (sum(f[i] for f in left) / rate / 60 for i in (0, 1))
     print(f"estimated time: {train_min + eval_min:.1f} min for the {len(left)} runs left (training {train_min:.1f}, "
-          f"evaluation {eval_min:.1f}), from their FLOPs at the {rate / 1e9:.1f} GFLOP/s a training step reached "
-          f"here just now (resumed runs counted whole)")
+          f"evaluation and probes {eval_min:.1f}), about {(train_min + eval_min) / plan.settings.workers:.0f} min "
+          f"wall at {plan.settings.workers} run(s) at a time, from their FLOPs at the {rate / 1e9:.1f} GFLOP/s a "
+          f"training step reached here just now (resumed runs counted whole)")
 
 
 def ablate(plan):

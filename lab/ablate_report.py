@@ -6,33 +6,27 @@ Statistics are lab/stats.py's, the output formats lab/report.py's.
 
 import csv
 import io
+import math
 import statistics
 
 import numpy as np
 
 from files import atomic_write
 from lab.report import Plots, dress, md_regime, md_table, palette, pm
-from lab.retrieval import THRESHOLDS, distance_plots, grid_mean, kmax
-from lab.stats import mean_std, verdicts
+from lab.retrieval import THRESHOLDS, bands, distance_plots, effective_length, grid_mean, interval, reach
+from lab.stats import (ALPHA, equivalence_can_pass, equivalence_spread, holm, mean_std, sign_p, smallest_effect,
+                        verdicts)
 from rope import NO_SCALING as AS_TRAINED  # the loss tables' key of a model scored as it was trained
 
 # ----------------------------------------------------------------------------- figures over seeds
 
-def scheme_figures(runs, evals, L0):
+def scheme_figures(runs, evals, L0, gate, per):
     """One scheme's figures over its seeds at one learning rate: runs and evals are its runs' summaries and
-    evaluations, seed by seed (the first seed's also hold its attention statistics and score biases). Retrieval:
-    the mean grid by distance, each seed's k_max at each threshold in the longest window it reaches, and the worst
-    query slot at L0 (the shortcut check)."""
+    evaluations, seed by seed (the first seed's also hold its attention statistics and score biases). Each seed's
+    own figures under "per_seed" (seed_figures); over the seeds, steps-to-learn with the share that learned by the
+    ceiling, and the retrieval readout's mean ± std."""
     curves = np.array([[loss for _, loss in r["val_curve"]] for r in runs])  # (seeds, evaluations)
-    retrieval = None
-    if evals[0].get("retrieval"):
-        grids = [e["retrieval"]["distance"] for e in evals]
-        longest = max((W for W, by_k in grids[0].items() if by_k is not None), key=int)
-        retrieval = {"grid": grid_mean(grids), "longest": longest,
-                     "kmax": {name: mean_std(kmax(g[longest], th) for g in grids) for name, th in THRESHOLDS.items()},
-                     "kmax_L0": {name: mean_std(kmax(g[str(L0)], th) for g in grids) for name, th in THRESHOLDS.items()}
-                     if str(L0) in grids[0] else None,
-                     "worst_slot": mean_std(min(e["retrieval"]["slot"].values()) for e in evals)}
+    per_seed = [seed_figures(r, e, L0, gate, per) for r, e in zip(runs, evals)]
     threads = sorted({r.get("threads") for r in runs}, key=str)
     return {
         "seeds": [r["seed"] for r in runs], "threads": threads,
@@ -44,15 +38,87 @@ def scheme_figures(runs, evals, L0):
                                 for L in by_len} for sc, by_len in evals[0]["loss"].items()},
         "loss_by_position": {sc: np.mean([e["position"][sc] for e in evals], axis=0).tolist()
                              for sc in evals[0]["position"]},
-        "retrieval": retrieval, "attention": evals[0].get("attention"), "biases": evals[0].get("biases")}
+        "learning": learning_share(per_seed) if per_seed[0]["learning"] else None,
+        "retrieval": retrieval_summary(per_seed, L0) if per_seed[0]["windows"] else None,
+        "per_seed": per_seed, "attention": evals[0].get("attention"), "biases": evals[0].get("biases")}
+
+
+def seed_figures(run, ev, L0, gate, per):
+    """One seed's figures: its loss; its slot curve and steps-to-learn (None without the recall task); and in each
+    probed window length its cells (trials and hits by distance, the forced ones apart: every interval and band can
+    be recomputed from them), its bands, k_max at each threshold with `per` distances pooled, and its effective
+    length (None past the scheme's reach)."""
+    slots = run.get("slots") or {}
+    windows = (ev.get("retrieval") or {})
+    longest = max(map(int, windows), default=0)
+    s = longest / (2 * L0)  # the bands inside L0, L0 to s L0 and s L0 to 2s L0 = the longest window
+
+    def read(counts):
+        cells = counts["cells"]
+        return {**counts, "bands": bands(cells, L0, s),
+                "reach": {n: reach(cells, th, per) for n, th in THRESHOLDS.items()},
+                "effective_length": effective_length(cells, L0, per=per)}
+    return {"seed": run["seed"], "final_val_loss": run["final_val_loss"], "slots": slots,
+            "learning": steps_to_learn(slots, gate) if slots else None,
+            "windows": {W: None if c is None else read(c) for W, c in windows.items()}}
+
+
+def steps_to_learn(slots, gate):
+    """{"step", "learned"}: the first evaluation step whose slot probe has every query slot at gate or above, or
+    the last evaluation (the ceiling, max_iters) with learned False where none has: censored there."""
+    steps = sorted(slots, key=int)
+    first = next((st for st in steps if min(slots[st].values()) >= gate), None)
+    return {"step": int(first or steps[-1]), "learned": first is not None}
+
+
+def learning_share(per_seed):
+    """Steps-to-learn over the seeds: each seed's, and the share that learned by the ceiling with its 95%
+    (Clopper-Pearson) interval."""
+    learned = sum(f["learning"]["learned"] for f in per_seed)
+    return {"steps": [f["learning"]["step"] for f in per_seed], "learned": [f["learning"]["learned"] for f in per_seed],
+            "share": learned / len(per_seed), "ci": list(interval(learned, len(per_seed)))}
+
+
+def retrieval_summary(per_seed, L0):
+    """Over the seeds, mean ± std: the worst query slot at the last evaluation; inside L0 from the L0 windows (the
+    most trials there), the bands past L0, k_max and the effective length from the longest window the scheme
+    reaches; and the mean whole answers by distance of each window length (the plots')."""
+    windows = per_seed[0]["windows"]
+    longest = max((W for W, w in windows.items() if w is not None), key=int)
+    at_L0 = str(L0) if windows.get(str(L0)) else longest
+
+    def over(pick):  # None where some seed lacks the figure (no cell in a band)
+        values = [pick(f) for f in per_seed]
+        return None if None in values else mean_std(values)
+
+    def accuracy(f, W, name):
+        b = f["windows"][W]["bands"][name]
+        return None if b is None else b["accuracy"]
+
+    def length(f):
+        e = f["windows"][longest]["effective_length"]
+        return None if e is None else e["length"]
+    figures = {"longest": longest,
+               "worst_slot": over(lambda f: min(f["slots"][max(f["slots"], key=int)].values())),
+               "bands": {"inside L0": over(lambda f: accuracy(f, at_L0, "inside L0"))}
+               | {b: over(lambda f: accuracy(f, longest, b)) for b in BEYOND},
+               "reach": {n: over(lambda f: f["windows"][longest]["reach"][n]) for n in THRESHOLDS},
+               "effective_length": over(length)}
+    shares = [{W: None if w is None else {k: c["hits"] / c["trials"] for k, c in w["cells"].items()}
+               for W, w in f["windows"].items()} for f in per_seed]
+    return figures | {"grid": grid_mean(shares)}
+
+
+BEYOND = ("L0 to sL0", "sL0 to 2sL0")  # the bands past L0 (retrieval.bands)
 
 
 def verdicts_against(schemes, reference, ranking, margin):
     """Each scheme's final val loss minus the reference's, seed by seed over the seeds both ran, in one ranking
     (shared: every scheme at the shared rate; tuned: each at its best): stats.verdicts over the table, "lower"
-    expected (negative is better than the reference), "no difference" where an equivalence test puts the
-    difference within margin. The Holm family holds both tests of every scheme; each claim carries the smallest
-    difference its seeds could settle ("detectable")."""
+    expected (negative is better than the reference). An equivalence test within margin runs only where it can pass
+    at these seeds and spread in the largest family the table could have (both tests of every scheme): elsewhere
+    the difference's CI is shown against margin. Each claim carries "margin", "equivalence" (whether its test ran)
+    and "detectable_80", the smallest difference its seeds detect with 80% power in the family (stats)."""
     ref = schemes.get(reference)
     if ref is None:
         return []
@@ -62,9 +128,56 @@ def verdicts_against(schemes, reference, ranking, margin):
         if name != reference:
             mine = dict(zip(x[ranking]["seeds"], x[ranking]["final_val_loss"]["values"]))
             common = sorted(mine.keys() & ref_loss.keys())
-            claims.append({"scheme": name, "diffs": [mine[s] - ref_loss[s] for s in common], "expect": "lower",
-                           "margin": margin})
-    return verdicts(claims)
+            claims.append({"scheme": name, "diffs": [mine[s] - ref_loss[s] for s in common], "expect": "lower"})
+    for c in claims:
+        if len(c["diffs"]) > 1 and equivalence_can_pass(len(c["diffs"]), statistics.stdev(c["diffs"]), margin,
+                                                        2 * len(claims)):
+            c["margin"] = margin
+    out = verdicts(claims)
+    for c in out:
+        n, sd = len(c["diffs"]), statistics.stdev(c["diffs"]) if len(c["diffs"]) > 1 else 0.0
+        c |= {"equivalence": "margin" in c, "margin": margin,
+              "detectable_80": smallest_effect(n, sd, c["family"]) if sd > 0 else None}
+    return out
+
+
+def learning_order(schemes, reference, ranking, alpha=ALPHA):
+    """Which learns retrieval first, each scheme or the reference, seed by seed over the seeds both ran: an exact
+    sign test of the seeds on which each learned first. A seed where both learned at the same evaluation, or
+    neither by the ceiling, is a tie and dropped; where one alone learned, it learned first (both are censored at
+    the same ceiling). One Holm family over the table, of the tests that have an untied seed. Each claim: the counts
+    ("earlier": the scheme first, "later", "ties"), "p", "p_holm", "family", "smallest_p" (2 * 0.5**untied, the
+    least p the untied seeds can give), "can_settle" (whether that passes Holm's strictest step, alpha / family)
+    and "verdict" ("earlier", "later", "inconclusive", or None where every seed tied: no test)."""
+    ref = schemes.get(reference)
+    if ref is None or ref[ranking]["learning"] is None:
+        return []
+    ref_first = first_learned(ref[ranking])
+    claims = []
+    for name, x in schemes.items():
+        if name != reference:
+            mine = first_learned(x[ranking])
+            common = sorted(mine.keys() & ref_first.keys())
+            signs = [(mine[s] > ref_first[s]) - (mine[s] < ref_first[s]) for s in common]  # +1: the reference first
+            untied = sum(d != 0 for d in signs)
+            claims.append({"scheme": name, "earlier": signs.count(-1), "later": signs.count(1),
+                           "ties": signs.count(0), "p": sign_p(signs) if untied else None,
+                           "smallest_p": 2 * 0.5 ** untied if untied else None})
+    adjusted = holm([c["p"] for c in claims])
+    family = sum(p is not None for p in adjusted)
+    for c, p in zip(claims, adjusted):
+        side = "earlier" if c["earlier"] > c["later"] else "later"
+        c |= {"p_holm": p, "family": family, "can_settle": c["p"] is not None and c["smallest_p"] < alpha / family,
+              "verdict": None if p is None else side if p < alpha else "inconclusive"}
+    return claims
+
+
+def first_learned(figures):
+    """{seed: the step it learned at, infinity where censored}: a seed that never learned comes after every one
+    that did, and ties with another that never did."""
+    learning = figures["learning"]
+    return {seed: step if learned else math.inf
+            for seed, step, learned in zip(figures["seeds"], learning["steps"], learning["learned"])}
 
 
 def verdict_words(claim, reference):
@@ -106,7 +219,8 @@ def segments(curve, L0):
 def markdown(results, plots):
     """results.md: how the grid was run, then one section per table, the plots and the samples."""
     parts = [md_setup(results), md_regime(results["regime"]) if results["regime"] else "", md_rates(results),
-             md_ranking(results, "tuned"), md_ranking(results, "shared"), md_retrieval(results), md_speed(results),
+             md_ranking(results, "tuned"), md_ranking(results, "shared"), md_learning(results), md_retrieval(results),
+             md_speed(results),
              md_lengths(results), md_positions(results), md_attention(results), plots.section(), md_samples(results)]
     return "\n\n".join(p for p in parts if p) + "\n"
 
@@ -159,42 +273,136 @@ def md_ranking(r, ranking):
             f"{test['mean']:+.4f} [{test['ci'][0]:+.4f}, {test['ci'][1]:+.4f}]"
         p = "—" if test is None or test["p"] is None else f"{test['p']:.2g}"
         holm = "—" if c is None or c["p_holm"] is None else f"{c['p_holm']:.2g}"
-        eq = "—" if c is None or c["equivalence_p_holm"] is None else f"{c['equivalence_p_holm']:.2g}"
-        settled = "—" if c is None else "none" if c["detectable"] is None else f"{c['detectable']:.3f}"
+        eq = "—" if c is None else equivalence_cell(c)
+        settled = "—" if c is None or c["detectable_80"] is None else f"{c['detectable_80']:.3f}"
         rows.append([name, f"x{f['scale']:g}", pm(f["final_val_loss"]), diff, p, holm, eq,
                      "reference" if c is None else verdict_words(c, ref), settled, len(f["seeds"])])
     title = "each scheme at its own learning rate" if ranking == "tuned" else "every scheme at the shared learning rate"
-    a, family = r["settings"]["ablate"], next(iter(by.values()))["family"] if by else 0
-    return (f"## Ranking: {title}\n\nFinal val loss, mean ± std over the test seeds; against {ref}, per seed (same "
-            f"batches), the mean difference with its 95% CI (unadjusted), the paired t-test's p, and p Holm-adjusted "
-            f"over one family of {family} tests: each scheme's difference test and its equivalence test (two one-sided "
-            f"tests within ±{a['equivalence_margin']:g} nats). \"lower\" or \"higher\" needs the difference's p (Holm) < "
-            f"0.05, \"no difference\" the equivalence's. Smallest settled: the smallest mean difference these seeds "
-            f"could settle given the spread seen.\n\n"
-            + md_table(["scheme", "lr", "val loss", f"Δ vs {ref} [95% CI]", "p", "p (Holm)", "equivalence p (Holm)",
-                        "verdict", "smallest settled", "seeds"], rows))
+    a, family, n = r["settings"]["ablate"], next(iter(by.values()))["family"] if by else 0, len(r["seeds"])
+    spread = (f": with {n} seeds, where the differences' spread lies below "
+              f"{equivalence_spread(n, a['equivalence_margin'], 2 * len(by)):.4f} nats" if by and n > 1 else "")
+    return (f"## Ranking: {title}\n\nFinal val loss at step {r['settings']['train']['max_iters']} (every scheme at the "
+            f"same step), mean ± std over the test seeds; against {ref}, per seed (same batches), the mean difference "
+            f"with its 95% CI (unadjusted), the paired t-test's p, and p Holm-adjusted over one family of {family} "
+            f"tests: each scheme's difference test, and its equivalence test (two one-sided tests within "
+            f"±{a['equivalence_margin']:g} nats) only where these seeds and their spread let it pass at all "
+            f"(stats.equivalence_can_pass, in the largest family the table could have{spread}); "
+            f"elsewhere the CI is read "
+            f"against the margin and no verdict \"no difference\" is given. \"lower\" or \"higher\" needs the "
+            f"difference's p (Holm) < 0.05, \"no difference\" the equivalence's. Detectable: the smallest mean "
+            f"difference these seeds detect with 80% power at Holm's strictest step (0.05 / {family}), given the "
+            f"spread seen (stats.smallest_effect).\n\n"
+            + md_table(["scheme", "lr", "val loss", f"Δ vs {ref} [95% CI]", "p", "p (Holm)", "equivalence",
+                        "verdict", "detectable (80%)", "seeds"], rows))
+
+
+def equivalence_cell(claim):
+    """The equivalence column: its p (Holm) where the test ran, else where the CI lies against the margin."""
+    if claim["equivalence"]:
+        return f"p (Holm) {claim['equivalence_p_holm']:.2g}"
+    ci, m = claim["test"]["ci"], claim["margin"]
+    if ci is None:
+        return "not run"
+    where = "inside" if -m < ci[0] and ci[1] < m else "outside" if ci[0] >= m or ci[1] <= -m else "across"
+    return f"not run (cannot pass): CI {where} ±{m:g}"
 
 
 def md_retrieval(r):
     figures = {n: x["tuned"]["retrieval"] for n, x in r["schemes"].items() if x["tuned"]["retrieval"]}
     if not figures:
         return ""
-    L0, probe = r["block_size"], r["probe"]
-    rows = [[name, pm(f["worst_slot"], ".2f"), *(pm(f["kmax_L0"][n], ".0f") if f["kmax_L0"] else "N/A"
-                                                 for n in THRESHOLDS),
-             f"{f['longest']} ({int(f['longest']) / L0:g}x)", *(pm(f["kmax"][n], ".0f") for n in THRESHOLDS)]
+    L0, probe, a = r["block_size"], r["probe"], r["settings"]["ablate"]
+    longest = max(int(f["longest"]) for f in figures.values())
+    s = longest / (2 * L0)
+    names = {"inside L0": "inside L0", "L0 to sL0": f"L0 to {s:g} L0", "sL0 to 2sL0": f"{s:g} L0 to {2 * s:g} L0"}
+    rows = [[name, pm(f["worst_slot"], ".2f"), *(pm(v, ".2f") for v in f["bands"].values()),
+             *(pm(f["reach"][n], ".0f") for n in THRESHOLDS), pm(f["effective_length"], ".0f")]
             for name, f in figures.items()]
+    seeds = [[name, f["seed"], *(band_cell(w, b) for w, b in seed_bands(f, L0))]
+             for name, x in r["schemes"].items() if x["tuned"]["retrieval"] for f in x["tuned"]["per_seed"]]
     elim = ", ".join(f"{v:.2f}" for v in probe["elimination"].values())
-    return (f"## Retrieval by distance: which schemes learn it at this budget\n\nk_max is the PI paper's effective "
-            f"window (section 3.3): the largest needle-to-query distance k such that every probed distance up to k "
-            f"is answered in at least 20% of the trials; beside it our stricter 90%. Whole answers to one query among "
-            f"{round(1 / probe['chance'])} needles: copying some needle without reading the key scores "
-            f"{probe['chance']:.0%}, and passes 20% at one distance with probability "
-            f"{probe['false_pass']['pi']:.1%}. Worst slot: the worst query slot's whole answers at L0 when every needle "
-            f"is queried once in a random order (elimination would score {elim} at slots 1 onwards; a scheme that "
-            f"reads the key scores alike at every slot). Each scheme at its own rate, mean ± std over the test "
-            f"seeds.\n\n" + md_table(["scheme", "worst slot at L0", "k_max 20% at L0", "k_max 90% at L0",
-                                       "longest window", "k_max 20% there", "k_max 90% there"], rows))
+    errors = "; ".join(f"at {th:.0%}: a reader at chance passes a cell with probability {e['false_pass']:.2g}, a "
+                       f"{probe['good']:.0%} reader misses the whole window with probability {e['false_fail']:.2g}"
+                       for th, e in zip(THRESHOLDS.values(), probe["error_rates"].values()))
+    return (f"## Retrieval by distance at step {r['settings']['train']['max_iters']}\n\n"
+            f"Each seed's probe: {a['probe_trials']} windows at each of {a['probe_distances']} needle-to-query "
+            f"distances in windows of {', '.join(map(str, probe['lengths']))} tokens, one query among "
+            f"{round(1 / probe['chance'])} needles, scored as whole answers; copying some needle without reading the "
+            f"key scores {probe['chance']:.0%}. Distances whose layout forces the answer (no room for another needle "
+            f"between the asked one and the query) are kept apart in results.json and left out of every figure. "
+            f"Bands: whole answers over the distances inside L0 (from the {L0}-token windows, where most of them "
+            f"lie), from L0 to {s:g} L0 and from {s:g} L0 to {2 * s:g} L0 (from the {longest}-token windows). k_max "
+            f"is the PI paper's effective window (section 3.3: every distance up to k retrieved at "
+            f"{THRESHOLDS['pi']:.0%} at least), beside it our {THRESHOLDS['strict']:.0%}, in the longest window, read so that no single "
+            f"distance decides it: {probe['per']} consecutive distances pooled into a cell of {probe['cell_trials']} "
+            f"trials, a cell failing only when its 95% Clopper-Pearson interval lies wholly below the threshold. "
+            f"Error rates at these trials ({probe['cells']} cells): {errors}. Effective length: RULER's reading, k_max "
+            f"at the model's own accuracy inside L0. Worst slot: the worst query slot's whole answers at L0 when "
+            f"every needle is queried once in a random order (elimination would score {elim} at slots 1 onwards). "
+            f"Each scheme at its own rate, mean ± std over the test seeds; below, each seed's bands with their 95% "
+            f"intervals.\n\n"
+            + md_table(["scheme", "worst slot at L0", *names.values(), "k_max 20%", "k_max 90%", "effective length"],
+                       rows)
+            + "\n\n" + md_table(["scheme", "seed", *names.values()], seeds))
+
+
+def seed_bands(f, L0):
+    """[(the window a band is read from, the band's name)] of a seed: inside L0 from the L0 windows where probed."""
+    windows = f["windows"]
+    longest = max((W for W, w in windows.items() if w is not None), key=int)
+    return [(windows.get(str(L0)) or windows[longest], "inside L0"), *((windows[longest], b) for b in BEYOND)]
+
+
+def band_cell(window, name):
+    b = window["bands"][name]
+    return "—" if b is None else f"{b['accuracy']:.2f} [{b['ci'][0]:.2f}, {b['ci'][1]:.2f}] of {b['trials']}"
+
+
+def md_learning(r):
+    """Steps-to-learn per scheme and seed, the share that learned, and the order against the reference."""
+    rankings = ("tuned", "shared") if r["selection_seed"] is not None else ("shared",)
+    if not any(x["shared"]["learning"] for x in r["schemes"].values()):
+        return ""
+    t, probe, ref, n = r["settings"]["train"], r["probe"], r["reference"], len(r["seeds"])
+    a = r["settings"]["ablate"]
+    parts = [f"## Learning retrieval: steps to learn\n\nEvery {t['eval_interval']} steps each run's query slots "
+             f"are probed at L0 ({a['probe_trials'] * a['probe_distances']} "
+             f"windows, every needle queried once); a run has learned retrieval at the first evaluation at which every "
+             f"slot answers at least {probe['learn_gate']:.0%} whole, the extension lab's gate. No gate decides who "
+             f"is compared here: learning is an outcome of the scheme. \">{t['max_iters']}\": not by the ceiling "
+             f"(max_iters), censored there. Learned by the ceiling: the share of seeds, with its 95% Clopper-Pearson "
+             f"interval."]
+    for ranking in rankings:
+        rows = [[name, ", ".join(str(st) if ok else f">{t['max_iters']}" for st, ok in zip(lg["steps"], lg["learned"])),
+                 f"{sum(lg['learned'])} of {len(lg['learned'])} [{lg['ci'][0]:.2f}, {lg['ci'][1]:.2f}]"]
+                for name, x in r["schemes"].items() if (lg := x[ranking]["learning"])]
+        order = r["learning_order"][ranking]
+        family = order[0]["family"] if order else 0
+        words = {"earlier": f"learns before {ref}", "later": f"learns after {ref}", "inconclusive": "inconclusive",
+                 None: "no test: every seed tied"}
+        tests = [[c["scheme"], f"{c['earlier']} / {c['later']} / {c['ties']}", fmt(c["p"]), fmt(c["p_holm"]),
+                  fmt(c["smallest_p"]), "yes" if c["can_settle"] else "no", words[c["verdict"]]] for c in order]
+        where = "each scheme at its own learning rate" if ranking == "tuned" else "every scheme at the shared rate"
+        parts.append(f"### {where.capitalize()}\n\n" + md_table(["scheme", "steps to learn, by seed",
+                                                                  f"learned by {t['max_iters']}"], rows))
+        if order:
+            parts.append(
+                f"Which learns first, each scheme or {ref}, seed by seed: an exact two-sided sign test of the seeds "
+                f"on which each learned first (a seed where both learned at the same evaluation, or neither, is a "
+                f"tie and dropped; where one alone learned, it learned first, both being censored at the same "
+                f"ceiling), p Holm-adjusted over one family of {family} tests (those with an untied seed). With "
+                f"{n} seeds the smallest p a sign test reaches is 2 x 0.5^{n} = {2 * 0.5 ** n:.2g}, where every seed "
+                f"agrees; smallest p below is that of the untied seeds, and \"can settle\" says whether it passes "
+                + (f"Holm's strictest step, 0.05 / {family} = {0.05 / family:.2g}" if family
+                   else "Holm's strictest step (here no comparison has an untied seed)")
+                + ". A difference is a finding only where p (Holm) < 0.05.\n\n"
+                + md_table(["scheme", f"first: scheme / {ref} / tie", "p", "p (Holm)", "smallest p", "can settle",
+                            "verdict"], tests))
+    return "\n\n".join(parts)
+
+
+def fmt(p):
+    return "—" if p is None else f"{p:.2g}"
 
 
 def md_speed(r):

@@ -13,7 +13,7 @@ import pytest
 import files
 import train
 from conftest import TINY, run, same_tensors
-from lab import ablate
+from lab import ablate, ablate_report
 from lab.sweep import MORE_RATES
 import positions
 from checkpoint import load_checkpoint, model_from_checkpoint
@@ -68,22 +68,41 @@ def test_grid_writes_every_output_and_a_rerun_skips_finished_runs(data_dir, tmp_
     assert set(rope["loss_by_length"]) == {"none", "linear", "ntk", "yarn"}
     assert set(rope["loss_by_length"]["yarn"]) == {"64"}  # scalings only beyond L0
     assert len(rope["loss_by_position"]["none"]) == 64
-    # retrieval by distance at L0 and 2 L0, N/A past learned positions' reach; the first seed's look inside
-    assert len(rope["retrieval"]["grid"]["64"]) == 4 and learned["retrieval"]["grid"]["64"] is None
+    # retrieval by distance at L0 and 2 L0, N/A past learned positions' reach, the forced cells apart
+    assert learned["retrieval"]["grid"]["64"] is None and learned["per_seed"][0]["windows"]["64"] is None
     assert (rope["retrieval"]["longest"], learned["retrieval"]["longest"]) == ("64", "32")
-    assert set(rope["retrieval"]["kmax"]) == {"pi", "strict"} and 0 <= rope["retrieval"]["worst_slot"]["mean"] <= 1
+    assert set(rope["retrieval"]["reach"]) == {"pi", "strict"} and 0 <= rope["retrieval"]["worst_slot"]["mean"] <= 1
+    # per seed: each cell's trials and hits, from which its bands are recomputed
+    for seed in rope["per_seed"]:
+        window = seed["windows"]["64"]
+        assert len(window["cells"]) + len(window["forced"]) == 4 and set(window["cells"]).isdisjoint(window["forced"])
+        assert all(c["trials"] == 2 for c in window["cells"].values())
+        past = [c for k, c in window["cells"].items() if int(k) > 32]  # s = 1: the longest window is 2s L0
+        assert window["bands"]["sL0 to 2sL0"]["hits"] == sum(c["hits"] for c in past)
+        assert window["bands"]["sL0 to 2sL0"]["trials"] == 2 * len(past)
+    assert rope["retrieval"]["grid"]["64"].keys() == rope["per_seed"][0]["windows"]["64"]["cells"].keys()
+    # steps-to-learn read at every evaluation (steps 2 and 4), censored at the ceiling where never reached
+    assert [set(f["slots"]) for f in rope["per_seed"]] == [{"2", "4"}] * 2
+    for f in rope["per_seed"]:
+        learned_at = [int(st) for st in sorted(f["slots"], key=int) if min(f["slots"][st].values()) >= 0.9]
+        assert f["learning"] == ({"step": learned_at[0], "learned": True} if learned_at
+                                 else {"step": 4, "learned": False})
+    assert res["probe"]["per"] == 4 and set(res["probe"]["error_rates"]) == {"pi", "strict"}
+    assert len(res["learning_order"]["shared"]) == 1
     assert len(rope["attention"]["distance"]) == 2 and learned["biases"] is None
     assert rope["threads"] == [1] and res["selection_seed"] is None  # one shared rate: no selection runs
     # the paired test uses both seeds; one shared rate: the tuned ranking is the shared one
     (claim,) = res["verdicts"]["shared"]
-    assert claim["scheme"] == "learned" and claim["test"]["n"] == 2 and claim["family"] == 2  # difference, equivalence
+    assert claim["scheme"] == "learned" and claim["test"]["n"] == 2
+    assert claim["family"] == 1 + claim["equivalence"]  # an equivalence test only where it can pass
     assert res["schemes"]["learned"]["best_scale"] == 1 and res["schemes"]["rope"]["sample"].startswith("ROMEO:")
 
     md = (out / "results.md").read_text()
     learned_row = next(line for line in md.splitlines() if line.startswith("| learned | none |"))
     assert learned_row.split("|")[-2].strip() == "N/A" and learned_row.split("|")[-3].strip() != "N/A"
     assert "## Ranking: every scheme at the shared learning rate" in md and "## Retrieval by distance" in md
-    assert "one family of 2 tests" in md and "## The regime" in md
+    assert f"one family of {claim['family']} tests" in md and "## The regime" in md
+    assert "## Learning retrieval: steps to learn" in md and "2 x 0.5^2 = 0.5" in md
     with open(out / "results.csv") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 4 and all(r["loss_64"] == "" for r in rows if r["scheme"] == "learned")
@@ -95,9 +114,13 @@ def test_grid_writes_every_output_and_a_rerun_skips_finished_runs(data_dir, tmp_
     assert {r: (out / "runs" / r / "ckpt.pt").stat().st_mtime_ns for r in runs} == stamps
     assert json.loads((out / "results.json").read_text())["schemes"] == res["schemes"]
 
-    # changed settings are refused, naming the difference, and nothing is touched
+    # changed settings are refused, naming the difference, and nothing is touched (a run grows by stages: its
+    # length is recorded as the length its rate decays over)
     code, _, err = ablate_main(capsys, *GRID, f"--data_dir={data_dir}", f"--out_dir={out}", "--max_iters=6")
-    assert code == 1 and err.startswith("error: ") and "max_iters: 4 there, 6 now" in err and "Traceback" not in err
+    assert code == 1 and err.startswith("error: ") and "lr_decay_iters: 4 there, 6 now" in err
+    assert "Traceback" not in err
+    code, _, err = ablate_main(capsys, *GRID, f"--data_dir={data_dir}", f"--out_dir={out}", "--recall_fewest=1")
+    assert code == 1 and "recall_fewest: None there, 1 now" in err
     assert {r: (out / "runs" / r / "ckpt.pt").stat().st_mtime_ns for r in runs} == stamps
 
 
@@ -124,8 +147,40 @@ def test_an_interrupted_run_resumes_to_the_uninterrupted_result(data_dir, tmp_pa
     assert "resuming from" in log and "at iteration 3" in log
     straight, cut = (json.loads((tmp_path / d / "results.json").read_text())["schemes"]["rope"]
                      for d in ("straight", "cut"))
-    for key in ("final_val_loss", "val_bpb", "val_curve", "loss_by_length", "loss_by_position"):
+    for key in ("final_val_loss", "val_bpb", "val_curve", "loss_by_length", "loss_by_position", "per_seed"):
         assert cut["shared"][key] == straight["shared"][key], key
+
+
+def test_steps_to_learn_is_the_first_evaluation_with_every_slot_at_the_gate_else_the_ceiling_censored():
+    slots = {"100": {"1": 0.95, "2": 0.5}, "200": {"1": 0.9, "2": 0.92}, "300": {"1": 1.0, "2": 1.0}}
+    assert ablate_report.steps_to_learn(slots, 0.9) == {"step": 200, "learned": True}
+    assert ablate_report.steps_to_learn(slots, 0.99) == {"step": 300, "learned": True}
+    assert ablate_report.steps_to_learn({k: {"1": 0.1} for k in slots}, 0.9) == {"step": 300, "learned": False}
+
+
+def learning(steps, learned):
+    return {"shared": {"seeds": list(range(len(steps))), "learning": {"steps": steps, "learned": learned}}}
+
+
+def test_the_sign_test_of_who_learns_first_drops_ties_counts_a_lone_learner_first_and_holm_decides():
+    ceiling, n = 1000, 8
+    schemes = {"rope": learning([500] * n, [True] * n),
+               "fast": learning([200] * n, [True] * n),  # first on every seed
+               "never": learning([ceiling] * n, [False] * n),  # after on every seed: the reference alone learned
+               "same": learning([500] * n, [True] * n)}  # every seed a tie: no test
+    order = {c["scheme"]: c for c in ablate_report.learning_order(schemes, "rope", "shared")}
+    assert (order["fast"]["earlier"], order["fast"]["later"], order["fast"]["ties"]) == (8, 0, 0)
+    assert order["fast"]["p"] == pytest.approx(2 * 0.5 ** 8) and order["fast"]["verdict"] == "earlier"
+    assert order["never"]["later"] == 8 and order["never"]["verdict"] == "later"
+    assert order["same"]["p"] is None and order["same"]["verdict"] is None and order["same"]["ties"] == 8
+    assert {c["family"] for c in order.values()} == {2} and order["fast"]["p_holm"] == pytest.approx(4 * 0.5 ** 8)
+    assert order["fast"]["can_settle"]
+    # both censored is a tie; one censored: the other learned first; too few untied seeds cannot settle anything
+    schemes = {"rope": learning([ceiling, ceiling, 300, 400, 500], [False, False, True, True, True]),
+               "x": learning([ceiling, 900, ceiling, 100, 200], [False, True, False, True, True])}
+    (c,) = ablate_report.learning_order(schemes, "rope", "shared")
+    assert (c["earlier"], c["later"], c["ties"]) == (3, 1, 1) and c["smallest_p"] == pytest.approx(2 * 0.5 ** 4)
+    assert c["p"] == pytest.approx(0.625) and not c["can_settle"] and c["verdict"] == "inconclusive"
 
 
 def test_dry_run_prints_the_grid_and_an_estimate_and_trains_nothing(data_dir, tmp_path, capsys):
@@ -233,7 +288,7 @@ def test_the_gpu_config_runs_shrunk_on_the_cpu(data_dir, tmp_path, capsys):
     out = tmp_path / "abl"
     code, _, err = ablate_main(capsys, "configs/ablate_gpu.toml", *TINY, "--schemes=rope,learned", "--seeds=2",
                                "--max_iters=2", "--eval_interval=2", "--eval_tokens=128", "--probe_trials=2",
-                               "--probe_distances=2", "--recall_pairs=2", "--recall_queries=2", "--probe_pairs=2",
+                               "--probe_distances=2", "--recall_pairs=2", "--recall_fewest=1", "--probe_pairs=2",
                                "--sample_tokens=4", "--device=cpu", f"--data_dir={data_dir}", f"--out_dir={out}")
     assert code == 0, err
     res = json.loads((out / "results.json").read_text())
