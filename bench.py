@@ -1,10 +1,12 @@
-"""Throughput benchmarks: the training step, generation, the RoPE rotation and the matmul peak.
+"""Throughput benchmarks: the training step, generation, the RoPE rotation, the matmul peak and the lab's probe.
 
     python bench.py                                  a table; nanoGPT's CPU recipe shape
     python bench.py --json                           one JSON object a line
     python bench.py --config configs/X.toml --only train_step,generate --repeats 30
     python bench.py --quick                          seconds: a tiny model, few repeats, no compile (CI)
     python bench.py --only to_loss --nanogpt DIR     whole training commands against nanoGPT's (minutes)
+    python bench.py --only train_step,probe --threads 1 --dtype float32 --probe_lengths 1,2,4 --probe_trials 48
+                                                     the lab's work per core: its steps, its probe (a prepared dataset)
 
 Every figure is a median over repeats after warm-up, with its spread. The variants of a bench
 are timed in turn within each repeat, so load from other processes falls on all of them alike
@@ -20,7 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -30,14 +32,16 @@ import config
 import rope
 from config import POSITIVE, opt
 from data.loader import Batch
+from data.tokenizer import load_meta
 from files import read_log
 from generate import Sampling, generate
+from lab.retrieval import Probe, ProbeSettings
 from model import GPT, GPTConfig
 from runtime import check_compile, decode_autocast, setup_runtime
 from optim import make_optimizer
 from train import TrainConfig, train_step
 
-REPEATS = {"matmul_peak": 10, "train_step": 20, "generate": 5, "rope_apply": 20, "to_loss": 3}
+REPEATS = {"matmul_peak": 10, "train_step": 20, "generate": 5, "rope_apply": 20, "to_loss": 3, "probe": 3}
 # nanoGPT README's CPU recipe shape (4 layers, 4 heads, 128 wide, context 64, batch 12, no dropout; vocab 65
 # is GPTConfig's default, tiny Shakespeare's characters): the shape nanorope's CPU throughput is compared at
 ROOT = Path(__file__).resolve().parent
@@ -47,13 +51,15 @@ ROPE_SHAPE, ROPE_SHAPE_QUICK = (8, 6, 256, 64), (2, 2, 32, 16)  # (B, H, T, d): 
 
 
 @dataclass
-class BenchConfig:
+class BenchConfig(ProbeSettings):  # the probe bench's windows, declared where the lab's probe declares its own
     json: bool = opt(False, "print one JSON object a line instead of a table")
     device: str | None = opt(None, "auto, cpu, cuda, cuda:N or mps (default: the config's, auto)")
+    dtype: str | None = opt(None, "auto, float32, bfloat16 or float16 (default: the config's)")
     config: str | None = opt(None, "a run config (TOML) giving the model and batch shape (default: "
                                    "configs/shakespeare_char_cpu.toml, nanoGPT's CPU recipe shape; quick: a tiny model)")
-    only: str = opt("", "benches to run, comma-separated: matmul_peak, train_step, generate, rope_apply, to_loss "
-                        "(default: all but to_loss, which takes minutes and needs nanoGPT)")
+    only: str = opt("", "benches to run, comma-separated: matmul_peak, train_step, generate, rope_apply, to_loss, "
+                        "probe (default: all but to_loss, which takes minutes and needs nanoGPT, and probe, which "
+                        "needs the config's dataset prepared)")
     quick: bool = opt(False, "a tiny model, few repeats and no torch.compile: seconds, for CI")
     repeats: int | None = opt(None, "timed repeats per variant (default per bench)", check=POSITIVE)
     threads: int | None = opt(None, "CPU threads for torch (default: torch's choice; 1 with quick, which on a busy "
@@ -63,6 +69,7 @@ class BenchConfig:
                                     "data/shakespeare_char prepared")
 
     def __post_init__(self):
+        ProbeSettings.__post_init__(self)
         config.validate(self)
 
 
@@ -281,6 +288,44 @@ def bench_rope_apply(run):
     return rows
 
 
+def bench_probe(run):
+    """The lab's scoring (lab/retrieval.py) of a model of the config's shape, untrained (the time does not depend on
+    the weights): the recall probe's distance windows at each probed length (Probe.counts) and the slot probe at L0
+    (by_slot), as the lab runs them (its tokens per forward, its device and dtype), eager and compiled."""
+    meta = load_meta(Path(run.tc.data_dir) / run.tc.dataset)
+    gcfg = replace(run.gcfg, vocab_size=meta["vocab_size"])
+    L0 = gcfg.block_size
+    probe = Probe(meta, L0, run.probe_settings, run.probe_settings.probe_pairs, run.tc.batch_size * L0, run.rt.device)
+    torch.manual_seed(run.tc.seed)
+    model = GPT(gcfg).to(run.rt.device).eval()
+
+    def scoring(forward, what, W):
+        score = probe.by_slot if what == "slot" else probe.counts
+        return lambda: score(forward, W, run.rt)
+
+    work = [("distance", W) for W in probe.lengths] + [("slot", L0)]
+    variants = {(what, W, False): scoring(model, what, W) for what, W in work}
+    compile_s = {}
+    if run.compile:
+        compiled = torch.compile(model)
+        for what, W in work:  # in turn: a new window length may compile anew (dynamic shapes), the slot probe not
+            variants[what, W, True] = scoring(compiled, what, W)
+            compile_s[what, W] = timed_first_call(variants[what, W, True], run.sync)
+    seconds = time_in_turns(variants, run.repeats("probe"), sync=run.sync, desc="probe")
+    rows = []
+    for (what, W, compiled), s in seconds.items():
+        windows = len(probe.slots[W]) if what == "slot" else sum(map(len, probe.windows[W].values()))
+        figures = spread(s)
+        figures["windows_per_s"] = windows / (figures["ms_median"] / 1e3)
+        figures["tokens_per_s"] = figures["windows_per_s"] * W
+        if compiled:
+            figures["compile_s"] = compile_s[what, W]
+        variant = {"probe": what, "window": W, "windows": windows, "compiled": compiled,
+                   "threads": torch.get_num_threads(), **run.shape(batch=False)}
+        rows.append((variant, figures))
+    return rows
+
+
 # nanoGPT README's CPU command for tiny Shakespeare (float32 on a CPU: nanoGPT autocasts on CUDA only)
 NANOGPT_CPU = ["train.py", "config/train_shakespeare_char.py", "--device=cpu", "--compile=False", "--eval_iters=20",
                "--log_interval=1", "--block_size=64", "--batch_size=12", "--n_layer=4", "--n_head=4", "--n_embd=128",
@@ -320,8 +365,9 @@ def bench_to_loss(run):
 
 
 BENCHES = {"matmul_peak": bench_matmul_peak, "train_step": bench_train_step, "generate": bench_generate,
-           "rope_apply": bench_rope_apply, "to_loss": bench_to_loss}
-DEFAULT_BENCHES = [name for name in BENCHES if name != "to_loss"]  # minutes of whole runs, and needs nanoGPT
+           "rope_apply": bench_rope_apply, "to_loss": bench_to_loss, "probe": bench_probe}
+# to_loss: minutes of whole runs, and needs nanoGPT; probe: needs the config's dataset prepared
+DEFAULT_BENCHES = [name for name in BENCHES if name not in ("to_loss", "probe")]
 
 
 # ----------------------------------------------------------------------------- the run
@@ -340,8 +386,8 @@ class Run:
             self.config_name = args.config or str(DEFAULT_CONFIG.relative_to(DEFAULT_CONFIG.parent.parent))
         self.config_path = str(Path(args.config or DEFAULT_CONFIG).resolve())
         self.nanogpt = args.nanogpt
-        if args.device:
-            self.tc.device = args.device
+        self.tc = replace(self.tc, device=args.device or self.tc.device, dtype=args.dtype or self.tc.dtype)
+        self.probe_settings = args
         if args.threads or args.quick:
             torch.set_num_threads(args.threads or 1)
         # the benches time eager and compiled side by side (see compile_note); the header reports the runtime
@@ -384,7 +430,7 @@ def parse_only(text):
 
 # ----------------------------------------------------------------------------- output
 
-FIGURE_FORMATS = {"tokens_per_s": "{:,.0f} tok/s", "gflops": "{:.1f} GFLOP/s", "mfu": "MFU {:.1%}",
+FIGURE_FORMATS = {"windows_per_s": "{:,.0f} windows/s", "tokens_per_s": "{:,.0f} tok/s", "gflops": "{:.1f} GFLOP/s", "mfu": "MFU {:.1%}",
                   "peak_gflops": "peak {:.1f} GFLOP/s",
                   "speedup": "{:.2f}x uncached", "vs_clone": "{:.2f}x clone", "vs_best_reference": "{:.2f}x best ref",
                   "compile_s": "compile {:.1f} s", "val_loss": "val {:.4f}", "vs_nanogpt": "{:.2f}x nanoGPT"}

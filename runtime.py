@@ -150,7 +150,11 @@ def decode_autocast(device_type, dtype=None):
 
 
 def check_compile(wanted, device_type):
-    """Whether to torch.compile: on by default for CUDA; refuse where it cannot work."""
+    """Whether to torch.compile: on by default for CUDA; refuse where it cannot work. Off by default on CPU, for long
+    runs too: there a small model's step is mostly matmuls already at the core's peak, so compiling gains little (more
+    or less with the load from other processes), while a fresh process compiles each new shape for longer than one
+    run's steps win back; later models of that shape in the same process compile at once, so a lab whose workers
+    train many runs of one shape may choose compile=true (bench.py --only train_step,probe measures both)."""
     if wanted is None:
         return device_type == "cuda"
     if wanted and device_type == "mps":

@@ -73,7 +73,7 @@ def probe_generator(stream, W, k=0):
 class Probe:
     """The recall probe: at each probed length W (a multiple of L0), `probe_trials` windows at each of
     `probe_distances` needle-to-query distances, one query at the window's end (data/recall.py's distance
-    windows), scored as whole answers; and the slot check at any length that holds every needle's query.
+    windows), scored as whole answers; and the slot check at L0. Every window is built once, here.
 
     What is scored and its floor: whole answers (V and W both the argmax) of the one query; a model that copies
     some needle's capitals without reading the key scores `chance` = 1/pairs at every distance, and passes a
@@ -96,7 +96,10 @@ class Probe:
                                    for k in distances(W, settings.probe_distances)}
             except ValueError as e:
                 raise ValueError(f"probe length {W} (L0 = {L0}): {e}") from None
-        self.recall.slot_windows(L0, 1, probe_generator(SLOT, L0))  # too short for the slot check: fails now
+        # the slot probe's windows, built once (at L0, too short for the slot check: fails now): every base stage
+        # asks for them
+        self.slots = {L0: self.recall.slot_windows(L0, settings.probe_trials * settings.probe_distances,
+                                                   probe_generator(SLOT, L0))}
         self.forced = {W: {k for k in rows if len(self.recall.ranks(W, k)) == 1} for W, rows in self.windows.items()}
 
     @property
@@ -140,11 +143,10 @@ class Probe:
         return {k: int(hits.sum()) for k, hits in zip(rows, right.split(self.settings.probe_trials))}
 
     def by_slot(self, model, W, rt):
-        """{str(j): share of whole answers} at query slot j = 1..pairs of windows of W tokens whose needles are all
-        queried once, in a random order (as many windows as the distance probe has at a length)."""
-        n = self.settings.probe_trials * self.settings.probe_distances
-        rows = self.recall.slot_windows(W, n, probe_generator(SLOT, W))
-        right = self.whole_answers(model, rows, query_keys(W + 1, self.recall.pairs), rt)  # (n, pairs)
+        """{str(j): share of whole answers} at query slot j = 1..pairs of windows of W = L0 tokens whose needles are
+        all queried once, in a random order (as many windows as the distance probe has at a length)."""
+        assert W in self.slots, f"W={W} is not the slot probe's length ({list(self.slots)})"
+        right = self.whole_answers(model, self.slots[W], query_keys(W + 1, self.recall.pairs), rt)  # (n, pairs)
         return {str(j + 1): share.item() for j, share in enumerate(right.float().mean(0))}
 
     @torch.no_grad()

@@ -10,6 +10,7 @@ import torch
 import bench
 import rope
 from conftest import run
+from data.recall import distances
 from model import GPT, GPTConfig
 
 SPREAD = ("ms_median", "ms_min", "ms_max")
@@ -115,6 +116,21 @@ def test_to_loss_times_whole_commands_against_nanogpts_and_reads_their_last_val_
     for r in rows.values():
         assert r["repeats"] == 1 and math.isfinite(r["val_loss"])
         assert r["vs_nanogpt"] == pytest.approx(rows["nanogpt"]["ms_median"] / r["ms_median"])
+
+
+def test_probe_times_the_labs_scoring_at_each_probed_window_in_the_dtype_asked(data_dir, tmp_path):
+    tiny = tmp_path / "tiny.toml"
+    tiny.write_text(f'data_dir = "{data_dir}"\nn_layer = 1\nn_head = 2\nn_embd = 16\nblock_size = 32\nbatch_size = 2\n'
+                    'dtype = "auto"\n')
+    proc = run("bench.py", "--json", "--quick", "--only=probe", f"--config={tiny}", "--dtype=float32",
+               "--probe_lengths=1,2", "--probe_pairs=4", "--probe_trials=2", "--probe_distances=8", timeout=300)
+    rows = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [(r["probe"], r["window"], r["windows"]) for r in rows] == [
+        ("distance", 32, 2 * len(distances(32, 8))), ("distance", 64, 2 * 8), ("slot", 32, 2 * 8)]
+    for r in rows:
+        assert r["dtype"] == "float32" and r["threads"] == 1 and not r["compiled"] and r["repeats"] == 3, r
+        assert r["windows_per_s"] == pytest.approx(r["windows"] / (r["ms_median"] / 1e3))
+        assert r["tokens_per_s"] == pytest.approx(r["windows_per_s"] * r["window"])
 
 
 def test_to_loss_without_a_prepared_nanogpt_is_one_line(tmp_path):

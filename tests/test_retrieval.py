@@ -17,8 +17,9 @@ from scipy import stats
 
 from data.recall import FILLER, KEYS, NEEDLE, VALUES, distances
 from data.tokenizer import CharTokenizer
-from lab.retrieval import (GOOD, THRESHOLDS, Probe, ProbeSettings, band, bands, distance_plots, effective_length,
-                           error_rates, grid_mean, interval, kmax, pass_rate, pooled, reach)
+from lab.retrieval import (GOOD, SLOT, THRESHOLDS, Probe, ProbeSettings, band, bands, distance_plots,
+                           effective_length, error_rates, grid_mean, interval, kmax, pass_rate, pooled, probe_generator,
+                           reach)
 
 TOK = CharTokenizer(sorted(set("\n !',:;?" + FILLER + KEYS + VALUES)))
 KEY_IDS, WRONG = {TOK.stoi[k] for k in KEYS}, TOK.stoi["."]
@@ -99,6 +100,16 @@ def test_elimination_scores_chance_by_distance_and_one_in_the_unasked_by_slot():
     assert by_slot[str(PAIRS)] == 1.0 and set(by_slot) == set(p.elimination)  # the last slot: always right
     for j, share in by_slot.items():
         assert abs(share - p.elimination[j]) < binomial_tolerance(p.elimination[j], 512) + 1e-9
+
+
+def test_the_slot_probe_builds_its_windows_once_the_same_as_built_afresh(monkeypatch):
+    p = probe()
+    fresh = p.recall.slot_windows(L0, 16 * 32, probe_generator(SLOT, L0))  # trials x distances, from the same seed
+    assert torch.equal(p.slots[L0], fresh)
+    built = []
+    monkeypatch.setattr(p.recall, "slot_windows", lambda *args: built.append(args))
+    assert p.by_slot(Answerer(eliminator), L0, Runtime) == p.by_slot(Answerer(eliminator), L0, Runtime)
+    assert built == []
 
 
 def test_a_model_reading_keys_scores_alike_at_every_slot_and_distance():
