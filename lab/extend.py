@@ -123,7 +123,7 @@ class GateSchedule(train.Schedule):
 
     def lr(self, it):
         tc, peak = self.tc, self.tc.learning_rate
-        if self.decay_from is None or it < self.decay_from:
+        if self.decay_from is None or it <= self.decay_from:
             return train.warmup_cosine(it, peak, tc.warmup_iters, tc.warmup_iters, peak)  # its floor: the peak
         floor = peak / 10 if tc.min_lr is None else tc.min_lr
         return train.warmup_cosine(it - self.decay_from, peak, 0, self.decay_iters, floor)

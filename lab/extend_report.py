@@ -77,34 +77,36 @@ def readout(run, L0, s, per):
 
 def by_step(runs, steps, s, L0):
     """{step: {"loss": {L: mean_std}, "bands": {band: mean_std of accuracies}, "kmax": {read: mean_std},
-    "effective": mean_std}} over the seeds at each scored step (None where no seed has the figure: an effective
-    length needs distances inside L0)."""
+    "effective": mean_std}} over the seeds at each scored step (None where no seed has the figure: a window too
+    short for a band's distances)."""
     lengths = [str(L) for L in (L0, round(s * L0), round(2 * s * L0))]
 
     def over(st, get):
         values = [v for r in runs.values() if (v := get(r["scores"][str(st)])) is not None]
         return mean_std(values) if values else None
     return {str(st): {"loss": {L: over(st, lambda sc: sc["loss"][L]) for L in lengths},
-                      "bands": {name: over(st, lambda sc: sc["bands"][name]["accuracy"]) for name in BANDS},
+                      "bands": {name: over(st, lambda sc: sc["bands"][name] and sc["bands"][name]["accuracy"])
+                                for name in BANDS},
                       "kmax": {name: over(st, lambda sc: sc["kmax"][name]) for name in READS},
                       "effective": over(st, lambda sc: sc["effective"] and sc["effective"]["length"])}
             for st in steps}
 
 
 def readout_errors(r):
-    """What k_max gets wrong at the trials used, in each window length the lab reads it in (a seed's cells: every
-    seed has the same): {str(W): {"trials", "cells", read: error_rates}}."""
-    windows = {str(r["block_size"]): next(iter(next(iter(r["base"].values())).values()))["curve"]}
+    """What k_max gets wrong at the trials used, in each window length the lab reads it in (every seed has the same
+    cells there; the first's are read): {str(W): {"trials" a cell, "cells", read: error_rates}}."""
+    first = next(iter(next(iter(r["base"].values())).values()))
+    windows = {str(r["block_size"]): next(iter(first["curve"].values()))["counts"]["cells"]}
     for x in r["finetune"].values():
-        scores = next(iter(x["runs"].values()))["scores"]
-        windows |= {str(round(m * x["factor"] * r["block_size"])): {"0": {"counts": scores["0"]["retrieval"][w]}}
+        scores = next(iter(x["runs"].values()))["scores"]["0"]["retrieval"]
+        windows |= {str(round(m * x["factor"] * r["block_size"])): scores[w]["cells"]
                     for m, w in ((1, "target"), (2, "past"))}
     out = {}
-    for W, curve in windows.items():
-        cells = next(iter(curve.values()))["counts"]["cells"]
-        trials, n = r["per"] * next(iter(cells.values()))["trials"], math.ceil(len(cells) / r["per"])
-        out[W] = {"trials": trials, "cells": n} | {name: error_rates(trials, n, th, r["chance"])
-                                                   for name, th in READS.items()}
+    for W, cells in windows.items():
+        if cells:
+            trials, n = r["per"] * next(iter(cells.values()))["trials"], math.ceil(len(cells) / r["per"])
+            out[W] = {"trials": trials, "cells": n} | {name: error_rates(trials, n, th, r["chance"])
+                                                       for name, th in READS.items()}
     return out
 
 
@@ -121,7 +123,7 @@ def claims(r):
         return None if arm is None else [get(run["scores"][step]) for run in arm["runs"].values()]
 
     def claim(text, a, b, expect, margin=None):
-        if a is not None and b is not None:
+        if a is not None and b is not None and None not in a + b:  # None: the lab did not run it, or has no band
             out.append({"claim": text, "diffs": [x - y for x, y in zip(a, b)], "expect": expect, "margin": margin})
 
     for b in r["bases"]:
@@ -132,7 +134,7 @@ def claims(r):
                 return values(b, m, s, step, lambda sc: sc["loss"][L])
 
             def accuracy(m, name):
-                return values(b, m, s, read, lambda sc: sc["bands"][name]["accuracy"])
+                return values(b, m, s, read, lambda sc: sc["bands"][name] and sc["bands"][name]["accuracy"])
             for m, name in (("ntk", "NTK"), ("yarn", "YaRN")):
                 claim(f"(a) without fine-tuning, {name} has a lower loss than PI at {near} tokens {at}",
                       loss(m, "0"), loss("linear", "0"), "lower")
@@ -414,7 +416,7 @@ def write_plots(r, out):
             for x in (x for x in arms if x["factor"] == s):
                 for name, style in zip(BANDS, ("o:", "o-", "x--")):
                     axes[0, col].plot([max(st, 1) for st in steps],
-                                      [x["by_step"][str(st)]["bands"][name]["mean"] for st in steps], style,
+                                      [mean(x["by_step"][str(st)]["bands"][name]) for st in steps], style,
                                       color=color[x["method"]], label=f"{x['method']}, {name}")
                 for seed, run in x["runs"].items():
                     curve = sorted((int(st), v) for st, v in run["l0_curve"].items())
@@ -441,6 +443,11 @@ def write_plots(r, out):
         distance_plots(plots, curve, L0, r["chance"], f"learning_b{b:g}.png",
                        f"RoPE base {b:g}: whole answers by distance at L0 during pre-training")
     return plots
+
+
+def mean(stat):
+    """A mean_std's mean, nan (not drawn) for None."""
+    return math.nan if stat is None else stat["mean"]
 
 
 def shares(seeds):
