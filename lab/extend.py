@@ -21,7 +21,7 @@ the verdicts their tests allow.
    `finetune_warmup` steps and then stays constant. Every fine-tune runs the same `finetune_steps` (the last is
    the step every claim reads) and is scored at step 0 (the base model with the scaling alone) and at each of
    them: loss at L0, s L0 and 2s L0, and the probe's counts (trials, hits by distance) in windows of s L0 (the
-   target) and 2s L0 (past it). Where its L0 loss levelled off (measured every `finetune_eval` steps) is a
+   target), at the last also of 2s L0 (past it). Where its L0 loss levelled off (measured every `finetune_eval` steps) is a
    secondary reading.
 4. Rates: each method and factor fine-tunes the selection seed at each of `finetune_lrs`, widened by one more rate
    where the best is at the sweep's edge; its lowest loss at s L0 at the read step sets every test seed's rate.
@@ -331,10 +331,12 @@ def finetune_run(lab, b, method, s, seed, lr):
 
     def scores(where, step=None, **changes):
         """Loss at L0, s L0 and 2s L0; the probe's counts in windows of the target s L0 (PI's passkey test spreads
-        its distances over the target window) and of 2s L0, past it."""
+        its distances over the target window), and at the read step in windows of 2s L0 too, past it (the probe's
+        dearest windows, which only claims read)."""
         model = checked_model(where, lab.rt, step, **changes)
-        found = {} if lab.sweeping(seed) else {"retrieval": {
-            name: lab.probe.counts(model, W, lab.rt) for name, W in (("target", lengths[1]), ("past", lengths[2]))}}
+        windows = {"target": lengths[1]} | ({"past": lengths[2]} if step == lab.steps[-1] else {})
+        found = {} if lab.sweeping(seed) else {"retrieval": {name: lab.probe.counts(model, W, lab.rt)
+                                                             for name, W in windows.items()}}
         return {"loss": {str(L): loss_at(model, lab, L) for L in lengths}} | found
     scaled = {"rope_scaling": gcfg.rope_scaling, "rope_scaling_factor": gcfg.rope_scaling_factor}
     done = {"0": evaluated(out / "step0.json", lambda: scores(base_out, **scaled))}

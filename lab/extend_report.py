@@ -7,7 +7,8 @@ import statistics
 
 from lab.report import Plots, dress, md_regime, md_table, pm, regime_rows
 from lab.retrieval import band, bands, distance_plots, effective_length, error_rates, reach
-from lab.stats import ALPHA, POWER, equivalence_can_pass, equivalence_spread, mean_std, paired_test, smallest_effect, verdicts
+from lab.stats import (ALPHA, POWER, equivalence_can_pass, equivalence_spread, mean_std, paired_test, smallest_effect,
+                       verdicts)
 
 READS = {"pi": 0.2, "strict": 0.9}  # k_max's thresholds: PI's success rate for a distance to count, and ours
 BANDS = ("inside L0", "L0 to sL0", "sL0 to 2sL0")
@@ -62,16 +63,16 @@ def base_readout(run, L0, per):
 
 def readout(run, L0, s, per):
     """A fine-tune's result with each scored step's readout beside its counts: the bands (inside L0 and L0 to s L0
-    in windows of s L0, s L0 to 2s L0 in windows of 2s L0), k_max at each of READS in windows of s L0 (as PI's
-    Table 4 reads it), and RULER's effective length in windows of 2s L0."""
+    in windows of s L0, s L0 to 2s L0 in windows of 2s L0, probed at the read step alone), k_max at each of READS
+    in windows of s L0 (as PI's Table 4 reads it), and RULER's effective length in windows of 2s L0."""
     out = {}
     for st, sc in run["scores"].items():
-        target, past = (sc["retrieval"][w]["cells"] for w in ("target", "past"))
-        near, far = bands(target, L0, s), bands(past, L0, s)
+        target, past = (sc["retrieval"].get(w, {}).get("cells") for w in ("target", "past"))
+        near = bands(target, L0, s)
         out[st] = sc | {"bands": {"inside L0": near["inside L0"], "L0 to sL0": near["L0 to sL0"],
-                                  "sL0 to 2sL0": far["sL0 to 2sL0"]},
+                                  "sL0 to 2sL0": None if past is None else bands(past, L0, s)["sL0 to 2sL0"]},
                         "kmax": {name: reach(target, th, per) for name, th in READS.items()},
-                        "effective": effective_length(past, L0, per=per)}
+                        "effective": None if past is None else effective_length(past, L0, per=per)}
     return run | {"scores": out}
 
 
@@ -98,7 +99,7 @@ def readout_errors(r):
     first = next(iter(next(iter(r["base"].values())).values()))
     windows = {str(r["block_size"]): next(iter(first["curve"].values()))["counts"]["cells"]}
     for x in r["finetune"].values():
-        scores = next(iter(x["runs"].values()))["scores"]["0"]["retrieval"]
+        scores = next(iter(x["runs"].values()))["scores"][str(r["read_step"])]["retrieval"]
         windows |= {str(round(m * x["factor"] * r["block_size"])): scores[w]["cells"]
                     for m, w in ((1, "target"), (2, "past"))}
     out = {}
@@ -266,7 +267,7 @@ def md_screening(r):
 
 
 def md_base(r):
-    L0, rows = r["block_size"], []
+    rows = []
     for name, seeds in r["base"].items():
         for seed, run in seeds.items():
             for st, c in run["curve"].items():
@@ -308,7 +309,8 @@ def md_seeds(r):
         for seed, run in x["runs"].items():
             sc = run["scores"][read]
             rows.append([f"{x['factor']:g}", x["method"], seed, *(md_band(sc["bands"][name]) for name in BANDS),
-                         sc["kmax"]["pi"], sc["kmax"]["strict"], sc["effective"]["length"] if sc["effective"] else "—"])
+                         sc["kmax"]["pi"], sc["kmax"]["strict"],
+                         sc["effective"]["length"] if sc["effective"] else "—"])
     return (f"## Each seed after {read} steps\n\nBand accuracies with their 95% intervals, k_max (20%, 90%) in windows "
             f"of s L0 and the effective length in windows of 2s L0, in tokens.\n\n"
             + md_table(["s", "method", "seed", *BANDS, "k_max 20%", "k_max 90%", "effective length"], rows,
@@ -328,9 +330,11 @@ def md_kmax(r):
                                                                           for st in steps_of(r)),
              pm(x["by_step"][str(r["read_step"])]["effective"], ".0f")] for x in r["finetune"].values()]
     t4 = PI_TABLE4
-    paper = [[name, *("–" if v is None else f"{v:,} ({v / t4['L0']:g} L0)" for v in t4[name])] for name in ("FT", "PI")]
+    paper = [[name, *("–" if v is None else f"{v:,} ({v / t4['L0']:g} L0)" for v in t4[name])]
+             for name in ("FT", "PI")]
     return ("## k_max beside PI's Table 4\n\nk_max at 20% (PI's) / at 90% (ours), in tokens, in windows of the target "
-            "s L0 (as the PI paper spreads its distances over the target window), mean ± std over the test seeds; last, "
+            "s L0 (as the PI paper spreads its distances over the target window), mean ± std over the test seeds; "
+            "last, "
             f"the effective length after {r['read_step']} steps. Beside it, PI's Table 4 (LLaMA 7B, 2,048 → 8,192; "
             "FT is direct fine-tuning), which reads k_max at equal steps as here.\n\n"
             + md_table(["s", "method", "s L0", *(f"step {st}" for st in steps_of(r)), "effective length"], rows,
@@ -354,7 +358,8 @@ def md_plateaus(r, ex):
         rows.append([f"{x['factor']:g}", x["method"], f"{len(levelled)} of {len(runs)}",
                      pm(mean_std(levelled), ".0f") if levelled else "—", f"{runs[0]['tokens']:,}",
                      pm(mean_std(run["train_s"] for run in runs), ".0f"), f"{memory / 2 ** 20:.1f}"])
-    return (f"## Where the L0 loss levelled off (a secondary reading)\n\nThe first step where the loss at L0 fell by less "
+    return (f"## Where the L0 loss levelled off (a secondary reading)\n\nThe first step where the loss at L0 fell by "
+            f"less "
             f"than {ex['plateau_tol']} nats over the last {ex['plateau_span']} steps (measured every "
             f"{ex['finetune_eval']}), within the {r['read_step']} steps every arm runs; no verdict reads it. The rate "
             f"warms up over {ex['finetune_warmup']} steps and stays constant (the PI paper states a 20-step warmup and "
@@ -384,7 +389,8 @@ def md_claims(r):
                      "—" if holm is None else f"{holm:.2g}", f"**{c['verdict']}**", len(c["diffs"]),
                      "—" if c["sd"] is None else f"{c['sd']:.3g}", power])
     family = claims[0]["family"] if claims else 0
-    return ("## The papers' claims at this scale\n\nEach claim once, as per-seed differences A − B (loss in nats, band "
+    return ("## The papers' claims at this scale\n\nEach claim once, as per-seed differences A − B (loss in nats, "
+            "band "
             "accuracy as a share), read after the same steps for every arm (step 0 for the claims about no "
             "fine-tuning): their mean, the 95% CI (unadjusted), the test (the paired t-test; the exact sign test "
             "where every seed gives the same difference; for a \"same\" claim its equivalence test, TOST within "
@@ -421,7 +427,8 @@ def write_plots(r, out):
                 for seed, run in x["runs"].items():
                     curve = sorted((int(st), v) for st, v in run["l0_curve"].items())
                     axes[1, col].plot([max(st, 1) for st, _ in curve], [v for _, v in curve], lw=0.8,
-                                      color=color[x["method"]], label=x["method"] if seed == next(iter(x["runs"])) else None)
+                                      color=color[x["method"]],
+                                      label=x["method"] if seed == next(iter(x["runs"])) else None)
             axes[0, col].axhline(r["chance"], color="gray", linestyle=":")
             for ax in axes[:, col]:
                 ax.set(xscale="log")
