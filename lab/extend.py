@@ -1,26 +1,31 @@
-"""Context extension: fine-tune RoPE past its trained length (PI, NTK, YaRN, PoSE) until it levels off, and ask the
-papers' questions of loss and of retrieval by distance, over seeds fixed before the run, with the verdicts their
-tests allow.
+"""Context extension: fine-tune RoPE past its trained length (PI, NTK, YaRN, PoSE) for the same fixed steps, and ask
+the papers' questions of loss and of retrieval by distance, over seeds admitted by a rule fixed before the run, with
+the verdicts their tests allow.
 
     python -m lab.extend configs/extend_cpu.toml [--key=value ...]
 
-1. Base models: RoPE (each of `rope_bases`) trained at L0 = block_size for each seed, recall_share of the sequences
-   carrying the associative-recall task (data/recall.py), probed at L0 every `base_check` steps: the learning curve
-   of retrieval by distance and by query slot. A base model trains until every query slot retrieves at least
-   `base_gate` of whole answers (the task learned without the elimination shortcut), max_iters at the most.
-2. Fine-tuning at s x L0 for each s in `factors` and each of `methods`: none (direct fine-tuning at the new
+1. Base models: RoPE (each of `rope_bases`) trained at L0 = block_size, recall_share of the sequences carrying the
+   associative-recall task (data/recall.py), the rate warmed up and then held constant while the model is probed at
+   L0 every `base_check` steps (its learning curve: retrieval by distance and by query slot). Once every query slot
+   retrieves at least `base_gate` of whole answers (the gate: the task learned without the elimination shortcut),
+   the rate decays over `base_decay` steps (warmup-stable-decay; the gate's step is recorded in the run's schedule);
+   a model that has not passed by max_iters fails.
+2. Inclusion, a rule fixed before any method touches a base model: the test seeds are the first `seeds` seeds from
+   `seed` on, in order, whose base models (one per RoPE base) pass the gate and still pass it after the decay; the
+   selection seed is the first that passes from `selection_seed` on. Bases are launched only as far as still
+   needed, in order, `screen_most` seeds a role at the most (then the lab refuses).
+3. Fine-tuning at s x L0 for each s in `factors` and each of `methods`: none (direct fine-tuning at the new
    length), linear (Position Interpolation, PI), ntk, yarn, and PoSE (L0-long rows whose position ids skip ahead
    to s x L0, with linear scaling: `pose` at PI's steps and rows, `pose-tokens` at PI's tokens). The tokens per step
    are kept (batch_size / s rows of s x L0), the optimizer restarts (train.py's init_from), the rate warms up for
-   `finetune_warmup` steps and then stays constant. A fine-tune runs until its L0 loss levels off (fell by less than
-   `plateau_tol` over the last `plateau_span` steps, measured every `finetune_eval` steps), `finetune_max` steps at
-   the most (the PI paper's 1,000); it is scored at each of `finetune_scored` below that and at its plateau: loss at
-   L0, s L0 and 2s L0, and retrieval by distance in windows of s L0 (the target), at the plateau also of 2s L0.
-   Step 0 is the base model with the scaling alone.
-3. Rates: each method and factor fine-tunes the selection seed (`selection_seed`, in no test) at each of
-   `finetune_lrs`, widened by one more rate where the best is at the sweep's edge; its lowest loss at s L0 at the
-   plateau sets the rate of every test seed.
-4. Claims: the papers' claims as paired tests over the test seeds (lab/stats.py), one Holm family for the table.
+   `finetune_warmup` steps and then stays constant. Every fine-tune runs the same `finetune_steps` (the last is
+   the step every claim reads) and is scored at step 0 (the base model with the scaling alone) and at each of
+   them: loss at L0, s L0 and 2s L0, and the probe's counts (trials, hits by distance) in windows of s L0 (the
+   target), at the last also of 2s L0 (past it). Where its L0 loss levelled off (measured every `finetune_eval` steps) is a
+   secondary reading.
+4. Rates: each method and factor fine-tunes the selection seed at each of `finetune_lrs`, widened by one more rate
+   where the best is at the sweep's edge; its lowest loss at s L0 at the read step sets every test seed's rate.
+5. Claims: the papers' claims as paired tests over the test seeds (lab/stats.py), each once, one Holm family.
 
 out_dir receives base/, sweep/ and finetune/ run folders (one train.py run each, with its evaluations),
 results.json, results.md and, with matplotlib, the plots. Rerunning the same command resumes. Settings:
@@ -36,6 +41,7 @@ import torch
 
 import config
 import rope
+import train
 from checkpoint import load_checkpoint, model_from_checkpoint
 from config import NON_NEGATIVE, POSITIVE, RATE, opt
 from data.batches import make_batches
@@ -44,7 +50,8 @@ from lab import extend_report
 from lab.evaluation import position_losses
 from lab.grid import (check_records, check_run, evaluated, number_list, numbers, split_list, train_run,
                       train_settings)
-from lab.retrieval import Probe, ProbeSettings, kmax
+from lab.launch import launch_plan
+from lab.retrieval import Probe, ProbeSettings
 from lab.sweep import Plan, SweepSettings, tool_main
 from model import GPT
 from runtime import run_record
@@ -52,6 +59,7 @@ from runtime import run_record
 # method -> (the RoPE scaling it fine-tunes with, whether its rows are PoSE's, whether PoSE keeps PI's tokens)
 METHODS = {"none": (rope.NO_SCALING, False, False), "linear": ("linear", False, False), "ntk": ("ntk", False, False),
            "yarn": ("yarn", False, False), "pose": ("linear", True, False), "pose-tokens": ("linear", True, True)}
+ROLES = ("selection", "test")  # the seeds screened: the one that chooses the rates, those the claims test
 
 
 @dataclass
@@ -63,32 +71,66 @@ class ExtendConfig(ProbeSettings, SweepSettings):
                                                "fine-tuning; linear: PI)")
     factors: str = opt("2,4", "extension factors s: fine-tune at s x block_size, comma-separated",
                        check=number_list(float, 1.0, "2,4"))
-    base_check: int = opt(500, "base models are probed at L0 every this many steps (their learning curve)",
-                          check=POSITIVE)
-    base_gate: float = opt(0.9, "a base model stops once every query slot retrieves at least this share of whole "
-                                "answers at L0 (max_iters at the most)", check=config.SHARE)
+    base_check: int = opt(250, "base models are probed at L0 every this many steps (their learning curve and the "
+                               "gate), the rate held constant until the gate", check=POSITIVE)
+    base_gate: float = opt(0.9, "a base model passes once every query slot retrieves at least this share of whole "
+                                "answers at L0, by max_iters", check=config.SHARE)
+    base_decay: int = opt(500, "steps of the rate's decay after the gate (cosine to min_lr); 0: the base model "
+                               "stops at the gate, its rate constant to the end", check=NON_NEGATIVE)
+    screen_most: int = opt(12, "seeds screened at the most for the test seeds, and for the selection seed: the lab "
+                               "refuses once they are reached with fewer base models passing than it needs",
+                           check=POSITIVE)
     finetune_lrs: str = opt("3e-4,1e-3,3e-3", "fine-tuning peak rates swept on the selection seed (Muon's, where "
                                               "it trains, scaled alike from its pre-training peak)",
                              check=number_list(float, 1e-12, "3e-4,1e-3,3e-3"))
     finetune_warmup: int = opt(20, "fine-tuning's linear warmup steps (the PI paper's 20); the rate then stays "
                                    "constant", check=NON_NEGATIVE)
-    finetune_eval: int = opt(50, "a fine-tune's L0 loss is measured every this many steps", check=POSITIVE)
-    plateau_span: int = opt(100, "a fine-tune has levelled off when its L0 loss fell by less than plateau_tol over "
+    finetune_steps: str = opt("100,200,400", "the fine-tuning steps every method is scored at (PI's Table 4 reads "
+                                             "200 to 1,000, YaRN 400); every fine-tune runs to the last, which the "
+                                             "claims and the rate sweep read", check=number_list(int, 1, "100,200,400"))
+    finetune_eval: int = opt(50, "a fine-tune's L0 loss is measured every this many steps (where it levelled off: "
+                                 "a secondary reading)", check=POSITIVE)
+    plateau_span: int = opt(100, "a fine-tune's L0 loss has levelled off where it fell by less than plateau_tol over "
                                  "the last this many steps", check=POSITIVE)
     plateau_tol: float = opt(0.01, "see plateau_span (nats)", check=RATE)
-    finetune_max: int = opt(1000, "a fine-tune's most steps (the PI paper fine-tunes 1,000)", check=POSITIVE)
-    finetune_scored: str = opt("0,50,200", "fine-tuning steps scored in full below the plateau, which is too; 0 is "
-                                           "the base model with the scaling alone",
-                                check=number_list(int, 0, "0,50,200"))
-    early_step: int = opt(50, "the early fine-tuning step the claims are also read at (the PI paper's Table 4 "
-                              "reads k_max at steps from 200)", check=POSITIVE)
+    probe_per: int = opt(4, "consecutive probed distances pooled into one cell of k_max's and the effective "
+                            "length's reading, so that one unlucky cell decides nothing", check=POSITIVE)
 
     def __post_init__(self):
         ProbeSettings.__post_init__(self)
         config.validate(self)
-        if self.plateau_span % self.finetune_eval or self.finetune_max % self.finetune_eval:
-            raise ValueError(f"plateau_span={self.plateau_span} and finetune_max={self.finetune_max} must be "
+        steps = numbers("finetune_steps", self.finetune_steps, int, 1, "100,200,400")
+        if self.plateau_span % self.finetune_eval or any(st % self.finetune_eval for st in steps):
+            raise ValueError(f"plateau_span={self.plateau_span} and finetune_steps={self.finetune_steps!r} must be "
                              f"multiples of finetune_eval={self.finetune_eval}, the steps the L0 loss is measured at")
+
+    def candidates(self, role, tc):
+        """The seeds screened for role, in order: screen_most from the role's first."""
+        first = self.selection_seed if role == "selection" else tc.seed
+        return [first + i for i in range(self.screen_most)]
+
+
+class GateSchedule(train.Schedule):
+    """A base model's rate: linear warmup to the peak, then the peak held until the step the gate passed
+    (decay_from; None while it has not), then a cosine over decay_iters to min_lr (default a tenth of the peak):
+    warmup-stable-decay, so a late learner trains at the same rate as an early one until it has learned. The steps
+    before the gate have one rate whatever the gate's step, so the stages a base model trains in add up to one run
+    of this schedule, and its settings record the gate's step."""
+
+    def __init__(self, tc, gate, check_every, decay_iters, decay_from=None):
+        super().__init__(tc)
+        self.gate, self.check_every, self.decay_iters, self.decay_from = gate, check_every, decay_iters, decay_from
+
+    def lr(self, it):
+        tc, peak = self.tc, self.tc.learning_rate
+        if self.decay_from is None or it <= self.decay_from:
+            return train.warmup_cosine(it, peak, tc.warmup_iters, tc.warmup_iters, peak)  # its floor: the peak
+        floor = peak / 10 if tc.min_lr is None else tc.min_lr
+        return train.warmup_cosine(it - self.decay_from, peak, 0, self.decay_iters, floor)
+
+    def settings(self):
+        return {"held": "to the gate", "gate": self.gate, "check_every": self.check_every,
+                "decay_iters": self.decay_iters, "decay_from": self.decay_from}
 
 
 @dataclass
@@ -99,7 +141,7 @@ class Lab(Plan):
     methods: list
     factors: list
     lrs: list
-    scored: list
+    steps: list  # the fine-tuning steps every arm is scored at, the last the one claims read
     probe: Probe  # retrieval at L0 and at each fine-tune's s L0 and 2s L0
 
     desc = "extend"
@@ -115,35 +157,46 @@ class Lab(Plan):
         if not bc.recall_share:
             raise ValueError("recall_share=0: the lab's retrieval probe needs the task in training; set recall_share, "
                              "e.g. 0.75")
-        scored = numbers("finetune_scored", ec.finetune_scored, int, 0, "0,50,200")
-        if (scored[0] != 0 or scored[-1] >= ec.finetune_max or ec.early_step not in scored
-                or any(st % ec.finetune_eval for st in scored)):
-            raise ValueError(f"finetune_scored={ec.finetune_scored!r} must start at 0 (the base model), end below "
-                             f"finetune_max={ec.finetune_max}, hold early_step={ec.early_step} and be multiples of "
-                             f"finetune_eval={ec.finetune_eval}")
+        selection, test = (ec.candidates(role, tc) for role in ROLES)
+        if set(selection) & set(test):
+            raise ValueError(f"selection_seed={ec.selection_seed} and seed={tc.seed}: the {ec.screen_most} seeds "
+                             f"screened from each (screen_most) overlap; a rate chosen on a seed must not be tested "
+                             f"on it")
+        if ec.seeds > ec.screen_most:
+            raise ValueError(f"seeds={ec.seeds} must be <= screen_most={ec.screen_most}, the seeds screened for them")
         factors, L0 = numbers("factors", ec.factors, float, 1.0, "2,4"), gcfg.block_size
         common = cls.common(ec, gcfg, tc, bc, sorted({L0} | {round(m * L0) for s in factors for m in (s, 2 * s)}))
         probe = Probe(common["meta"], L0, ec, ec.probe_pairs, tc.batch_size * L0, common["rt"].device,
                       lengths=[L0] + [round(m * s * L0) for s in factors for m in (1, 2)])
         lab = cls(**common, bases=numbers("rope_bases", ec.rope_bases, float, 1.0, "200,10000"), methods=methods,
                   factors=factors, lrs=numbers("finetune_lrs", ec.finetune_lrs, float, 1e-12, "3e-4,1e-3,3e-3"),
-                  scored=scored, probe=probe)
+                  steps=numbers("finetune_steps", ec.finetune_steps, int, 1, "100,200,400"), probe=probe)
         for method in methods:  # a bad setting fails now, not after the base models trained
             lab.finetune(lab.bases[0], method, factors[0], tc.seed, lab.lrs[0])
         return lab
+
+    def included(self, selection, seeds):
+        """This plan with the seeds screening admitted: the selection seed its sweeps run on, the test seeds."""
+        return replace(self, settings=replace(self.settings, selection_seed=selection), seeds=seeds)
 
     @property
     def L0(self):
         return self.gcfg.block_size
 
     def base(self, b, seed, max_iters=None):
-        """(out, model config, train config) of the base run of RoPE base b (up to max_iters, its stage)."""
-        tc = replace(self.tc, seed=seed, max_iters=max_iters or self.tc.max_iters, lr_decay_iters=self.tc.max_iters)
+        """(out, model config, train config) of the base run of RoPE base b (up to max_iters, its stage; by default
+        the gate's ceiling)."""
+        tc = replace(self.tc, seed=seed, max_iters=max_iters or self.tc.max_iters, lr_decay_iters=None)
         return self.out / "base" / f"rope-b{b:g}-seed{seed}", replace(self.gcfg, rope_base=float(b)), tc
 
+    def schedule(self, tc, decay_from=None):
+        """A base run's schedule: its rate held until the gate passed at decay_from (None: not yet)."""
+        ec = self.settings
+        return GateSchedule(tc, ec.base_gate, ec.base_check, ec.base_decay, decay_from)
+
     def finetune(self, b, method, s, seed, lr, steps=None):
-        """(out, model config, train config, batch config) of a fine-tune of RoPE base b, up to steps (default its
-        ceiling); sweep runs (the selection seed) in sweep/, test runs in finetune/."""
+        """(out, model config, train config, batch config) of a fine-tune of RoPE base b, up to steps (default the
+        last read step); sweep runs (the selection seed) in sweep/, test runs in finetune/."""
         scaling, pose, pose_tokens = METHODS[method]
         base_out, base_cfg, _ = self.base(b, seed)
         L0 = self.L0
@@ -152,11 +205,15 @@ class Lab(Plan):
         rows = self.tc.batch_size if pose_tokens else max(1, round(self.tc.batch_size / s))
         tc = replace(self.tc, seed=seed, init_from=str(base_out), learning_rate=lr, min_lr=lr,
                      muon_lr=self.tc.muon_lr * lr / self.tc.learning_rate, warmup_iters=self.settings.finetune_warmup,
-                     max_iters=steps or self.settings.finetune_max, lr_decay_iters=None,
+                     max_iters=steps or self.steps[-1], lr_decay_iters=None,
                      eval_interval=self.settings.finetune_eval, batch_size=rows)
         bc = replace(self.bc, pose_factor=float(s)) if pose else self.bc
-        kind = "sweep" if seed == self.settings.selection_seed else "finetune"
+        kind = "sweep" if self.sweeping(seed) else "finetune"
         return self.out / kind / f"rope-b{b:g}-{method}-x{s:g}-lr{lr:g}-seed{seed}", gcfg, tc, bc
+
+    def sweeping(self, seed):
+        """Whether seed is a selection seed's (it only chooses rates: its fine-tunes are scored on loss alone)."""
+        return seed in self.settings.candidates("selection", self.tc)
 
     def run(self, job):
         """The figures of one run, kept in its folder's result.json once it is complete, so a rerun reads them."""
@@ -168,9 +225,14 @@ class Lab(Plan):
 
     def check(self, job):
         """A run folder made with other settings, or with a record that cannot be read (a result.json is made
-        again), is refused, max_iters aside: runs grow stage by stage."""
-        out, gcfg, tc, *bc = self.base(*job[1:]) if job[0] == "base" else self.finetune(*job[1:])
-        check_run(out, train_settings(gcfg, tc, *bc or [self.bc]), staged=True)
+        again), is refused, what grows stage by stage aside: max_iters, and a base run's gate step."""
+        if job[0] == "base":
+            out, gcfg, tc = self.base(*job[1:])
+            check_run(out, train_settings(gcfg, tc, self.bc, self.schedule(tc)),
+                      grown=("train.max_iters", "schedule.decay_from"))
+        else:
+            out, gcfg, tc, bc = self.finetune(*job[1:])
+            check_run(out, train_settings(gcfg, tc, bc), grown=("train.max_iters",))
         check_records(out, rebuilt=[self.marker])
 
     def needs(self, job):
@@ -187,20 +249,14 @@ class Lab(Plan):
         return ("finetune", *arm, seed, lr)
 
     def loss(self, run, arm):
-        """A fine-tune's loss at s L0 at its plateau."""
-        return run["scores"][str(run["plateau"])]["loss"][str(round(arm[2] * self.L0))]
+        """A fine-tune's loss at s L0 at the read step."""
+        return run["scores"][str(self.steps[-1])]["loss"][str(round(arm[2] * self.L0))]
 
 
 # ----------------------------------------------------------------------------- evaluation
 
 def loss_at(model, lab, L):
     return position_losses(model, lab.windows[L], lab.rt).mean().item()
-
-
-def retrieval(model, lab, W):
-    """{"distance": {k: share}, "kmax": {threshold name: k}} in windows of W tokens."""
-    by_k = lab.probe.by_distance(model, W, lab.rt)
-    return {"distance": by_k, "kmax": {name: kmax(by_k, th) for name, th in extend_report.THRESHOLDS.items()}}
 
 
 def activation_bytes(gcfg, tc, bc, lab):
@@ -224,22 +280,29 @@ def activation_bytes(gcfg, tc, bc, lab):
 # ----------------------------------------------------------------------------- runs
 
 def base_run(lab, b, seed):
-    """Train a base model in stages of base_check steps, probed at L0 after each, until every query slot retrieves
-    base_gate of whole answers (max_iters at the most): {"curve": {step: scores}, "steps", "learned", "train_s"}."""
+    """Train a base model in stages of base_check steps at a constant rate, probed at L0 after each, until every
+    query slot retrieves base_gate of whole answers (max_iters at the most); then decay its rate over base_decay
+    steps and probe it again: {"curve": {step: scores}, "gate": the step it passed (None: it did not), "steps",
+    "passed": the gate passed and still passed after the decay, "train_s"}."""
     out, gcfg, tc = lab.base(b, seed)
-    curve, learned, stage = {}, False, 0
-    while stage < tc.max_iters and not learned:
-        stage = min(stage + lab.settings.base_check, tc.max_iters)
-        train_run("base", gcfg, lab.base(b, seed, stage)[2], out, lab.bc)
-        curve[str(stage)] = evaluated(out / f"curve{stage}.json", lambda: probed(lab, out, stage))
-        learned = min(curve[str(stage)]["slot"].values()) >= lab.settings.base_gate
-    return {"curve": curve, "steps": stage, "learned": learned, "train_s": trained_seconds(out)}
+    ec, curve, gate, stage = lab.settings, {}, None, 0
+
+    def probe_after(step, schedule):
+        train_run("base", gcfg, replace(tc, max_iters=step), out, lab.bc, schedule)
+        curve[str(step)] = evaluated(out / f"curve{step}.json", lambda: probed(lab, out, step))
+        return min(curve[str(step)]["slot"].values()) >= ec.base_gate
+    while gate is None and stage < tc.max_iters:
+        stage = min(stage + ec.base_check, tc.max_iters)
+        gate = stage if probe_after(stage, lab.schedule(tc)) else None
+    passed = gate is not None and (not ec.base_decay or probe_after(gate + ec.base_decay, lab.schedule(tc, gate)))
+    return {"curve": curve, "gate": gate, "steps": max(map(int, curve)), "passed": passed,
+            "train_s": trained_seconds(out)}
 
 
 def probed(lab, out, step):
-    """A base model's scores at L0 after step: retrieval by query slot and by distance, and its loss."""
+    """A base model's scores at L0 after step: retrieval by query slot, the probe's counts by distance, its loss."""
     model = checked_model(out, lab.rt, step)
-    return {"slot": lab.probe.by_slot(model, lab.L0, lab.rt), **retrieval(model, lab, lab.L0),
+    return {"slot": lab.probe.by_slot(model, lab.L0, lab.rt), "counts": lab.probe.counts(model, lab.L0, lab.rt),
             "loss": loss_at(model, lab, lab.L0)}
 
 
@@ -257,57 +320,93 @@ def trained_seconds(out):
 
 
 def finetune_run(lab, b, method, s, seed, lr):
-    """Fine-tune in stages of finetune_eval steps (a resume is exact, so the stages add up to one run) until the L0
-    loss levels off or finetune_max, scored at step 0 (the base model with the scaling alone), at each of
-    finetune_scored it passes, and at its plateau: {"l0_curve": {step: loss}, "plateau", "scores": {step: ...}}."""
+    """Fine-tune in stages of finetune_eval steps (a resume is exact, so the stages add up to one run) to the last of
+    the read steps, measuring the L0 loss after each stage, scored at step 0 (the base model with the scaling
+    alone) and at each read step: {"l0_curve": {step: loss}, "plateau": where the L0 loss levelled off (None: not
+    within these steps), "scores": {step: ...}, "lr", "train_s", "tokens"}. The selection seed's runs, which only
+    choose a rate, are scored on loss alone."""
     out, gcfg, tc, bc = lab.finetune(b, method, s, seed, lr)
     base_out, L0, ec = lab.base(b, seed)[0], lab.L0, lab.settings
     lengths = [L0, round(s * L0), round(2 * s * L0)]
 
-    def scores(where, step=None, past=False, **changes):
-        """Loss at L0, s L0 and 2s L0; retrieval by distance in windows of the target s L0 (PI's passkey test spreads
-        its distances over the target window), and at the plateau past it, in windows of 2s L0."""
+    def scores(where, step=None, **changes):
+        """Loss at L0, s L0 and 2s L0; the probe's counts in windows of the target s L0 (PI's passkey test spreads
+        its distances over the target window), and at the read step in windows of 2s L0 too, past it (the probe's
+        dearest windows, which only claims read)."""
         model = checked_model(where, lab.rt, step, **changes)
-        found = {"target": retrieval(model, lab, lengths[1])} | ({"past": retrieval(model, lab, lengths[2])} if past
-                                                                  else {})
-        return {"loss": {str(L): loss_at(model, lab, L) for L in lengths}, "retrieval": found}
+        windows = {"target": lengths[1]} | ({"past": lengths[2]} if step == lab.steps[-1] else {})
+        found = {} if lab.sweeping(seed) else {"retrieval": {name: lab.probe.counts(model, W, lab.rt)
+                                                             for name, W in windows.items()}}
+        return {"loss": {str(L): loss_at(model, lab, L) for L in lengths}} | found
     scaled = {"rope_scaling": gcfg.rope_scaling, "rope_scaling_factor": gcfg.rope_scaling_factor}
     done = {"0": evaluated(out / "step0.json", lambda: scores(base_out, **scaled))}
-    l0_curve, step = {"0": done["0"]["loss"][str(L0)]}, 0
-    while step < ec.finetune_max and not plateaued(l0_curve, ec):
-        step += ec.finetune_eval
+    l0_curve = {"0": done["0"]["loss"][str(L0)]}
+    for step in range(ec.finetune_eval, lab.steps[-1] + 1, ec.finetune_eval):
         train_run(method, gcfg, replace(tc, max_iters=step), out, bc)
         l0_curve[str(step)] = evaluated(out / f"l0-{step}.json", lambda: {
             "loss": loss_at(checked_model(out, lab.rt, step), lab, L0)})["loss"]
-        if step in lab.scored:
+        if step in lab.steps:
             done[str(step)] = evaluated(out / f"step{step}.json", lambda: scores(out, step))
-    done[str(step)] = evaluated(out / f"plateau{step}.json", lambda: scores(out, step, past=True))  # the plateau
-    return {"l0_curve": l0_curve, "plateau": step, "scores": done, "lr": lr, "train_s": trained_seconds(out),
-            "tokens": step * tc.batch_size * gcfg.block_size}
+    return {"l0_curve": l0_curve, "plateau": plateau(l0_curve, ec), "scores": done, "lr": lr,
+            "train_s": trained_seconds(out), "tokens": lab.steps[-1] * tc.batch_size * gcfg.block_size}
 
 
-def plateaued(l0_curve, ec):
-    """Whether the L0 loss fell by less than plateau_tol over the last plateau_span steps."""
-    last = max(map(int, l0_curve))
-    return last >= ec.plateau_span and l0_curve[str(last - ec.plateau_span)] - l0_curve[str(last)] < ec.plateau_tol
+def plateau(l0_curve, ec):
+    """The first step where the L0 loss had fallen by less than plateau_tol over the last plateau_span steps; None
+    where it never had."""
+    return next((int(st) for st in l0_curve if int(st) >= ec.plateau_span
+                 and l0_curve[str(int(st) - ec.plateau_span)] - l0_curve[st] < ec.plateau_tol), None)
 
 
 # ----------------------------------------------------------------------------- the lab
 
+def screen(lab):
+    """The base models of the seeds screened, launched in order as far as still needed: ({job: result} of every
+    base run, {role: {"screened", "passed", "included"}}). Raises ValueError where screen_most seeds of a role were
+    screened with fewer passing than it needs."""
+    ec, done, wanted = lab.settings, {}, {"selection": 1, "test": lab.settings.seeds}
+    candidates = {role: ec.candidates(role, lab.tc) for role in ROLES}
+    screened = {role: 0 for role in ROLES}
+    while True:
+        passed = {role: [seed for seed in candidates[role][:screened[role]]
+                         if all(done["base", b, seed]["passed"] for b in lab.bases)] for role in ROLES}
+        jobs = []
+        for role in ROLES:
+            short = wanted[role] - len(passed[role])
+            if short > 0 and screened[role] == ec.screen_most:
+                raise ValueError(
+                    f"{len(passed[role])} of the {ec.screen_most} {role} seeds screened (screen_most) passed the gate "
+                    f"({', '.join(map(str, candidates[role]))}); {wanted[role]} needed: raise screen_most, or "
+                    f"max_iters for the base models to learn in")
+            new = candidates[role][screened[role]:screened[role] + max(0, short)]
+            screened[role] += len(new)
+            jobs += [("base", b, seed) for seed in new for b in lab.bases]
+        if not jobs:
+            return done, {role: {"screened": candidates[role][:screened[role]], "passed": passed[role],
+                                 "included": passed[role][:wanted[role]]} for role in ROLES}
+        done = lab.launch(jobs, done)
+
+
 def run_lab(lab):
     t0 = time.perf_counter()
-    sel = lab.settings.selection_seed
     arms = [(b, m, s) for b in lab.bases for s in lab.factors for m in lab.methods]
     sweeps = {arm: list(lab.lrs) for arm in arms}
-    # the selection seed's bases first, then its sweeps as each base is done, the test bases meanwhile
-    bases = [("base", b, sel) for b in lab.bases], [("base", b, seed) for b in lab.bases for seed in lab.seeds]
     if lab.settings.dry_run:
-        lab.dry_run(sweeps, *bases)
+        bases = [("base", b, seed) for role in ROLES
+                 for seed in lab.settings.candidates(role, lab.tc)[:1 if role == "selection" else lab.settings.seeds]
+                 for b in lab.bases]
+        print("dry run, screening: " + launch_plan(bases, lab.settings, lab.needs, lab.pending, lab.label, lab.desc)
+              + f"; then, for each base model that fails the gate, the next seed's, up to {lab.settings.screen_most} "
+                "seeds a role")
+        lab.dry_run(sweeps)
     with RunLock(lab.out, "context-extension lab"):
-        done, sweeps, rates = lab.sweep_and_test(arms, sweeps, *bases)
+        bases, screening = screen(lab)
+        chosen = lab.included(screening["selection"]["included"][0], screening["test"]["included"])
+        done, sweeps, rates = chosen.sweep_and_test(arms, sweeps, done=bases)
+        sel = chosen.settings.selection_seed
         memory = {f"{m} x{s:g}": activation_bytes(*lab.finetune(lab.bases[0], m, s, sel, lab.lrs[0])[1:], lab)
                   for s in lab.factors for m in lab.methods}
-        results = extend_report.lab_results(lab, done, sweeps, rates) | {
+        results = extend_report.lab_results(chosen, done, sweeps, rates, screening) | {
             "memory": memory, "settings": {"extend": asdict(lab.settings), **train_settings(lab.gcfg, lab.tc, lab.bc)},
             "device": lab.rt.device, "environment": run_record()}
         lab.write_results(results, extend_report.write_plots(results, lab.out), extend_report.markdown, t0)

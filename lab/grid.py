@@ -106,14 +106,15 @@ def train_settings(gcfg, tc, bc=None, schedule=None):
             "batches": asdict(bc or BatchConfig()), "schedule": schedule.settings() if schedule else {}}
 
 
-def check_run(out, settings, staged=False):
+def check_run(out, settings, grown=()):
     """Refuse the run folder out unless the settings it records (its config.json, written as training starts) are
-    settings (train_settings'), naming those that differ and the folder; staged: a run grown stage by stage, whose
-    max_iters grows with it. A folder without them (nothing trained yet) passes."""
+    settings (train_settings'), naming those that differ and the folder; grown names the settings ("group.key") of
+    a run grown stage by stage, which it records as it goes (its max_iters, a step its schedule fixes on the way)
+    and are taken as recorded. A folder without them (nothing trained yet) passes."""
     if (out / "config.json").is_file():
         saved = read_json(out / "config.json", delete=out)
-        if staged:
-            saved["train"]["max_iters"] = settings["train"]["max_iters"]
+        for group, key in (name.split(".") for name in grown):
+            settings = settings | {group: settings[group] | {key: saved.get(group, {}).get(key)}}
         check_same_settings(out, settings, saved)
 
 

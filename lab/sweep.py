@@ -105,13 +105,14 @@ class Plan:
         return before + [self.job(a, rate, self.settings.selection_seed) for a, rates in sweeps.items()
                          for rate in rates] + after
 
-    def sweep_and_test(self, arms, sweeps, before=(), after=()):
+    def sweep_and_test(self, arms, sweeps, before=(), after=(), done=None):
         """Each arm of sweeps ({arm: its rates}) trains the selection seed at each rate, launched between the jobs
-        before and after; an arm whose best rate lies at an edge of its sweep gets one more rate beyond it,
-        MORE_RATES times at the most; then each arm of arms trains every test seed at its best rate (unswept where
-        it does not sweep). (done {job: result}, sweeps as widened, {arm: its rate})."""
+        before and after (done: {job: result} of jobs finished already, which those wait for no longer); an arm
+        whose best rate lies at an edge of its sweep gets one more rate beyond it, MORE_RATES times at the most;
+        then each arm of arms trains every test seed at its best rate (unswept where it does not sweep). (done
+        {job: result}, sweeps as widened, {arm: its rate})."""
         sel = self.settings.selection_seed
-        done = self.launch(self.first_launch(sweeps, [*before], [*after]), {})
+        done = self.launch(self.first_launch(sweeps, [*before], [*after]), done or {})
         most = max(map(len, sweeps.values()), default=0) + MORE_RATES
         while more := {a: rate for a, rates in sweeps.items()
                        if (rate := widen(rates, self.best(done, a, rates), most))}:
