@@ -428,7 +428,8 @@ class Plan(SweepPlan):
         by stage (its lr_decay_iters, the whole run's length, is checked)."""
         name, scale, seed = job
         tc = self.run_tc(name, seed, scale)
-        check_run(self.folder(job), train_settings(self.grid[name], tc, self.bc, self.schedule(name, tc)), staged=True)
+        check_run(self.folder(job), train_settings(self.grid[name], tc, self.bc, self.schedule(name, tc)),
+                  grown=("train.max_iters",))
 
     def label(self, job):
         name, scale, seed = job
