@@ -30,11 +30,15 @@ def regime_rows(configs):
 def md_regime(rows):
     return ("## The regime: RoPE's ratios against the papers' model\n\nA small model stands in for a large one only "
             "with the dimensionless ratios matched: the longest wavelength against the trained context, how often the "
-            "fastest pair turns within it, and which of YaRN's bands its pairs fall in (alpha = 1, beta = 32: a pair "
-            "turning more than 32 times in L0 keeps its frequency, less than once is interpolated, the ramp between "
-            "is linear in the pair index as deployed).\n\n" + md_table(
+            "fastest pair turns within it, and which of YaRN's bands its pairs fall in (alpha = 1, beta = 32). The "
+            "shares are those of YaRN as deployed (its authors' code and transformers, which the lab's YaRN follows): "
+            "the band edges, the pairs that turn 32 times and once within L0, rounded to pair indices and clamped to "
+            "the head, the ramp linear in the pair index between. The paper's text defines the bands by turns "
+            "instead: a pair turning more than 32 times in L0 keeps its frequency, one turning less than once is "
+            "interpolated. The two differ where the fastest pair turns 32 times or fewer: there the turns definition "
+            "keeps no pair, while the deployed ramp keeps pair 0, its lower edge clamped to it.\n\n" + md_table(
                 ["model", "head size", "pairs", "base", "L0", "longest wavelength / L0", "fastest pair's turns in L0",
-                 "YaRN: kept / ramped / interpolated"],
+                 "YaRN as deployed: kept / ramped / interpolated"],
                 [[r["name"], r["head_dim"], r["pairs"], f"{r['base']:,.0f}", f"{r['L0']:,}", f"{r['longest_over_L0']:.1f}",
                   f"{r['fastest_turns']:.0f}", f"{r['yarn_kept']:.0%} / {r['yarn_ramped']:.0%} / "
                   f"{r['yarn_interpolated']:.0%}"] for r in rows]))
