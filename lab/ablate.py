@@ -46,7 +46,7 @@ from lab.pool import Interrupted
 from lab.grid import (check_run, evaluated, field_types, number_list, numbers, parse_changes, read_json, run_dir,
                       split_list, train_run, train_settings, write_json)
 from lab.report import regime_rows
-from lab.retrieval import GOOD, THRESHOLDS, Probe, ProbeSettings, error_rates
+from lab.retrieval import GOOD, THRESHOLDS, Probe, ProbeSettings, error_rates, pooled
 from lab.sweep import Plan as SweepPlan, SweepSettings, tool_main
 from model import GPT, GPTConfig
 from optim import make_optimizer
@@ -338,11 +338,12 @@ def probe_record(plan):
         return None
     ac, probe = plan.settings, plan.probe
     longest = max(probe.lengths)
-    cells = -(-len(set(probe.windows[longest]) - probe.forced[longest]) // ac.probe_pool)  # pooled, rounded up
-    trials = ac.probe_trials * ac.probe_pool
+    distances = set(probe.windows[longest]) - probe.forced[longest]
+    trials = [n for _, n, _ in pooled({str(k): {"trials": ac.probe_trials, "hits": 0} for k in distances},
+                                      ac.probe_pool)]
     return {"chance": probe.chance, "elimination": probe.elimination, "lengths": probe.lengths,
-            "learn_gate": ac.learn_gate, "per": ac.probe_pool, "cell_trials": trials, "cells": cells, "good": GOOD,
-            "error_rates": {n: error_rates(trials, cells, th, probe.chance) for n, th in THRESHOLDS.items()}}
+            "learn_gate": ac.learn_gate, "per": ac.probe_pool, "cell_trials": trials[0], "cells": len(trials),
+            "good": GOOD, "error_rates": {n: error_rates(trials, th, probe.chance) for n, th in THRESHOLDS.items()}}
 
 
 def n_windows(batches):

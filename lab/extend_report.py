@@ -6,7 +6,7 @@ import math
 import statistics
 
 from lab.report import Plots, dress, md_regime, md_table, pm, regime_rows
-from lab.retrieval import band, bands, distance_plots, effective_length, error_rates, reach
+from lab.retrieval import band, bands, distance_plots, effective_length, error_rates, pooled, reach
 from lab.stats import (ALPHA, POWER, equivalence_can_pass, equivalence_spread, mean_std, paired_test, smallest_effect,
                        verdicts)
 
@@ -105,9 +105,9 @@ def readout_errors(r):
     out = {}
     for W, cells in windows.items():
         if cells:
-            trials, n = r["per"] * next(iter(cells.values()))["trials"], math.ceil(len(cells) / r["per"])
-            out[W] = {"trials": trials, "cells": n} | {name: error_rates(trials, n, th, r["chance"])
-                                                       for name, th in READS.items()}
+            trials = [n for _, n, _ in pooled(cells, r["per"])]
+            out[W] = {"trials": trials[0], "cells": len(trials)} | {name: error_rates(trials, th, r["chance"])
+                                                                    for name, th in READS.items()}
     return out
 
 

@@ -22,6 +22,7 @@ by distance (`Probe.counts`, JSON as results.json keeps them; the cells whose la
 
 import bisect
 import functools
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -258,12 +259,12 @@ def pass_rate(accuracy, trials, threshold):
     return float(stats.binom.sf(fewest - 1, trials, accuracy))
 
 
-def error_rates(trials, cells, threshold, chance, good=GOOD):
-    """What `reach` gets wrong at `trials` trials in each of `cells` cells: "false_fail", the chance that a reader of
-    accuracy good misses the whole window (some cell fails), and "false_pass", the chance that a reader at chance
-    reaches any distance (its first cell passes)."""
-    return {"false_fail": 1 - pass_rate(good, trials, threshold) ** cells,
-            "false_pass": pass_rate(chance, trials, threshold)}
+def error_rates(trials, threshold, chance, good=GOOD):
+    """What `reach` gets wrong over cells of the given trials each (a window's pooled cells, in order; the last pool
+    may hold fewer): "false_fail", the chance that a reader of accuracy good misses the whole window (some cell
+    fails), and "false_pass", the chance that a reader at chance reaches any distance (its first cell passes)."""
+    return {"false_fail": 1 - math.prod(pass_rate(good, n, threshold) for n in trials),
+            "false_pass": pass_rate(chance, trials[0], threshold)}
 
 
 def grid_mean(grids):

@@ -184,7 +184,11 @@ def test_the_interval_is_clopper_pearsons_and_a_cells_pass_rate_its_binomial_tai
         tail = sum(stats.binom.pmf(h, trials, accuracy) for h in range(trials + 1)
                    if interval(h, trials)[1] >= threshold)
         assert pass_rate(accuracy, trials, threshold) == pytest.approx(tail)
-    assert error_rates(16, 8, 0.2, 0.1)["false_pass"] == 1.0  # 0 of 16 leaves 20% inside the interval
+    assert error_rates([16] * 8, 0.2, 0.1)["false_pass"] == 1.0  # 0 of 16 leaves 20% inside the interval
+    # a window's last pool may hold fewer trials: each cell counts at its own, and a thinner cell fails more often
+    uneven = error_rates([192] * 7 + [96], 0.9, 0.1)["false_fail"]
+    assert uneven == pytest.approx(1 - pass_rate(0.97, 192, 0.9) ** 7 * pass_rate(0.97, 96, 0.9))
+    assert uneven > error_rates([192] * 8, 0.9, 0.1)["false_fail"]
 
 
 def test_one_unlucky_cell_does_not_decide_the_reach_and_pooled_cells_add_their_trials():
@@ -222,10 +226,10 @@ def test_a_97_percent_reader_reads_the_whole_window_and_one_at_chance_nothing_at
         if whole:  # the whole window with >= 95% probability
             assert np.mean([r == longest for r in reads]) >= whole
         else:  # any distance at all with <= 5% probability
-            rate = error_rates(192, 8, threshold, accuracy)["false_pass"]
+            rate = error_rates([192] * 8, threshold, accuracy)["false_pass"]
             assert np.mean([r > 0 for r in reads]) <= 0.05 and rate <= 0.05
             assert abs(np.mean([r > 0 for r in reads]) - rate) < 4 * math.sqrt(rate * (1 - rate) / runs)
-    assert error_rates(192, 8, THRESHOLDS["strict"], p.chance)["false_fail"] < 0.05
+    assert error_rates([192] * 8, THRESHOLDS["strict"], p.chance)["false_fail"] < 0.05
 
 
 def test_bad_probe_settings_fail_with_what_is_valid():
