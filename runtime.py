@@ -55,24 +55,27 @@ class Runtime:
         return next((v for k, v in table.items() if k in name), 312e12)
 
 
-class StopFlag:
-    """While entered, SIGINT/SIGTERM ask the loop to finish its step, checkpoint and exit; a second
-    Ctrl-C exits at once. Under torchrun a worker gets each Ctrl-C twice (from the terminal, and
-    forwarded by torchrun), so there a repeat only asks again: torchrun's own timeout is the hard stop."""
-
-    def __init__(self, quit_on_repeat=True):
-        self.requested, self.quit_on_repeat, self.previous = False, quit_on_repeat, {}
+class Signals:
+    """While entered, SIGINT and SIGTERM go to self.on_signal; leaving gives the handlers before back."""
 
     def __enter__(self):
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            self.previous[sig] = signal.signal(sig, self._handle)
+        self.previous = {sig: signal.signal(sig, self.on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         return self
 
     def __exit__(self, *exc):
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
 
-    def _handle(self, signum, frame):
+
+class StopFlag(Signals):
+    """While entered, SIGINT/SIGTERM ask the loop to finish its step, checkpoint and exit; a second
+    Ctrl-C exits at once. Under torchrun a worker gets each Ctrl-C twice (from the terminal, and
+    forwarded by torchrun), so there a repeat only asks again: torchrun's own timeout is the hard stop."""
+
+    def __init__(self, quit_on_repeat=True):
+        self.requested, self.quit_on_repeat = False, quit_on_repeat
+
+    def on_signal(self, signum, frame):
         if self.requested and signum == signal.SIGINT and self.quit_on_repeat:
             raise KeyboardInterrupt
         self.requested = True

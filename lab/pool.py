@@ -16,6 +16,8 @@ import traceback
 import torch
 from tqdm import tqdm
 
+from runtime import Signals
+
 STOP_WAIT_S = 60  # for a worker to finish its step, evaluate and write its checkpoint; then it is killed
 
 
@@ -176,24 +178,15 @@ def stop_with_parent():
     signal.raise_signal(signal.SIGTERM)
 
 
-class Stop:
+class Stop(Signals):
     """How in_workers ends early. SIGINT or SIGTERM to the main process, a worker's stop, failure or death: each busy
     worker is asked once (SIGTERM) to stop at a checkpoint, and killed if it has not within STOP_WAIT_S; a second
     signal kills them at once. outcome() raises what it was."""
 
     def __init__(self, pool, jobs, label):
         self.pool, self.jobs, self.label = pool, jobs, label
-        self.reason, self.deadline, self.signals, self.previous = None, None, 0, {}
+        self.reason, self.deadline, self.signals = None, None, 0
         self.stopped, self.killed, self.died, self.error = [], [], None, None
-
-    def __enter__(self):
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            self.previous[sig] = signal.signal(sig, self.on_signal)
-        return self
-
-    def __exit__(self, *exc):
-        for sig, handler in self.previous.items():
-            signal.signal(sig, handler)
 
     def on_signal(self, signum, frame):
         self.signals += 1
