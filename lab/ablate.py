@@ -342,7 +342,7 @@ def probe_record(plan):
     trials = [n for _, n, _ in pooled({str(k): {"trials": ac.probe_trials, "hits": 0} for k in distances},
                                       ac.probe_pool)]
     return {"chance": probe.chance, "elimination": probe.elimination, "lengths": probe.lengths,
-            "learn_gate": ac.learn_gate, "per": ac.probe_pool, "cell_trials": trials[0], "cells": len(trials),
+            "learn_gate": ac.learn_gate, "per": ac.probe_pool, "cell_trials": max(trials, default=0), "cells": len(trials),
             "good": GOOD, "error_rates": {n: error_rates(trials, th, probe.chance) for n, th in THRESHOLDS.items()}}
 
 

@@ -262,9 +262,10 @@ def pass_rate(accuracy, trials, threshold):
 def error_rates(trials, threshold, chance, good=GOOD):
     """What `reach` gets wrong over cells of the given trials each (a window's pooled cells, in order; the last pool
     may hold fewer): "false_fail", the chance that a reader of accuracy good misses the whole window (some cell
-    fails), and "false_pass", the chance that a reader at chance reaches any distance (its first cell passes)."""
+    fails), and "false_pass", the chance that a reader at chance reaches any distance (its first cell passes); both
+    0 where a window holds no cell."""
     return {"false_fail": 1 - math.prod(pass_rate(good, n, threshold) for n in trials),
-            "false_pass": pass_rate(chance, trials[0], threshold)}
+            "false_pass": pass_rate(chance, trials[0], threshold) if trials else 0.0}
 
 
 def grid_mean(grids):

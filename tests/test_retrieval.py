@@ -189,6 +189,7 @@ def test_the_interval_is_clopper_pearsons_and_a_cells_pass_rate_its_binomial_tai
     uneven = error_rates([192] * 7 + [96], 0.9, 0.1)["false_fail"]
     assert uneven == pytest.approx(1 - pass_rate(0.97, 192, 0.9) ** 7 * pass_rate(0.97, 96, 0.9))
     assert uneven > error_rates([192] * 8, 0.9, 0.1)["false_fail"]
+    assert error_rates([], 0.9, 0.1) == {"false_fail": 0, "false_pass": 0}  # a window with no cell reads nothing
 
 
 def test_one_unlucky_cell_does_not_decide_the_reach_and_pooled_cells_add_their_trials():
