@@ -217,8 +217,9 @@ def resumable_checkpoint(path, config, meta, max_iters, optimizer="adamw"):
                          "new out_dir")
     started = ckpt.get("record", {}).get("model", ckpt["model_config"])  # before the record: the model's own
     started = GPTConfig(**current_names(GPTConfig, started)).resolved()  # a newer setting: its default
+    resumable = declared("resume", GPTConfig)  # once, not per setting
     diff = [f"{k}: checkpoint {started[k]!r}, now {v!r}" for k, v in config.resolved().items()
-            if started[k] != v and k not in declared("resume", GPTConfig)]
+            if started[k] != v and k not in resumable]
     if not same_tokenizer(ckpt["tokenizer"], meta):
         diff.append(f"tokenizer: dataset {meta['dataset']!r} has another vocabulary")
     if diff:

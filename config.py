@@ -193,10 +193,10 @@ def help_text(*classes):
     return "\n".join(f"  {f'--{f.name}={f.default}':<34} {f.metadata['help']}" for cls in classes for f in fields(cls))
 
 
-def main(argv, doc, classes, run, read=parse, error=lambda e: f"error: {e}", interrupted=lambda e: "", stops=()):
+def main(argv, doc, classes, run, read=parse, error=lambda e: f"error: {e}", interrupted=lambda e: ""):
     """Every command's main: --help prints doc and every setting of classes; else run(*read(argv, *classes)). Bad input
     (any ValueError e) prints the one line error(e) (None: nothing, another process says it) and exits 1; Ctrl-C
-    (KeyboardInterrupt, or one of the exception types in stops) prints interrupted(e) and exits 130."""
+    (KeyboardInterrupt) prints interrupted(e) and exits 130."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if "-h" in argv or "--help" in argv:
         print(doc + "\nSettings (defaults < CONFIG.toml < --key=value):\n" + help_text(*classes))
@@ -208,6 +208,6 @@ def main(argv, doc, classes, run, read=parse, error=lambda e: f"error: {e}", int
         if line is not None:
             print(line, file=sys.stderr)
         sys.exit(1)
-    except (KeyboardInterrupt, *stops) as e:
+    except KeyboardInterrupt as e:
         print(interrupted(e), file=sys.stderr)
         sys.exit(130)

@@ -99,7 +99,11 @@ class ExportConfig:
         if not self.hf_dir:
             raise ValueError("hf_dir is empty; name the folder to write, e.g. --hf_dir=hf-out")
         if (self.rope_scaling, self.rope_scaling_factor) != (None, None):  # none: the model's own
-            rope.scaling_pair(self.rope_scaling, self.rope_scaling_factor)
+            pair = rope.scaling_pair(self.rope_scaling, self.rope_scaling_factor)
+            # normalised once, here, for export() to use; a factor alone (1, as another is refused) keeps the
+            # model's own scaling
+            if self.rope_scaling is not None:
+                self.rope_scaling, self.rope_scaling_factor = pair
 
 
 def export(ec):
@@ -109,9 +113,8 @@ def export(ec):
         raise ValueError(f"hf_dir={ec.hf_dir}: a file or a training run's folder; name a new folder for the export")
     source = load_source(ec.out_dir, "out_dir", ec.checkpoint)
     model = source.model().float().eval()  # written, and checked, in float32
-    if ec.rope_scaling is not None:
-        scaling, factor = rope.scaling_pair(ec.rope_scaling, ec.rope_scaling_factor)
-        model.reconfigure(rope_scaling=scaling, rope_scaling_factor=factor)
+    if ec.rope_scaling is not None:  # normalised by __post_init__
+        model.reconfigure(rope_scaling=ec.rope_scaling, rope_scaling_factor=ec.rope_scaling_factor)
     try:
         model_hf = hf.exported(model, source.meta)
     except ValueError as e:

@@ -45,7 +45,7 @@ def refusal(cfg):
     if family is None:
         return (f"pos_emb={cfg.pos_emb!r} has no transformers architecture here: GPT-NeoX, Persimmon and GPT-2 lack "
                 f"{lacks} (export writes rope and none as GPT-NeoX or Persimmon, learned as GPT-2)")
-    learned = family == "gpt2"
+    learned = ARCHITECTURES[family] is gpt2
     if cfg.qk_norm and (learned or cfg.parallel_residual):
         return (f"qk_norm=True with {'learned positions' if learned else 'parallel_residual=True'}: of the "
                 "architectures here only Persimmon normalises queries and keys, and it has RoPE and a sequential "
@@ -305,7 +305,7 @@ def load_pretrained(model, name, where):
         raise ValueError(f"{where}: its weights cannot be read ({str(e).splitlines()[0][:200]}); the file is damaged "
                          "or incomplete: download it again") from None
     theirs, c = hf.state_dict(), model.config
-    if positions.scheme(c.pos_emb).transformers()[0] == "gpt2":
+    if ARCHITECTURES[positions.scheme(c.pos_emb).transformers()[0]] is gpt2:
         names = gpt2_names(c)
         state = {ours: theirs[t].t() if conv1d(t) else theirs[t] for t, ours in names.items()}
     else:

@@ -270,7 +270,8 @@ class GPT(nn.Module):
         block_size, L0), or the scheme itself between schemes with the same parameters (DroPE's drop of RoPE: the
         settings the new scheme does not take return to their defaults). The config is replaced and the scheme
         rebuilt from it, keeping its trained parameters, so model.config always tells the truth."""
-        allowed = [k for k in weightless(type(self.config)) if k not in declared("built", type(self.config))]
+        built = declared("built", type(self.config))  # once, not per setting
+        allowed = [k for k in weightless(type(self.config)) if k not in built]
         allowed.append("pos_emb")
         fixed = [k for k in changes if k not in allowed]
         if fixed:

@@ -357,17 +357,14 @@ class XPos(RoPE):
         zeta = (2 * torch.arange(half, dtype=torch.float64) / self.rotary.rot_dim + 0.4) / 1.4  # (rot/2,)
         log_zeta = pairwise(zeta.log(), config.rope_layout, config.head_dim, fill=0.0)  # (hs,)
         self.register_buffer("log_zeta", log_zeta.float(), persistent=False)
+        # B: xpos_scale_base, else L0 / 2 (the paper's ratio); once, as a scheme is rebuilt when its config changes
+        self.scale = config.xpos_scale_base or config.L0 / 2
 
     def rotate(self, qk, span, layer):
         q, k = self.rotary(qk, span.ids, span.end)  # (B, nh, T, hs) each
         m = span.ids.float()[..., None]  # (T, 1) or (B, T, 1)
         scale = span.heads((m / self.scale * self.log_zeta).exp())  # (T, hs): zeta^(m/B) per dim
         return torch.stack((q * scale, k / scale)).to(qk.dtype)
-
-    @property
-    def scale(self):
-        """B: xpos_scale_base, else L0 / 2 (the paper's 512 at a training length of 1,024)."""
-        return self.config.xpos_scale_base or self.config.L0 / 2
 
     def window(self, layer):
         return self.config.block_size
@@ -465,10 +462,10 @@ class RNoPE(RoPE):
     }
     hf_lacks = "layers without RoPE among layers with it (GPT-NeoX rotates in every layer)"
 
-    @property
-    def swa_window(self):
-        """The sliding window: rnope_window, else L0 / 2."""
-        return self.config.rnope_window or max(1, self.config.L0 // 2)
+    def __init__(self, config):
+        super().__init__(config)
+        # the sliding window: rnope_window, else L0 / 2; once, as a scheme is rebuilt when its config changes
+        self.swa_window = config.rnope_window or max(1, config.L0 // 2)
 
     def nope(self, layer):
         return (layer + 1) % self.config.nope_every == 0

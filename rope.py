@@ -133,12 +133,16 @@ def _llama3(rot_dim, base, factor, original_len, seq_len, low_freq_factor=1.0, h
 class Scaling:
     """A context-extension scaling: its formula and everything else that its name stands for."""
     formula: Callable  # f(rot_dim, base, s, L0, L) -> (float64 theta', attn_factor), plain RoPE at s = 1
-    needs_original_len: bool = False  # it reads L0, the length first trained
     dynamic: bool = False  # it reads the current length L: past L0 no fixed table serves
     rope_type: str | None = None  # transformers' name of it; None: it has none, and `new_base` says what it is
     new_base: Callable | None = None  # (rot_dim, base, s) -> the base of plain RoPE that it is, where it is one
     bands: tuple = ()  # the formula's band edges, which transformers reads under the same names
     tempered: bool = False  # it multiplies the softmax scale (attn_factor); transformers, the rotated dims' alone
+
+    @property
+    def needs_original_len(self):
+        """Whether it reads L0, the length first trained: a dynamic scaling grows past it, band edges are turns in it."""
+        return self.dynamic or bool(self.bands)
 
     def band_defaults(self):
         """{name: value} of the band edges, as the formula's defaults."""
@@ -167,11 +171,9 @@ SCALINGS = {
     NO_SCALING: Scaling(_none, rope_type="default"),
     "linear": Scaling(_linear, rope_type="linear"),
     "ntk": Scaling(_ntk, new_base=ntk_base),
-    "dynamic": Scaling(_dynamic, needs_original_len=True, dynamic=True, rope_type="dynamic"),
-    "yarn": Scaling(_yarn, needs_original_len=True, rope_type="yarn", bands=("beta_fast", "beta_slow"),
-                    tempered=True),
-    "llama3": Scaling(_llama3, needs_original_len=True, rope_type="llama3",
-                      bands=("low_freq_factor", "high_freq_factor")),
+    "dynamic": Scaling(_dynamic, dynamic=True, rope_type="dynamic"),
+    "yarn": Scaling(_yarn, rope_type="yarn", bands=("beta_fast", "beta_slow"), tempered=True),
+    "llama3": Scaling(_llama3, rope_type="llama3", bands=("low_freq_factor", "high_freq_factor")),
 }
 
 
@@ -358,7 +360,10 @@ class Rotary(torch.nn.Module):
             raise ValueError(f"max_len={max_len} must be >= 1")
         self.head_dim, self.rot_dim, self.base, self.layout = head_dim, rot_dim, base, layout
         self.scaling, self.factor, self.original_len, self.keep = scaling, factor, original_len, keep
-        self._build(max_len, device=None)
+        self._build(max_len, device=None)  # first: it refuses an unknown scaling with a ValueError naming them
+        # the rule of GPTConfig.scaling (and so of generate.py's static cache): dynamic at factor 1 is plain RoPE,
+        # whose fixed table serves every length
+        self.dynamic = SCALINGS[scaling].dynamic and factor != 1
 
     def extra_repr(self):
         return (f"head_dim={self.head_dim}, rot_dim={self.rot_dim}, base={self.base}, layout={self.layout!r}, "
@@ -395,7 +400,7 @@ class Rotary(torch.nn.Module):
             raise ValueError(f"x has hs={x.shape[-1]} but this Rotary was built for head_dim={self.head_dim}")
         if positions is None:
             positions, end = torch.arange(x.shape[-2], device=x.device), x.shape[-2]
-        if SCALINGS[self.scaling].dynamic and end > self.original_len:
+        if self.dynamic and end > self.original_len:
             # The frequencies depend on the total length, so no fixed table serves: compute the T
             # rows needed. Keys already in a KV cache keep the frequencies they were rotated with.
             cos, sin = rope_cache(self.frequencies(seq_len=end)[0], positions)  # (T, rot/2)

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import positions
+import rope
 from conftest import all_logits
 from conftest import tiny_model as tiny
 from generate import GREEDY, KVCache, Sampling, StaticKVCache, generate
@@ -112,6 +113,23 @@ def test_static_cache_refuses_dynamic_scaling_past_the_trained_length():
     model = tiny("rope", rope_scaling="dynamic", rope_scaling_factor=2.0)
     with pytest.raises(ValueError, match="static_cache cannot serve rope_scaling='dynamic' past the trained length"):
         next(generate(model, torch.zeros(1, 1, dtype=torch.long), 5, cache="static", max_context=32))
+    assert model.pos.rotary.dynamic  # at factor 2 Rotary too recomputes its frequencies past L0
+
+
+def test_static_cache_serves_dynamic_scaling_at_factor_1_past_the_trained_length(monkeypatch):
+    # dynamic at factor 1 is plain RoPE, by one rule in Rotary, GPTConfig.scaling and the static cache: its fixed
+    # table serves every length, so decoding past L0 never recomputes the frequencies
+    model = tiny("rope", rope_scaling="dynamic", rope_scaling_factor=1.0)
+    assert not model.pos.rotary.dynamic and not model.config.scaling.dynamic
+    plain = greedy(tiny("rope"), torch.zeros(1, 1, dtype=torch.long), cache="static", max_context=32)
+    lengths, frequencies = [], rope.Rotary.frequencies  # the lengths it recomputes them at (None: the table's)
+
+    def counted(self, seq_len=None):
+        lengths.append(seq_len)
+        return frequencies(self, seq_len)
+    monkeypatch.setattr(rope.Rotary, "frequencies", counted)
+    assert torch.equal(greedy(model, torch.zeros(1, 1, dtype=torch.long), cache="static", max_context=32), plain)
+    assert set(lengths) <= {None}
 
 
 @pytest.mark.slow
