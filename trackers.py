@@ -68,11 +68,12 @@ def check(log):
     modes), before a run writes anything."""
     if log not in TRACKERS:
         raise ValueError(f"log={log!r} is unknown; choose one of {', '.join(TRACKERS)}")
-    if log != "none":
-        optional_package(log, f"log={log}")
+    if log == "none":
+        return
+    package = optional_package(log, f"log={log}")  # imported once: W&B's login check below reuses it
     if log == "wandb" and os.environ.get("WANDB_MODE") not in ("offline", "disabled", "dryrun"):
         # login is False at once when no API key is set up: no network
-        if not optional_package("wandb", "log=wandb").login(prompt=False):
+        if not package.login(prompt=False):
             raise ValueError("log=wandb: not logged in to Weights & Biases; run `wandb login`, or set "
                              "WANDB_MODE=offline to keep the run on this machine")
 

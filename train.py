@@ -39,7 +39,7 @@ from runtime import DTYPES, Runtime, StopFlag, any_rank, mean_and_any, run_recor
 
 @dataclass
 class TrainConfig:
-    dataset: str = opt("shakespeare_char", "dataset folder name under data_dir (made by data/prepare.py)")
+    dataset: str = opt("shakespeare_char", "dataset folder name under data_dir (made by `python -m data.prepare`)")
     data_dir: str = opt("data", "folder holding the prepared datasets", resume=True)
     out_dir: str = opt("out", "where checkpoints, config.json and metrics.jsonl go", resume=True,
                            weights=False)
@@ -378,7 +378,10 @@ def run_settings(path):
     """{key: value} of every setting a run recorded in its config.json (path)."""
     try:
         record = json.loads(path.read_text())
-        return {k: v for part in ("model", "train", "batches") for k, v in record.get(part, {}).items()}
+        # each part under its settings' current names (as checkpoint.py reads a checkpoint's), so that a setting
+        # renamed since the run started (rope_original_len -> original_len) is read, and checked, as the one it is now
+        return {k: v for cls, part in ((GPTConfig, "model"), (TrainConfig, "train"), (BatchConfig, "batches"))
+                for k, v in config.current_names(cls, record.get(part, {})).items()}
     except (OSError, ValueError, AttributeError) as e:
         raise ValueError(f"cannot resume: {path} is damaged ({type(e).__name__}: {str(e)[:120]}); pass every "
                          "setting of the run with --resume, or use a new out_dir") from None

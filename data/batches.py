@@ -57,9 +57,6 @@ class BatchConfig:
                              f"{target:.4g} positions, past 2^24 = {POSE_MOST_POSITIONS:,}, beyond which float32 (the "
                              "scores' precision) cannot tell a position from its neighbour; use pose_factor <= "
                              f"{POSE_MOST_POSITIONS // gcfg.block_size:,}")
-        if self.pose_chunks > gcfg.block_size:
-            raise ValueError(f"pose_chunks={self.pose_chunks} exceeds block_size={gcfg.block_size}: each chunk holds a "
-                             "token")
 
 
 class PoSE:
@@ -92,5 +89,11 @@ def make_batches(bc, dataset_dir, meta, block_size, batch_size, seed, device, ev
         from data.recall import Recall  # a lab task: imported where one is asked for, so a plain run reads none of it
         task = Recall(tokenizer_from_meta(meta), bc.recall_pairs, bc.recall_queries, bc.recall_fewest)
         task.insert(torch.zeros(1, block_size + 1, dtype=torch.long), 1.0, 0)  # a row too short fails now
-    pose = PoSE(bc.pose_factor, bc.pose_chunks) if bc.pose_factor is not None else None
+    pose = None
+    if bc.pose_factor is not None:
+        # here, not in check_model: it needs block_size alone, and every caller passes here (lab/extend.py does not
+        # call check_model)
+        if bc.pose_chunks > block_size:
+            raise ValueError(f"pose_chunks={bc.pose_chunks} exceeds block_size={block_size}: each chunk holds a token")
+        pose = PoSE(bc.pose_factor, bc.pose_chunks)
     return Batches(dataset_dir, meta, block_size, batch_size, seed, device, eval_iters, task, bc.recall_share, pose)

@@ -75,8 +75,9 @@ class Recall:
             raise ValueError(f"recall_pairs={pairs} must lie in [1, 13]: each needle has a key letter and two capitals "
                              "of its own")
         fewest = pairs if fewest is None else fewest
-        if not 1 <= fewest <= pairs:
-            raise ValueError(f"recall_fewest={fewest} must lie in [1, recall_pairs={pairs}]")
+        # an invariant, not a user's error: recall_fewest comes from BatchConfig alone, which refuses it at parse time
+        # (lab/retrieval.py's probes pass none)
+        assert 1 <= fewest <= pairs, f"recall_fewest={fewest} must lie in [1, recall_pairs={pairs}]"
         if queries is not None and queries < 1:
             raise ValueError(f"recall_queries={queries} must be a positive integer")
         self.pairs, self.fewest, self.fixed_queries = pairs, fewest, queries
@@ -135,9 +136,10 @@ class Recall:
         needles = self.needles(n, g)
         counts, asked = self.asked(n, g)
         rows, trained = rows.clone(), torch.ones_like(rows, dtype=torch.bool)
-        for r, i in enumerate(chosen.tolist()):
-            length, c = lengths[r].item(), counts[r].item()
-            q = c if self.fixed_queries is None else self.fixed_queries
+        # python ints, listed once: no .item() per row, and each row's queries decided here rather than in the loop
+        counts = counts.tolist()
+        queries = counts if self.fixed_queries is None else [self.fixed_queries] * n
+        for r, (i, length, c, q) in enumerate(zip(chosen.tolist(), lengths.tolist(), counts, queries)):
             starts = self.places(1, length - q * NEEDLE, c, g)[0]
             rows[i] = self.row(T + 1, needles[r, :c], starts, needles[r, asked[r, :q]], length)
             trained[i] = False
@@ -157,6 +159,11 @@ class Recall:
         distance window of W tokens at distance k: the latest (r = 0) and the earliest (r = pairs - 1) needle each
         1 / pairs where they fit beside another rank, the rest shared evenly by the ranks between; {r: 1.0} where
         one rank alone fits (the layout forces the answer)."""
+        return self.layout(W, k)[2]
+
+    def layout(self, W, k):
+        """(at, others, ranks) of a distance window of W tokens at distance k: the asked needle's key position, the
+        number of other needles, and `ranks`'s {r: probability}; distance_windows places the needles by all three."""
         query = query_keys(W + 1, 1)[0]
         at = query - k  # the asked needle's key
         gap, before, others = k - NEEDLE, at, self.pairs - 1  # free tokens after the needle and before it
@@ -166,18 +173,18 @@ class Recall:
                              f"k={k} tokens before its query; valid: k in [{NEEDLE}, {query}] and W >= "
                              f"{NEEDLE * self.pairs + 2 * NEEDLE - 1} (room for every split of the others)")
         if len(fits) == 1:
-            return {fits[0]: 1.0}
+            return at, others, {fits[0]: 1.0}
         ends = [r for r in fits if r in (0, others)]
         middle = [r for r in fits if r not in ends]
-        return {r: 1 / self.pairs if r in ends else (1 - len(ends) / self.pairs) / len(middle) for r in fits}
+        return at, others, {r: 1 / self.pairs if r in ends else (1 - len(ends) / self.pairs) / len(middle)
+                            for r in fits}
 
     def distance_windows(self, W, k, n, generator):
         """(n, W+1) probe rows: x = rows[:, :-1] is a window of W tokens ending in a query whose key sits k tokens
         after its needle's key; its answer is the row's last two tokens. The other pairs - 1 needles lie before the
         query, r of them between the asked needle and the query, r drawn as `ranks` says; each side's needles are
         placed uniformly."""
-        ranks = self.ranks(W, k)
-        at, others = query_keys(W + 1, 1)[0] - k, self.pairs - 1
+        at, others, ranks = self.layout(W, k)  # computed once, as ranks computes them
         drawn = torch.multinomial(torch.tensor(list(ranks.values())), n, replacement=True, generator=generator)
         needles, rows = self.needles(n, generator), []  # the first needle is asked
         for b, r in enumerate(torch.tensor(list(ranks))[drawn].tolist()):

@@ -46,6 +46,9 @@ def test_the_settings_choose_the_batches_and_a_setting_that_does_nothing_is_refu
         BatchConfig(recall_pairs=20)
     with pytest.raises(ValueError, match=r"recall_fewest=5 must lie in \[1, recall_pairs=4\]"):
         BatchConfig(recall_pairs=4, recall_fewest=5)
+    with pytest.raises(ValueError, match="pose_chunks=33 exceeds block_size=32: each chunk holds a token"):
+        make_batches(BatchConfig(pose_factor=2.0, pose_chunks=33), data_dir / "shakespeare_char", meta, 32, 4, 0,
+                     "cpu", 1)  # in make_batches, which lab/extend.py calls too, not only in check_model
 
 
 def test_recall_fewest_reaches_the_task_rows_which_then_hold_from_fewest_to_pairs_needles(data_dir):

@@ -351,6 +351,20 @@ def test_a_resume_takes_the_runs_own_settings_and_only_a_resumable_one_may_chang
     assert load_checkpoint(out / "ckpt.pt")["iter"] == 4
 
 
+def test_a_resume_reads_a_setting_its_config_json_records_under_an_older_name(data_dir, tmp_path):
+    out = tmp_path / "run"
+    train.main(flags(data_dir, out, "--original_len=16", "--max_iters=2"))
+    record = json.loads((out / "config.json").read_text())
+    record["model"]["rope_original_len"] = record["model"].pop("original_len")  # as a run from before the rename
+    (out / "config.json").write_text(json.dumps(record))
+    train.main([f"--out_dir={out}", "--resume", "--max_iters=3"])
+    assert json.loads((out / "config.json").read_text())["model"]["original_len"] == 16
+    ckpt = load_checkpoint(out / "ckpt.pt")
+    assert (ckpt["iter"], ckpt["model_config"]["original_len"]) == (3, 16)
+    train.main([f"--out_dir={out}", "--resume", "--max_iters=4", "--original_len=16"])  # typed as the run's: no clash
+    assert load_checkpoint(out / "ckpt.pt")["iter"] == 4
+
+
 # ----------------------------------------------------------------------------- bad input battery
 
 @pytest.fixture(scope="module")
