@@ -1,7 +1,9 @@
 """The README's commands, every one in order, as a reader types them: each runs (on tiny settings appended to it, the
 shared corpus for a download), or, where it needs what a test cannot have (the network, a GPU cluster, a long run),
-its settings parse as the command's own main reads them."""
+its settings parse as the command's own main reads them; a lab command with a dry run runs it (its checks, no
+training)."""
 
+import re
 import runpy
 import shlex
 import signal
@@ -19,12 +21,18 @@ RUN = ["--max_iters=2", "--eval_iters=1"]  # appended to a training command, wit
 SHORT = ["--max_new_tokens=8"]  # appended to a sampling command
 
 
+SHELL, OTHER = ("sh", "bash"), ("text", "")  # a fenced block's language: commands, or what is no command
+
+
 def commands():
-    """The command lines of README.md's fenced sh blocks, in order, comments dropped."""
-    lines, fenced = [], False
+    """The command lines of README.md's fenced sh blocks, in order, comments dropped. A block of any other language
+    fails: a command retagged (```console, ```shell) would drop out of this test unseen."""
+    lines, fenced, opening = [], False, True
     for line in (ROOT / "README.md").read_text().splitlines():
         if line.startswith("```"):
-            fenced = line.strip() in ("```sh", "```bash")
+            language = line.strip()[3:]
+            assert not opening or language in SHELL + OTHER, f"README.md: a ```{language} block, not one of {SHELL + OTHER}"
+            fenced, opening = opening and language in SHELL, not opening
             continue
         if fenced and shlex.split(line, comments=True):
             lines.append(shlex.split(line, comments=True))
@@ -50,9 +58,11 @@ def parse_only(monkeypatch):
     monkeypatch.setattr(config, "parse", parse)
 
 
-def how(argv):
-    """(what to append to the command, whether it runs or only parses)."""
+def how(argv, out):
+    """(what to append to the command, whether it runs or only parses); out: a fresh folder for a lab's out_dir."""
     text = " ".join(argv)
+    if argv[1:3] in (["-m", "lab.ablate"], ["-m", "lab.extend"]):  # their dry run: the grid and its checks, no run
+        return [*([] if "--dry_run=true" in argv else ["--dry_run=true"]), f"--out_dir={out}"], True
     if "hf:" in text or argv[0] == "torchrun" or "lab." in text or argv[1] == "bench.py":
         return [], False  # the network, several GPUs, or runs of minutes: read their settings
     if argv[1:3] == ["-m", "data.prepare"]:
@@ -76,7 +86,7 @@ def test_every_readme_command_runs_in_order_as_written(corpus, tmp_path, monkeyp
     for argv in commands():
         if argv[0] == "pip" or argv[1:3] == ["-m", "pytest"]:
             continue  # installs, and the suite this test is part of
-        extra, runs = how(argv)
+        extra, runs = how(argv, tmp_path / f"lab{len(ran) + len(parsed)}")
         script = argv[argv.index("train.py"):] if argv[0] == "torchrun" else argv[1:]  # torchrun: one process
         if not runs:
             parse_only(monkeypatch)
@@ -93,9 +103,12 @@ def test_every_readme_command_runs_in_order_as_written(corpus, tmp_path, monkeyp
             pass
         except SystemExit as e:
             assert e.code in (0, None), f"{shlex.join(argv)} exited {e.code}: {capsys.readouterr().err}"
+        if "--resume" in argv:  # it continued the run before it, not a fresh one
+            assert re.search(r"resuming from \S+ at iteration [1-9]", capsys.readouterr().out), shlex.join(argv)
         (ran if runs else parsed).append(shlex.join(argv))
         for sig, handler in handlers.items():  # what a command's process set for itself ends with it
             signal.signal(sig, handler)
         monkeypatch.undo()
         monkeypatch.chdir(tmp_path)
-    assert any("--resume" in c for c in ran) and any("lab.extend" in c for c in parsed), (ran, parsed)
+    assert any("--resume" in c for c in ran) and any("lab.extend" in c for c in ran) \
+        and any("lab.recipe" in c for c in parsed), (ran, parsed)
