@@ -34,19 +34,19 @@ import config
 import positions
 import rope
 import train
-from checkpoint import load_checkpoint, model_from_checkpoint
+from checkpoint import load_checkpoint
 from config import opt
 from data.tokenizer import tokenizer_from_meta
 from data.loader import Batch
 from files import RunLock
 from generate import Sampling, generate
 from lab import ablate_report, diagnostics
-from lab.evaluation import position_losses
+from lab.evaluation import checked_model, position_losses
 from lab.pool import Interrupted
 from lab.grid import (check_run, evaluated, field_types, number_list, numbers, parse_changes, read_json, run_dir,
                       split_list, train_run, train_settings, write_json)
 from lab.report import regime_rows
-from lab.retrieval import GOOD, THRESHOLDS, Probe, ProbeSettings, error_rates, pooled
+from lab.retrieval import GOOD, THRESHOLDS, Probe, ProbeSettings, readout_errors
 from lab.sweep import Plan as SweepPlan, SweepSettings, tool_main
 from model import GPT, GPTConfig
 from optim import make_optimizer
@@ -250,15 +250,8 @@ def staged_training(plan, job):
             raise Interrupted(f"run {out.name} stopped at iteration {at} of {tc.max_iters}") from None
         if plan.probe:
             slots[str(step)] = evaluated(out / f"slots{step}.json", lambda: plan.probe.by_slot(
-                trained_model(out, plan.rt, step), gcfg.block_size, plan.rt))
+                checked_model(out, plan.rt, step), gcfg.block_size, plan.rt))
     return summary | {"slots": slots, "threads": torch.get_num_threads()}
-
-
-def trained_model(out, rt, step):
-    """The model of out's checkpoint, which must be at iteration step: a figure is never filed under another step."""
-    ckpt = load_checkpoint(out / "ckpt.pt", rt.device)
-    assert ckpt["iter"] == step, f"{out / 'ckpt.pt'} is at iteration {ckpt['iter']}, not {step}"
-    return model_from_checkpoint(ckpt, rt.device).eval()
 
 
 def retrieval_counts(plan, model):
@@ -283,7 +276,7 @@ def finish_run(plan, job):
     ev = read_json(out / "eval.json", out / "eval.json") if (out / "eval.json").is_file() else None
     if ev is None or ev["settings"] != settings:
         t0 = time.perf_counter()
-        model = trained_model(out, plan.rt, tc.max_iters)
+        model = checked_model(out, plan.rt, tc.max_iters)
         # sample and look inside first: extrapolate leaves the model reconfigured with its last scaling
         sample = sample_text(model, plan.meta, ac, seed, plan.rt) if sampled else None
         inside = {"attention": diagnostics.attention_stats(model, plan.windows[gcfg.block_size], plan.rt),
@@ -339,11 +332,11 @@ def probe_record(plan):
     ac, probe = plan.settings, plan.probe
     longest = max(probe.lengths)
     distances = set(probe.windows[longest]) - probe.forced[longest]
-    trials = [n for _, n, _ in pooled({str(k): {"trials": ac.probe_trials, "hits": 0} for k in distances},
-                                      ac.probe_pool)]
+    errors = readout_errors({str(k): {"trials": ac.probe_trials, "hits": 0} for k in distances}, ac.probe_pool,
+                            probe.chance)
     return {"chance": probe.chance, "elimination": probe.elimination, "lengths": probe.lengths,
-            "learn_gate": ac.learn_gate, "per": ac.probe_pool, "cell_trials": max(trials, default=0), "cells": len(trials),
-            "good": GOOD, "error_rates": {n: error_rates(trials, th, probe.chance) for n, th in THRESHOLDS.items()}}
+            "learn_gate": ac.learn_gate, "per": ac.probe_pool, "cell_trials": errors["trials"], "cells": errors["cells"],
+            "good": GOOD, "error_rates": {n: errors[n] for n in THRESHOLDS}}
 
 
 def n_windows(batches):

@@ -13,7 +13,7 @@ import numpy as np
 
 from files import atomic_write
 from lab.report import Plots, dress, md_regime, md_table, palette, pm
-from lab.retrieval import THRESHOLDS, bands, distance_plots, effective_length, grid_mean, interval, reach
+from lab.retrieval import BANDS, THRESHOLDS, distance_plots, interval, readout, shares
 from lab.stats import (ALPHA, equivalence_can_pass, equivalence_spread, holm, mean_std, sign_p, smallest_effect,
                         verdicts)
 from rope import NO_SCALING as AS_TRAINED  # the loss tables' key of a model scored as it was trained
@@ -54,10 +54,7 @@ def seed_figures(run, ev, L0, gate, per):
     s = longest / (2 * L0)  # the bands inside L0, L0 to s L0 and s L0 to 2s L0 = the longest window
 
     def read(counts):
-        cells = counts["cells"]
-        return {**counts, "bands": bands(cells, L0, s),
-                "reach": {n: reach(cells, th, per) for n, th in THRESHOLDS.items()},
-                "effective_length": effective_length(cells, L0, per=per)}
+        return {**counts, **readout(counts["cells"], L0, s, per)}
     return {"seed": run["seed"], "final_val_loss": run["final_val_loss"], "slots": slots,
             "learning": steps_to_learn(slots, gate) if slots else None,
             "windows": {W: None if c is None else read(c) for W, c in windows.items()}}
@@ -104,12 +101,12 @@ def retrieval_summary(per_seed, L0):
                | {b: over(lambda f: accuracy(f, longest, b)) for b in BEYOND},
                "reach": {n: over(lambda f: f["windows"][longest]["reach"][n]) for n in THRESHOLDS},
                "effective_length": over(length)}
-    shares = [{W: None if w is None else {k: c["hits"] / c["trials"] for k, c in w["cells"].items()}
-               for W, w in f["windows"].items()} for f in per_seed]
-    return figures | {"grid": grid_mean(shares)}
+    # each window's shares over the seeds, their hits pooled (every seed has the same trials in a cell)
+    grid = {W: None if w is None else shares([f["windows"][W]["cells"] for f in per_seed]) for W, w in windows.items()}
+    return figures | {"grid": grid}
 
 
-BEYOND = ("L0 to sL0", "sL0 to 2sL0")  # the bands past L0 (retrieval.bands)
+BEYOND = BANDS[1:]  # the bands past L0 (retrieval.bands)
 
 
 def verdicts_against(schemes, reference, ranking, margin):

@@ -1,8 +1,9 @@
 """What the lab scores its models on: fixed validation windows at each length, the loss at each position of them,
-and the device and precision it evaluates in."""
+the device and precision it evaluates in, and the model of a run folder's checkpoint, checked to be at its step."""
 
 import torch
 
+from checkpoint import load_checkpoint, model_from_checkpoint
 from data.loader import Batches
 from runtime import Runtime, pick_device, pick_dtype
 
@@ -36,3 +37,12 @@ def eval_runtime(tc):
     """The device and precision the lab evaluates in: the training settings', without compile or DDP."""
     device, _ = pick_device(tc.device)
     return Runtime(device, pick_dtype(tc.dtype, device.split(":")[0]), compile=False)
+
+
+def checked_model(out, rt, step=None, **changes):
+    """The model of out's checkpoint, at iteration step where given (a figure is never filed under another step),
+    reconfigured by changes (GPT.reconfigure) where given."""
+    ckpt = load_checkpoint(out / "ckpt.pt", rt.device)
+    assert step is None or ckpt["iter"] == step, f"{out / 'ckpt.pt'} is at iteration {ckpt['iter']}, not {step}"
+    model = model_from_checkpoint(ckpt, rt.device).eval()
+    return model.reconfigure(**changes) if changes else model

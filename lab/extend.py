@@ -42,12 +42,12 @@ import torch
 import config
 import rope
 import train
-from checkpoint import load_checkpoint, model_from_checkpoint
+from checkpoint import load_checkpoint
 from config import NON_NEGATIVE, POSITIVE, RATE, opt
 from data.batches import make_batches
 from files import RunLock
 from lab import extend_report
-from lab.evaluation import position_losses
+from lab.evaluation import checked_model, position_losses
 from lab.grid import (check_records, check_run, evaluated, number_list, numbers, split_list, train_run,
                       train_settings)
 from lab.launch import launch_plan
@@ -306,14 +306,6 @@ def probed(lab, out, step):
             "loss": loss_at(model, lab, lab.L0)}
 
 
-def checked_model(out, rt, step=None, **changes):
-    """The model of out's checkpoint, at iteration step where given: a figure is never filed under another step."""
-    ckpt = load_checkpoint(out / "ckpt.pt", rt.device)
-    assert step is None or ckpt["iter"] == step, f"{out / 'ckpt.pt'} is at iteration {ckpt['iter']}, not {step}"
-    model = model_from_checkpoint(ckpt, rt.device).eval()
-    return model.reconfigure(**changes) if changes else model
-
-
 def trained_seconds(out):
     """The training seconds of a run folder, from its checkpoint (a resumed run's clock runs on)."""
     return load_checkpoint(out / "ckpt.pt")["elapsed_s"]
@@ -343,10 +335,12 @@ def finetune_run(lab, b, method, s, seed, lr):
     l0_curve = {"0": done["0"]["loss"][str(L0)]}
     for step in range(ec.finetune_eval, lab.steps[-1] + 1, ec.finetune_eval):
         train_run(method, gcfg, replace(tc, max_iters=step), out, bc)
-        l0_curve[str(step)] = evaluated(out / f"l0-{step}.json", lambda: {
-            "loss": loss_at(checked_model(out, lab.rt, step), lab, L0)})["loss"]
-        if step in lab.steps:
+        if step in lab.steps:  # scores holds the L0 loss: one load and one L0 loss, not two
             done[str(step)] = evaluated(out / f"step{step}.json", lambda: scores(out, step))
+            l0_curve[str(step)] = done[str(step)]["loss"][str(L0)]
+        else:
+            l0_curve[str(step)] = evaluated(out / f"l0-{step}.json", lambda: {
+                "loss": loss_at(checked_model(out, lab.rt, step), lab, L0)})["loss"]
     return {"l0_curve": l0_curve, "plateau": plateau(l0_curve, ec), "scores": done, "lr": lr,
             "train_s": trained_seconds(out), "tokens": lab.steps[-1] * tc.batch_size * gcfg.block_size}
 

@@ -6,12 +6,10 @@ import math
 import statistics
 
 from lab.report import Plots, dress, md_regime, md_table, pm, regime_rows
-from lab.retrieval import band, bands, distance_plots, effective_length, error_rates, pooled, reach
+from lab.retrieval import BANDS, THRESHOLDS, distance_plots, readout as read_cells, readout_errors as errors, shares
 from lab.stats import (ALPHA, POWER, equivalence_can_pass, equivalence_spread, mean_std, paired_test, smallest_effect,
                        verdicts)
 
-READS = {"pi": 0.2, "strict": 0.9}  # k_max's thresholds: PI's success rate for a distance to count, and ours
-BANDS = ("inside L0", "L0 to sL0", "sL0 to 2sL0")
 # nats: a "same" claim's margin, the largest change of loss at the original window the PI paper reports: Table 2,
 # Proof-pile, 7B extended to 32,768, perplexity 2.77 -> 2.82 at 2,048 tokens (ln 2.82/2.77 = 0.018)
 SAME_MARGIN = 0.02
@@ -44,7 +42,7 @@ def lab_results(lab, done, sweeps, rates, screening):
                                        "runs": runs, "by_step": by_step(runs, [0, *lab.steps], s, L0)}
     results = {"block_size": L0, "seeds": lab.seeds, "selection_seed": sel, "screening": screening,
                "bases": lab.bases, "factors": lab.factors, "methods": lab.methods, "steps": lab.steps,
-               "read_step": read, "reads": READS, "per": per, "chance": lab.probe.chance,
+               "read_step": read, "reads": THRESHOLDS, "per": per, "chance": lab.probe.chance,
                "elimination": lab.probe.elimination, "base_gate": lab.settings.base_gate,
                "regime": regime_rows([(f"this config (base {b:g})", lab.gcfg.head_dim, b, L0) for b in lab.bases]),
                "base": base, "finetune": finetune, "train_s": sum(r["train_s"] for r in done.values())}
@@ -54,25 +52,24 @@ def lab_results(lab, done, sweeps, rates, screening):
 
 
 def base_readout(run, L0, per):
-    """A base run's result with each probe's readout at L0: the band inside it, k_max at each of READS."""
-    curve = {st: c | {"inside L0": band(c["counts"]["cells"], 0, L0),
-                      "kmax": {name: reach(c["counts"]["cells"], th, per) for name, th in READS.items()}}
-             for st, c in run["curve"].items()}
-    return run | {"curve": curve}
+    """A base run's result with each probe's readout at L0: the band inside it, k_max at each of THRESHOLDS."""
+    def at_L0(cells):
+        got = read_cells(cells, L0, 1, per)  # s = 1: of the bands only the one inside L0 is read
+        return {"inside L0": got["bands"]["inside L0"], "kmax": got["reach"]}
+    return run | {"curve": {st: c | at_L0(c["counts"]["cells"]) for st, c in run["curve"].items()}}
 
 
 def readout(run, L0, s, per):
     """A fine-tune's result with each scored step's readout beside its counts: the bands (inside L0 and L0 to s L0
-    in windows of s L0, s L0 to 2s L0 in windows of 2s L0, probed at the read step alone), k_max at each of READS
-    in windows of s L0 (as PI's Table 4 reads it), and RULER's effective length in windows of 2s L0."""
+    in windows of s L0, s L0 to 2s L0 in windows of 2s L0, probed at the read step alone), k_max at each of
+    THRESHOLDS in windows of s L0 (as PI's Table 4 reads it), and RULER's effective length in windows of 2s L0."""
     out = {}
     for st, sc in run["scores"].items():
         target, past = (sc["retrieval"].get(w, {}).get("cells") for w in ("target", "past"))
-        near = bands(target, L0, s)
-        out[st] = sc | {"bands": {"inside L0": near["inside L0"], "L0 to sL0": near["L0 to sL0"],
-                                  "sL0 to 2sL0": None if past is None else bands(past, L0, s)["sL0 to 2sL0"]},
-                        "kmax": {name: reach(target, th, per) for name, th in READS.items()},
-                        "effective": None if past is None else effective_length(past, L0, per=per)}
+        near, far = read_cells(target, L0, s, per), None if past is None else read_cells(past, L0, s, per)
+        out[st] = sc | {"bands": {"inside L0": near["bands"]["inside L0"], "L0 to sL0": near["bands"]["L0 to sL0"],
+                                  "sL0 to 2sL0": None if far is None else far["bands"]["sL0 to 2sL0"]},
+                        "kmax": near["reach"], "effective": None if far is None else far["effective_length"]}
     return run | {"scores": out}
 
 
@@ -88,7 +85,7 @@ def by_step(runs, steps, s, L0):
     return {str(st): {"loss": {L: over(st, lambda sc: sc["loss"][L]) for L in lengths},
                       "bands": {name: over(st, lambda sc: sc["bands"][name] and sc["bands"][name]["accuracy"])
                                 for name in BANDS},
-                      "kmax": {name: over(st, lambda sc: sc["kmax"][name]) for name in READS},
+                      "kmax": {name: over(st, lambda sc: sc["kmax"][name]) for name in THRESHOLDS},
                       "effective": over(st, lambda sc: sc["effective"] and sc["effective"]["length"])}
             for st in steps}
 
@@ -102,13 +99,7 @@ def readout_errors(r):
         scores = next(iter(x["runs"].values()))["scores"][str(r["read_step"])]["retrieval"]
         windows |= {str(round(m * x["factor"] * r["block_size"])): scores[w]["cells"]
                     for m, w in ((1, "target"), (2, "past"))}
-    out = {}
-    for W, cells in windows.items():
-        if cells:
-            trials = [n for _, n, _ in pooled(cells, r["per"])]
-            out[W] = {"trials": trials[0], "cells": len(trials)} | {name: error_rates(trials, th, r["chance"])
-                                                                    for name, th in READS.items()}
-    return out
+    return {W: errors(cells, r["per"], r["chance"]) for W, cells in windows.items() if cells}
 
 
 # ----------------------------------------------------------------------------- the papers' claims at this scale
@@ -219,7 +210,7 @@ def markdown(r, plots):
 
 def md_probe(r):
     rows = [[W, e["cells"], e["trials"], *(f"{e[name]['false_pass']:.2g} / {e[name]['false_fail']:.2g}"
-                                             for name in READS)] for W, e in r["error_rates"].items()]
+                                             for name in THRESHOLDS)] for W, e in r["error_rates"].items()]
     return (f"## The probe and its readout\n\nWhole answers (both capitals of the asked needle's answer, the argmax "
             f"given the tokens before) to one query at the end of a window, its needle k tokens before it, among "
             f"{round(1 / r['chance'])} needles: a model that copies some needle without reading the key scores "
@@ -235,7 +226,7 @@ def md_probe(r):
             f"accuracy inside L0, in windows of 2s L0.\n\nWhat k_max gets wrong at the trials used: false pass "
             f"(a reader at chance reaches any distance) / false fail (a reader right 97% of the time misses the "
             f"window).\n\n" + md_table(["window", "cells", "trials a cell", *(f"k_max {th:.0%}: false pass / false "
-                                                                               f"fail" for th in READS.values())],
+                                                                               f"fail" for th in THRESHOLDS.values())],
                                           rows))
 
 
@@ -456,7 +447,3 @@ def mean(stat):
     """A mean_std's mean, nan (not drawn) for None."""
     return math.nan if stat is None else stat["mean"]
 
-
-def shares(seeds):
-    """{str(k): share of whole answers} over the cells of several seeds (forced cells are not among them)."""
-    return {k: sum(c[k]["hits"] for c in seeds) / sum(c[k]["trials"] for c in seeds) for k in seeds[0]}

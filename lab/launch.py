@@ -50,7 +50,7 @@ class LaunchSettings:
 def run_jobs(jobs, run, context, rebuild, launch, needs=lambda job: None, pending=lambda job: True, label=str,
              desc="runs", progress=True):
     """{job: run(context, job)} for every job, in list order as far as needs(job) (the job it waits for, earlier in
-    jobs; None: none) allows, where launch (LaunchSettings) says:
+    jobs; None, or a job outside jobs (finished before): none) allows, where launch (LaunchSettings) says:
     - local with 1 worker: here, one after another;
     - local with workers > 1: that many at a time, each in a worker process of its own with its own context,
       make(*settings) for rebuild = (make, settings), and an equal share of this process's CPU threads (a small

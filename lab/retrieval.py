@@ -1,23 +1,29 @@
 """Retrieval by distance, shared by the lab's tools: the recall probe (data/recall.py writes its windows, this
-module scores them), a model's grid of whole answers by window length and needle-to-query distance, the
-effective context window k_max read from it, the slot check for the elimination shortcut, the grids of
-several seeds as one, and the plots that show them.
+module scores them) into cells of whole answers by window length and needle-to-query distance, the
+effective context window k_max read from them, the slot check for the elimination shortcut, the cells of
+several seeds as one (`shares`), and the plots that show them.
 
 The effective window is the PI paper's passkey measure (Chen et al. 2023, "Extending Context Window of Large
 Language Models via Positional Interpolation", the passkey retrieval of its Table 4): a needle-to-query *distance*,
 the largest k such that the passkey is retrieved in at least 20% of the trials at every distance up to k, the
-distances spread evenly across the target context with several trials each. `kmax` computes it at PI's 20%
-and, beside it, at our stricter 90% (`THRESHOLDS`), from each distance's share.
+distances spread evenly across the target context with several trials each. `reach` computes it at PI's 20%
+and, beside it, at our stricter 90% (`THRESHOLDS`), from each distance's cell.
 
 The readout that measures the model rather than its trial count reads a seed's cells, {str(k): {"trials", "hits"}}
 by distance (`Probe.counts`, JSON as results.json keeps them; the cells whose layout forces the answer kept apart):
   interval(hits, trials)              the cell's 95% Clopper-Pearson interval
   pooled(cells, per)                  cells of `per` consecutive distances each, keyed by their longest
-  band(cells, lo, hi), bands(...)     accuracy over the distances in (lo, hi] with its interval; the bands inside
+  band(cells, lo, hi), bands(...)     accuracy over the distances in (lo, hi] with its interval; the BANDS inside
                                       L0, L0 to s L0 and s L0 to 2s L0 that retrieval claims test
   reach(cells, threshold, per)        k_max where a cell fails only when its interval lies wholly below threshold
   effective_length(cells, L0, ...)    RULER's effective length: reach at the model's own accuracy inside L0
-  pass_rate(...), error_rates(...)    what such a reading gets wrong, exactly (binomial), at given trials
+  readout(cells, L0, s, per)          a seed's bands, reach at each of THRESHOLDS and effective length at once
+  pass_rate(...), error_rates(...)    what such a reading gets wrong, exactly (binomial), at given trials;
+  readout_errors(cells, per, chance)  error_rates at each of THRESHOLDS over a window's pooled cells
+  shares(seeds)                       {str(k): share of whole answers} over the cells of several seeds
+
+scipy (the optional lab extra) is imported where a statistic needs it, so that importing this module for its
+settings (bench.py does) needs no scipy.
 """
 
 import bisect
@@ -27,17 +33,14 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from scipy import stats
 
 from config import opt
 from data.recall import Recall, distances, query_keys
 from data.tokenizer import tokenizer_from_meta
 from lab.grid import numbers
 
-import positions
-import rope
-
 THRESHOLDS = {"pi": 0.2, "strict": 0.9}  # PI's success rate for a distance to count, and ours
+BANDS = ("inside L0", "L0 to sL0", "sL0 to 2sL0")  # the bands retrieval claims test (`bands`), in order
 CONFIDENCE = 0.95  # of each cell's and band's interval
 GOOD = 0.97  # the near-perfect reader whose false-fail rate a readout states
 PROBE_SEED = 4321  # the probe's windows, the same for every model scored
@@ -78,7 +81,7 @@ class Probe:
 
     What is scored and its floor: whole answers (V and W both the argmax) of the one query; a model that copies
     some needle's capitals without reading the key scores `chance` = 1/pairs at every distance, and passes a
-    threshold at one distance by luck with probability `false_pass(threshold)`, which the reports print beside
+    threshold by luck with the probability `error_rates` states as "false_pass", which the reports print beside
     k_max. A model that copies the latest (or the earliest) needle is right 1 time in pairs at most, except at the
     distances where the layout forces the answer (`forced`: no room for another needle between the asked one and
     the query, or none before it), which `counts` keeps apart from every summary."""
@@ -114,17 +117,6 @@ class Probe:
         never reading a key: 1 / (pairs - slot + 1), 1 at the last slot."""
         pairs = self.recall.pairs
         return {str(j): 1 / (pairs - j + 1) for j in range(1, pairs + 1)}
-
-    def false_pass(self, threshold):
-        """The chance that a model at chance passes threshold at one distance: the binomial tail of probe_trials
-        trials at chance, from the fewest hits whose share reaches threshold."""
-        trials = self.settings.probe_trials
-        needed = next(h for h in range(trials + 1) if h / trials >= threshold)
-        return float(stats.binom.sf(needed - 1, trials, self.chance))
-
-    def by_distance(self, model, W, rt):
-        """{str(k): share of whole answers} at each probed distance of windows of W tokens (a probed length)."""
-        return {str(k): hits / self.settings.probe_trials for k, hits in self.hits(model, W, rt).items()}
 
     def counts(self, model, W, rt):
         """A seed's readout in windows of W tokens, as JSON: {"cells": {str(k): {"trials", "hits"}}, "forced": the
@@ -166,40 +158,13 @@ class Probe:
             right.append((guess == ys[:, at]).all(-1))
         return torch.cat(right)
 
-    def grid(self, model, rt, scaling=rope.NO_SCALING):
-        """{str(W): {str(k): share}} over the probed lengths: the model as it is, or with a scaling by factor W/L0
-        past L0 (lengths at or below L0 left out); None past a scheme's reach."""
-        L0, scheme, out = model.config.L0, positions.scheme(model.config.pos_emb), {}
-        for W in self.lengths:
-            if scaling != rope.NO_SCALING and W <= L0:
-                continue
-            if W > model.config.block_size and not scheme.extrapolates:
-                out[str(W)] = None
-                continue
-            if scaling != rope.NO_SCALING:
-                model.reconfigure(rope_scaling=scaling, rope_scaling_factor=W / L0)
-            out[str(W)] = self.by_distance(model, W, rt)
-        return out
-
-
-def kmax(by_distance, threshold):
-    """The effective window of {str(k): share}: the largest probed k such that every probed k' <= k retrieves at
-    least threshold; 0 where the shortest does not; None past a scheme's reach."""
-    if by_distance is None:
-        return None
-    longest = 0
-    for k in sorted(by_distance, key=int):
-        if by_distance[k] < threshold:
-            break
-        longest = int(k)
-    return longest
-
 
 @functools.cache  # a readout asks for the same few (hits, trials) many times
 def interval(hits, trials):
     """(low, high): the 95% Clopper-Pearson interval of a share of hits in trials. Clopper-Pearson rather than
     Wilson: its coverage is at least 95% at every true accuracy, near 0 and 1 too, where the probe's cells lie; so
     an interval wholly below a threshold rejects "accuracy >= threshold" at 2.5% or less."""
+    from scipy import stats  # here, not at the top: see the module's docstring (cached, so imported rarely)
     ci = stats.binomtest(hits, trials).proportion_ci(CONFIDENCE, method="exact")
     return float(ci.low), float(ci.high)
 
@@ -223,8 +188,7 @@ def band(cells, lo, hi):
 
 def bands(cells, L0, s):
     """{"inside L0", "L0 to sL0", "sL0 to 2sL0": band} at L0 and a factor s: the bands retrieval claims test."""
-    return {"inside L0": band(cells, 0, L0), "L0 to sL0": band(cells, L0, s * L0),
-            "sL0 to 2sL0": band(cells, s * L0, 2 * s * L0)}
+    return dict(zip(BANDS, (band(cells, 0, L0), band(cells, L0, s * L0), band(cells, s * L0, 2 * s * L0))))
 
 
 def reach(cells, threshold, per=1):
@@ -252,9 +216,17 @@ def effective_length(cells, L0, fraction=1.0, per=1):
     return {"reference": reference, "length": reach(cells, reference, per)}
 
 
+def readout(cells, L0, s, per=1):
+    """A seed's readout of one window's cells, the one computation every report reads: {"bands": bands at L0 and
+    s, "reach": {name: reach at each of THRESHOLDS, `per` distances pooled}, "effective_length"}."""
+    return {"bands": bands(cells, L0, s), "reach": {name: reach(cells, th, per) for name, th in THRESHOLDS.items()},
+            "effective_length": effective_length(cells, L0, per=per)}
+
+
 def pass_rate(accuracy, trials, threshold):
     """The chance that a cell of `trials` trials passes threshold (its interval reaches it) for a reader of true
     accuracy: the binomial tail from the fewest hits that pass."""
+    from scipy import stats  # here, not at the top: see the module's docstring
     fewest = bisect.bisect_left(range(trials + 1), True, key=lambda h: interval(h, trials)[1] >= threshold)
     return float(stats.binom.sf(fewest - 1, trials, accuracy))
 
@@ -268,10 +240,18 @@ def error_rates(trials, threshold, chance, good=GOOD):
             "false_pass": pass_rate(chance, trials[0], threshold) if trials else 0.0}
 
 
-def grid_mean(grids):
-    """The grids of several seeds as one: each (length, distance) cell's share averaged (None past a reach)."""
-    return {W: None if by_k is None else {k: sum(g[W][k] for g in grids) / len(grids) for k in by_k}
-            for W, by_k in grids[0].items()}
+def readout_errors(cells, per, chance):
+    """What `reach` gets wrong over a window's cells ({str(k): {"trials", "hits"}}, hits unused), `per` distances
+    pooled: {"trials": a (first) pooled cell's, "cells": how many, name: error_rates at each of THRESHOLDS}."""
+    trials = [n for _, n, _ in pooled(cells, per)]
+    return {"trials": trials[0] if trials else 0, "cells": len(trials)} | {
+        name: error_rates(trials, th, chance) for name, th in THRESHOLDS.items()}
+
+
+def shares(seeds):
+    """{str(k): share of whole answers} over the cells of several seeds (forced cells are not among them): their
+    hits pooled, the seeds' trials alike at each distance."""
+    return {k: sum(c[k]["hits"] for c in seeds) / sum(c[k]["trials"] for c in seeds) for k in seeds[0]}
 
 
 def distance_plots(plots, panels, L0, chance, file, title):

@@ -84,13 +84,13 @@ class Plan:
         return None
 
     def launch(self, jobs, done):
-        """done with every job of jobs done too, each run folder checked before any trains; a need met in done
-        waits for nothing."""
+        """done with every job of jobs done too, each run folder checked before any trains; a need met in done is
+        not among todo, so it waits for nothing (every launcher treats a need outside its jobs as met)."""
         todo = list(dict.fromkeys(j for j in jobs if j not in done))
         for job in todo:
             self.check(job)
         return done | run_jobs(todo, type(self).run, self, (type(self).make, self.parsed), self.settings,
-                               needs=lambda j: None if self.needs(j) in done else self.needs(j), pending=self.pending,
+                               needs=self.needs, pending=self.pending,
                                label=self.label, desc=self.desc, progress=self.tc.progress)
 
     def pending(self, job):

@@ -1,9 +1,10 @@
 """lab/retrieval.py: the probe has no shortcut (a hand-written model that answers by elimination, never reading the
 query's key, scores at chance by distance and 1 / (pairs - j + 1) at slot j; one that copies the latest needle
 scores chance in every band and reaches no distance, its sure cells kept apart), an oracle that retrieves up to
-distance D gets k_max = D at both thresholds, the grid and the mean of seeds' grids, and chance's false-pass rate;
+distance D gets k_max = D at both thresholds, the windows the same every time, and seeds' cells pooled as shares;
 the readout by cells: Clopper-Pearson intervals, bands, the reach one unlucky cell cannot decide and RULER's
-effective length, and its error rates (exact) against a 97% reader and one at chance on the probe's layout."""
+effective length, the readout of all three at once, and its error rates (exact) against a 97% reader and one at
+chance on the probe's layout."""
 
 import contextlib
 import json
@@ -17,9 +18,9 @@ from scipy import stats
 
 from data.recall import FILLER, KEYS, NEEDLE, VALUES, distances
 from data.tokenizer import CharTokenizer
-from lab.retrieval import (GOOD, SLOT, THRESHOLDS, Probe, ProbeSettings, band, bands, distance_plots,
-                           effective_length, error_rates, grid_mean, interval, kmax, pass_rate, pooled, probe_generator,
-                           reach)
+from lab.retrieval import (BANDS, GOOD, SLOT, THRESHOLDS, Probe, ProbeSettings, band, bands, distance_plots,
+                           effective_length, error_rates, interval, pass_rate, pooled, probe_generator, reach, readout,
+                           readout_errors, shares)
 
 TOK = CharTokenizer(sorted(set("\n !',:;?" + FILLER + KEYS + VALUES)))
 KEY_IDS, WRONG = {TOK.stoi[k] for k in KEYS}, TOK.stoi["."]
@@ -91,11 +92,12 @@ def binomial_tolerance(p, n):
 
 def test_elimination_scores_chance_by_distance_and_one_in_the_unasked_by_slot():
     p = probe()
-    by_k = p.by_distance(Answerer(eliminator), L0, Runtime)
-    assert p.chance == 1 / PAIRS and list(by_k) == [str(k) for k in distances(L0, 32)]
-    mean = sum(by_k.values()) / len(by_k)
-    assert abs(mean - p.chance) < binomial_tolerance(p.chance, 16 * len(by_k))
-    assert kmax(by_k, THRESHOLDS["pi"]) < distances(L0, 32)[2]  # chance passes 20% at a distance now and then
+    counts = p.counts(Answerer(eliminator), L0, Runtime)
+    every = counts["cells"] | counts["forced"]
+    assert p.chance == 1 / PAIRS and sorted(map(int, every)) == distances(L0, 32)
+    mean = sum(c["hits"] for c in every.values()) / (16 * len(every))
+    assert abs(mean - p.chance) < binomial_tolerance(p.chance, 16 * len(every))
+    assert reach(counts["cells"], THRESHOLDS["strict"]) == 0  # (20% lies inside the interval of 0 of 16)
     by_slot = p.by_slot(Answerer(eliminator), L0, Runtime)
     assert by_slot[str(PAIRS)] == 1.0 and set(by_slot) == set(p.elimination)  # the last slot: always right
     for j, share in by_slot.items():
@@ -115,15 +117,16 @@ def test_the_slot_probe_builds_its_windows_once_the_same_as_built_afresh(monkeyp
 def test_a_model_reading_keys_scores_alike_at_every_slot_and_distance():
     p = probe()
     assert set(p.by_slot(Answerer(oracle(L0)), L0, Runtime).values()) == {1.0}
-    assert set(p.by_distance(Answerer(oracle(L0)), L0, Runtime).values()) == {1.0}
+    counts = p.counts(Answerer(oracle(L0)), L0, Runtime)
+    assert all(c["hits"] == c["trials"] for part in counts.values() for c in part.values())
 
 
 @pytest.mark.parametrize("i", [0, 7, 31])
 def test_an_oracle_retrieving_up_to_distance_D_has_k_max_D_at_both_thresholds(i):
     D = distances(L0, 32)[i]
-    by_k = probe(trials=2).by_distance(Answerer(oracle(D)), L0, Runtime)
-    assert {name: kmax(by_k, th) for name, th in THRESHOLDS.items()} == {"pi": D, "strict": D}
-    assert kmax(by_k, 0.2) == kmax(by_k, 1.0) == D
+    counts = probe(trials=20).counts(Answerer(oracle(D)), L0, Runtime)  # 0 of 20's interval lies below 20%
+    every = counts["cells"] | counts["forced"]  # D = 3 and 62 are forced distances
+    assert {name: reach(every, th) for name, th in THRESHOLDS.items()} == {"pi": D, "strict": D}
 
 
 def test_a_latest_needle_copier_scores_chance_in_every_band_and_reaches_nothing_its_sure_cells_kept_apart():
@@ -132,37 +135,23 @@ def test_a_latest_needle_copier_scores_chance_in_every_band_and_reaches_nothing_
     # seem to retrieve there
     p = probe("1,2,4", trials=64)
     counts = p.counts(Answerer(latest), 256, Runtime)
-    assert all(c["hits"] == c["trials"] for k, c in counts["forced"].items() if int(k) < 2 * NEEDLE)  # k = 3: sure
+    sure = {k: c for k, c in counts["forced"].items() if int(k) < 2 * NEEDLE}
+    assert set(sure) == {"3"} and all(c["hits"] == c["trials"] for c in sure.values())  # k = 3: sure
     for name, b in bands(counts["cells"], L0, 2).items():
         assert b["ci"][0] <= p.chance < THRESHOLDS["pi"] and b["accuracy"] < 1.5 * p.chance, name
     assert reach(counts["cells"], THRESHOLDS["pi"], per=3) == reach(counts["cells"], THRESHOLDS["strict"]) == 0
 
 
-def test_k_max_is_the_largest_distance_retrieved_all_the_way_up_to():
-    by_k = {"3": 0.95, "10": 0.9, "20": 0.5, "30": 0.95, "40": 0.1}
-    assert kmax(by_k, 0.9) == 10 and kmax(by_k, 0.2) == 30 and kmax(by_k, 0.99) == 0 and kmax(None, 0.2) is None
-
-
-def test_the_grid_spans_the_lengths_with_none_past_a_schemes_reach_and_is_the_same_every_time():
-    p, D = probe("1,2,4", trials=2), distances(L0, 32)[20]
-    grid = p.grid(Answerer(oracle(D), pos_emb="learned"), Runtime)
-    assert list(grid) == ["64", "128", "256"] and grid["128"] is grid["256"] is None  # learned positions stop at L0
-    assert kmax(grid["64"], THRESHOLDS["pi"]) == kmax(grid["64"], THRESHOLDS["strict"]) == D
-    assert list(grid["64"]) == [str(k) for k in distances(64, 32)]
+def test_the_windows_span_the_lengths_and_are_the_same_every_time():
+    p = probe("1,2,4", trials=2)
+    assert list(p.windows) == [64, 128, 256] and list(p.windows[64]) == distances(64, 32)
     assert all(torch.equal(a, b) for a, b in zip(p.windows[64].values(), probe("1", trials=2).windows[64].values()))
 
 
-def test_grids_of_seeds_average_cell_by_cell_and_keep_what_a_scheme_cannot_reach():
-    a, b = {"16": {"3": 1.0, "14": 0.5}, "32": None}, {"16": {"3": 0.5, "14": 0.0}, "32": None}
-    assert grid_mean([a, b]) == {"16": {"3": 0.75, "14": 0.25}, "32": None}
-
-
-def test_chance_passes_20_percent_at_one_distance_as_the_binomial_tail_says():
-    p = probe(trials=16)
-    tail = sum(math.comb(16, h) * 0.1 ** h * 0.9 ** (16 - h) for h in range(4, 17))  # 4 of 16 reach 20%
-    assert p.false_pass(0.2) == pytest.approx(tail) and 0.06 < tail < 0.07
-    assert probe(trials=10).false_pass(0.9) == pytest.approx(sum(math.comb(10, h) * 0.1 ** h * 0.9 ** (10 - h)
-                                                                 for h in (9, 10)))
+def test_seeds_cells_pool_into_shares_by_distance():
+    a = {"3": {"trials": 4, "hits": 4}, "14": {"trials": 4, "hits": 2}}
+    b = {"3": {"trials": 4, "hits": 2}, "14": {"trials": 4, "hits": 0}}
+    assert shares([a, b]) == {"3": 0.75, "14": 0.25} and shares([a]) == {"3": 1.0, "14": 0.5}
 
 
 def test_a_seeds_cells_are_json_with_the_forced_ones_apart():
@@ -172,7 +161,6 @@ def test_a_seeds_cells_are_json_with_the_forced_ones_apart():
     ks = distances(L0, 32)
     assert sorted(map(int, [*counts["cells"], *counts["forced"]])) == ks and set(counts["forced"]) == {"3", "5", "60", "62"}
     assert all(c == {"trials": 4, "hits": 4 if int(k) <= 30 else 0} for part in counts.values() for k, c in part.items())
-    assert p.by_distance(Answerer(oracle(30)), L0, Runtime) == {str(k): float(k <= 30) for k in ks}
 
 
 def test_the_interval_is_clopper_pearsons_and_a_cells_pass_rate_its_binomial_tail():
@@ -194,7 +182,7 @@ def test_the_interval_is_clopper_pearsons_and_a_cells_pass_rate_its_binomial_tai
 
 def test_one_unlucky_cell_does_not_decide_the_reach_and_pooled_cells_add_their_trials():
     cells = {str(k): {"trials": 16, "hits": h} for k, h in [(6, 16), (9, 15), (12, 12), (15, 1), (18, 16)]}
-    assert kmax({k: c["hits"] / 16 for k, c in cells.items()}, 0.9) == 9  # the share rule stops at 12 of 16
+    assert 12 / 16 < 0.9 <= interval(12, 16)[1]  # a share rule would stop at 12 of 16; its interval reaches 90%
     assert reach(cells, 0.9) == 12 and reach(cells, 0.2) == 18 and reach({}, 0.2) is None
     assert pooled(cells, 2) == [(9, 32, 31), (15, 32, 13), (18, 16, 16)] and reach(cells, 0.9, per=2) == 9
     assert band(cells, 6, 15) == {"trials": 48, "hits": 28, "accuracy": 28 / 48, "ci": list(interval(28, 48))}
@@ -202,6 +190,19 @@ def test_one_unlucky_cell_does_not_decide_the_reach_and_pooled_cells_add_their_t
     assert band(cells, 18, 40) is None  # (lo, hi]: distance 18 lies in the band below
     assert list(bands(cells, 8, 1.5)) == ["inside L0", "L0 to sL0", "sL0 to 2sL0"]
     assert bands(cells, 8, 1.5)["L0 to sL0"]["trials"] == 32  # distances 9 and 12 lie in (8, 12]
+    assert tuple(bands(cells, 8, 1.5)) == BANDS
+
+
+def test_the_readout_is_the_bands_the_reach_at_each_threshold_and_the_effective_length():
+    cells = {str(k): {"trials": 16, "hits": h} for k, h in [(6, 16), (9, 15), (12, 12), (15, 1), (18, 16)]}
+    assert readout(cells, 8, 1.5, per=2) == {"bands": bands(cells, 8, 1.5),
+                                             "reach": {"pi": reach(cells, 0.2, 2), "strict": reach(cells, 0.9, 2)},
+                                             "effective_length": effective_length(cells, 8, per=2)}
+    errors = readout_errors(cells, 2, 0.1)  # pooled: 32, 32 and 16 trials
+    assert errors == {"trials": 32, "cells": 3} | {name: error_rates([32, 32, 16], th, 0.1)
+                                                    for name, th in THRESHOLDS.items()}
+    assert readout_errors({}, 2, 0.1) == {"trials": 0, "cells": 0} | {name: error_rates([], th, 0.1)
+                                                                      for name, th in THRESHOLDS.items()}
 
 
 def test_the_effective_length_reads_the_reach_at_the_models_own_accuracy_inside_L0():
