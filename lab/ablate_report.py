@@ -20,13 +20,13 @@ from rope import NO_SCALING as AS_TRAINED  # the loss tables' key of a model sco
 
 # ----------------------------------------------------------------------------- figures over seeds
 
-def scheme_figures(runs, evals, L0, gate, per):
+def scheme_figures(runs, evals, L0, gate, per, chance):
     """One scheme's figures over its seeds at one learning rate: runs and evals are its runs' summaries and
     evaluations, seed by seed (the first seed's also hold its attention statistics and score biases). Each seed's
     own figures under "per_seed" (seed_figures); over the seeds, steps-to-learn with the share that learned by the
     ceiling, and the retrieval readout's mean ± std."""
     curves = np.array([[loss for _, loss in r["val_curve"]] for r in runs])  # (seeds, evaluations)
-    per_seed = [seed_figures(r, e, L0, gate, per) for r, e in zip(runs, evals)]
+    per_seed = [seed_figures(r, e, L0, gate, per, chance) for r, e in zip(runs, evals)]
     threads = sorted({r.get("threads") for r in runs}, key=str)
     return {
         "seeds": [r["seed"] for r in runs], "threads": threads,
@@ -43,7 +43,7 @@ def scheme_figures(runs, evals, L0, gate, per):
         "per_seed": per_seed, "attention": evals[0].get("attention"), "biases": evals[0].get("biases")}
 
 
-def seed_figures(run, ev, L0, gate, per):
+def seed_figures(run, ev, L0, gate, per, chance):
     """One seed's figures: its loss; its slot curve and steps-to-learn (None without the recall task); and in each
     probed window length its cells (trials and hits by distance, the forced ones apart: every interval and band can
     be recomputed from them), its bands, k_max at each threshold with `per` distances pooled, and its effective
@@ -54,7 +54,7 @@ def seed_figures(run, ev, L0, gate, per):
     s = longest / (2 * L0)  # the bands inside L0, L0 to s L0 and s L0 to 2s L0 = the longest window
 
     def read(counts):
-        return {**counts, **readout(counts["cells"], L0, s, per)}
+        return {**counts, **readout(counts["cells"], L0, s, chance, per)}
     return {"seed": run["seed"], "final_val_loss": run["final_val_loss"], "slots": slots,
             "learning": steps_to_learn(slots, gate) if slots else None,
             "windows": {W: None if c is None else read(c) for W, c in windows.items()}}

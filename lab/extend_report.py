@@ -26,16 +26,17 @@ def key(b, method, s):
 def lab_results(lab, done, sweeps, rates, screening):
     """results.json's figures and claims; done maps each job (lab/extend.py's) to that run's figures, screening
     each role's seeds screened, passed and included."""
-    L0, sel, per, read = lab.L0, lab.settings.selection_seed, lab.settings.probe_per, lab.steps[-1]
+    L0, sel, per, read, chance = (lab.L0, lab.settings.selection_seed, lab.settings.probe_per, lab.steps[-1],
+                                  lab.probe.chance)
     screened = [seed for role in screening.values() for seed in role["screened"]]
-    base = {f"rope-b{b:g}": {str(seed): base_readout(done["base", b, seed], L0, per) for seed in screened}
+    base = {f"rope-b{b:g}": {str(seed): base_readout(done["base", b, seed], L0, per, chance) for seed in screened}
             for b in lab.bases}
     finetune = {}
     for b in lab.bases:
         for s in lab.factors:
             for m in lab.methods:
                 arm, at = (b, m, s), str(round(s * L0))
-                runs = {str(seed): readout(done["finetune", *arm, seed, rates[arm]], L0, s, per) for seed in lab.seeds}
+                runs = {str(seed): readout(done["finetune", *arm, seed, rates[arm]], L0, s, per, chance) for seed in lab.seeds}
                 sweep = {f"{lr:g}": done["finetune", *arm, sel, lr]["scores"][str(read)]["loss"][at]
                          for lr in sweeps[arm]}
                 finetune[key(*arm)] = {"base": b, "method": m, "factor": s, "lr": rates[arm], "sweep": sweep,
@@ -51,22 +52,22 @@ def lab_results(lab, done, sweeps, rates, screening):
     return results
 
 
-def base_readout(run, L0, per):
+def base_readout(run, L0, per, chance):
     """A base run's result with each probe's readout at L0: the band inside it, k_max at each of THRESHOLDS."""
     def at_L0(cells):
-        got = read_cells(cells, L0, 1, per)  # s = 1: of the bands only the one inside L0 is read
+        got = read_cells(cells, L0, 1, chance, per)  # s = 1: of the bands only the one inside L0 is read
         return {"inside L0": got["bands"]["inside L0"], "kmax": got["reach"]}
     return run | {"curve": {st: c | at_L0(c["counts"]["cells"]) for st, c in run["curve"].items()}}
 
 
-def readout(run, L0, s, per):
+def readout(run, L0, s, per, chance):
     """A fine-tune's result with each scored step's readout beside its counts: the bands (inside L0 and L0 to s L0
     in windows of s L0, s L0 to 2s L0 in windows of 2s L0, probed at the read step alone), k_max at each of
     THRESHOLDS in windows of s L0 (as PI's Table 4 reads it), and RULER's effective length in windows of 2s L0."""
     out = {}
     for st, sc in run["scores"].items():
         target, past = (sc["retrieval"].get(w, {}).get("cells") for w in ("target", "past"))
-        near, far = read_cells(target, L0, s, per), None if past is None else read_cells(past, L0, s, per)
+        near, far = (read_cells(w, L0, s, chance, per) if w is not None else None for w in (target, past))
         out[st] = sc | {"bands": {"inside L0": near["bands"]["inside L0"], "L0 to sL0": near["bands"]["L0 to sL0"],
                                   "sL0 to 2sL0": None if far is None else far["bands"]["sL0 to 2sL0"]},
                         "kmax": near["reach"], "effective": None if far is None else far["effective_length"]}

@@ -17,7 +17,7 @@ by distance (`Probe.counts`, JSON as results.json keeps them; the cells whose la
                                       L0, L0 to s L0 and s L0 to 2s L0 that retrieval claims test
   reach(cells, threshold, per)        k_max where a cell fails only when its interval lies wholly below threshold
   effective_length(cells, L0, ...)    RULER's effective length: reach at the model's own accuracy inside L0
-  readout(cells, L0, s, per)          a seed's bands, reach at each of THRESHOLDS and effective length at once
+  readout(cells, L0, s, chance, per)  a seed's bands, reach at each of THRESHOLDS and effective length at once
   pass_rate(...), error_rates(...)    what such a reading gets wrong, exactly (binomial), at given trials;
   readout_errors(cells, per, chance)  error_rates at each of THRESHOLDS over a window's pooled cells
   shares(seeds)                       {str(k): share of whole answers} over the cells of several seeds
@@ -205,22 +205,25 @@ def reach(cells, threshold, per=1):
     return longest
 
 
-def effective_length(cells, L0, fraction=1.0, per=1):
+def effective_length(cells, L0, chance, fraction=1.0, per=1):
     """RULER's effective length (Hsieh et al. 2024, "RULER: What's the Real Context Size of Your Long-Context
     Language Models?", which reads each length against Llama-2-7B's own score at its trained 4K): {"reference":
-    fraction x the model's own accuracy inside L0, "length": reach at that reference}; None without cells inside L0."""
+    fraction x the model's own accuracy inside L0, "length": reach at that reference}; None without cells inside L0.
+    A model not shown above chance inside L0 (its interval there reaches chance) has no retrieval to keep: length 0,
+    where a reference at chance would pass every distance and read the whole window."""
     inside = band(cells, 0, L0)
     if inside is None:
         return None
     reference = fraction * inside["accuracy"]
-    return {"reference": reference, "length": reach(cells, reference, per)}
+    return {"reference": reference, "length": reach(cells, reference, per) if inside["ci"][0] > chance else 0}
 
 
-def readout(cells, L0, s, per=1):
+def readout(cells, L0, s, chance, per=1):
     """A seed's readout of one window's cells, the one computation every report reads: {"bands": bands at L0 and
-    s, "reach": {name: reach at each of THRESHOLDS, `per` distances pooled}, "effective_length"}."""
+    s, "reach": {name: reach at each of THRESHOLDS, `per` distances pooled}, "effective_length"} (chance: the
+    probe's)."""
     return {"bands": bands(cells, L0, s), "reach": {name: reach(cells, th, per) for name, th in THRESHOLDS.items()},
-            "effective_length": effective_length(cells, L0, per=per)}
+            "effective_length": effective_length(cells, L0, chance, per=per)}
 
 
 def pass_rate(accuracy, trials, threshold):

@@ -195,9 +195,9 @@ def test_one_unlucky_cell_does_not_decide_the_reach_and_pooled_cells_add_their_t
 
 def test_the_readout_is_the_bands_the_reach_at_each_threshold_and_the_effective_length():
     cells = {str(k): {"trials": 16, "hits": h} for k, h in [(6, 16), (9, 15), (12, 12), (15, 1), (18, 16)]}
-    assert readout(cells, 8, 1.5, per=2) == {"bands": bands(cells, 8, 1.5),
-                                             "reach": {"pi": reach(cells, 0.2, 2), "strict": reach(cells, 0.9, 2)},
-                                             "effective_length": effective_length(cells, 8, per=2)}
+    assert readout(cells, 8, 1.5, 0.1, per=2) == {"bands": bands(cells, 8, 1.5),
+                                                  "reach": {"pi": reach(cells, 0.2, 2), "strict": reach(cells, 0.9, 2)},
+                                                  "effective_length": effective_length(cells, 8, 0.1, per=2)}
     errors = readout_errors(cells, 2, 0.1)  # pooled: 32, 32 and 16 trials
     assert errors == {"trials": 32, "cells": 3} | {name: error_rates([32, 32, 16], th, 0.1)
                                                     for name, th in THRESHOLDS.items()}
@@ -207,9 +207,19 @@ def test_the_readout_is_the_bands_the_reach_at_each_threshold_and_the_effective_
 
 def test_the_effective_length_reads_the_reach_at_the_models_own_accuracy_inside_L0():
     cells = {str(k): {"trials": 100, "hits": h} for k, h in [(10, 80), (40, 80), (70, 78), (100, 60), (130, 20)]}
-    assert effective_length(cells, 50) == {"reference": 0.8, "length": 70}  # 60 of 100 lies wholly below 80%
-    assert effective_length(cells, 50, fraction=0.5) == {"reference": 0.4, "length": 100}
-    assert effective_length(cells, 5) is None
+    assert effective_length(cells, 50, 0.1) == {"reference": 0.8, "length": 70}  # 60 of 100 lies wholly below 80%
+    assert effective_length(cells, 50, 0.1, fraction=0.5) == {"reference": 0.4, "length": 100}
+    assert effective_length(cells, 5, 0.1) is None
+
+
+def test_a_model_at_chance_inside_L0_has_no_effective_length_rather_than_the_whole_window():
+    # 12 of 100 inside L0 (interval [0.064, 0.20] reaches chance 0.1): a reference there would pass every distance
+    cells = {str(k): {"trials": 100, "hits": h} for k, h in [(10, 12), (40, 9), (70, 11), (100, 10)]}
+    assert reach(cells, 0.12) == 100  # what the reading would have been
+    assert effective_length(cells, 30, 0.1) == {"reference": 0.12, "length": 0}
+    # one shown above chance keeps its reading: 30 of 100 (interval from 0.21)
+    cells["10"] = {"trials": 100, "hits": 30}
+    assert effective_length(cells, 30, 0.1) == {"reference": 0.3, "length": reach(cells, 0.3)}
 
 
 def test_a_97_percent_reader_reads_the_whole_window_and_one_at_chance_nothing_at_the_rates_computed():
