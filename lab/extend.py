@@ -354,10 +354,12 @@ def plateau(l0_curve, ec):
 
 # ----------------------------------------------------------------------------- the lab
 
-def screen(lab):
+def screen(lab, sweeps):
     """The base models of the seeds screened, launched in order as far as still needed: ({job: result} of every
-    base run, {role: {"screened", "passed", "included"}}). Raises ValueError where screen_most seeds of a role were
-    screened with fewer passing than it needs."""
+    base run, and of the selection seed's first sweep ({arm: rates}) where it ran beside them, {role: {"screened",
+    "passed", "included"}}). Once the selection seed is decided its sweep joins the launches still screening test
+    seeds, so that a worker does not wait idle for the last base model of a round. Raises ValueError where
+    screen_most seeds of a role were screened with fewer passing than it needs."""
     ec, done, wanted = lab.settings, {}, {"selection": 1, "test": lab.settings.seeds}
     candidates = {role: ec.candidates(role, lab.tc) for role in ROLES}
     screened = {role: 0 for role in ROLES}
@@ -375,6 +377,8 @@ def screen(lab):
             new = candidates[role][screened[role]:screened[role] + max(0, short)]
             screened[role] += len(new)
             jobs += [("base", b, seed) for seed in new for b in lab.bases]
+        if jobs and passed["selection"]:  # its fine-tunes start from its base alone, which inclusion never reads
+            jobs += lab.included(passed["selection"][0], lab.seeds).first_launch(sweeps, [], [])
         if not jobs:
             return done, {role: {"screened": candidates[role][:screened[role]], "passed": passed[role],
                                  "included": passed[role][:wanted[role]]} for role in ROLES}
@@ -391,10 +395,10 @@ def run_lab(lab):
                  for b in lab.bases]
         print("dry run, screening: " + launch_plan(bases, lab.settings, lab.needs, lab.pending, lab.label, lab.desc)
               + f"; then, for each base model that fails the gate, the next seed's, up to {lab.settings.screen_most} "
-                "seeds a role")
+                "seeds a role (beside launch 1 once the selection seed passed)")
         lab.dry_run(sweeps)
     with RunLock(lab.out, "context-extension lab"):
-        bases, screening = screen(lab)
+        bases, screening = screen(lab, sweeps)
         chosen = lab.included(screening["selection"]["included"][0], screening["test"]["included"])
         done, sweeps, rates = chosen.sweep_and_test(arms, sweeps, done=bases)
         sel = chosen.settings.selection_seed

@@ -234,3 +234,33 @@ def test_the_gpu_and_second_scale_configs_run_shrunk_on_the_cpu(data_dir, tmp_pa
     extend.main([f"configs/{name}", *shrunk, f"--data_dir={data_dir}", f"--out_dir={out}"])
     res = json.loads((out / "results.json").read_text())
     assert set(res["finetune"]) == {f"rope-b{res['bases'][0]:g}-{m}-x{res['factors'][0]:g}" for m in ("none", "pose")}
+
+
+def test_the_selection_seeds_sweep_joins_the_screening_once_that_seed_passed():
+    """Seed 1338's base fails the gate: the round screening 1339 also runs the sweep on selection seed 1000, which
+    passed in the round before, so no worker waits idle for 1339 alone; the sweep is not run before that."""
+    launches = []
+
+    class Chosen:
+        def __init__(self, sel):
+            self.sel = sel
+
+        def first_launch(self, sweeps, before, after):
+            return [*before, *(("finetune", 200.0, m, 2.0, self.sel, lr) for m, lrs in sweeps.items() for lr in lrs),
+                    *after]
+
+    class Lab:
+        settings = extend.ExtendConfig(seeds=2, screen_most=3)
+        tc, bases, seeds = train.TrainConfig(seed=1337), [200.0], None
+        included = staticmethod(lambda sel, seeds: Chosen(sel))
+
+        @staticmethod
+        def launch(jobs, done):
+            launches.append(jobs)
+            return done | {job: {"passed": job[-1] != 1338} for job in jobs}
+    done, screening = extend.screen(Lab, {"none": [1e-4, 2e-4]})
+    assert launches == [[("base", 200.0, 1000), ("base", 200.0, 1337), ("base", 200.0, 1338)],
+                        [("base", 200.0, 1339), ("finetune", 200.0, "none", 2.0, 1000, 1e-4),
+                         ("finetune", 200.0, "none", 2.0, 1000, 2e-4)]]
+    assert screening["test"] == {"screened": [1337, 1338, 1339], "passed": [1337, 1339], "included": [1337, 1339]}
+    assert ("finetune", 200.0, "none", 2.0, 1000, 2e-4) in done
