@@ -62,7 +62,9 @@ def how(argv, out):
     """(what to append to the command, whether it runs or only parses); out: a fresh folder for a lab's out_dir."""
     text = " ".join(argv)
     if argv[1:3] in (["-m", "lab.ablate"], ["-m", "lab.extend"]):  # their dry run: the grid and its checks, no run
-        return [*([] if "--dry_run=true" in argv else ["--dry_run=true"]), f"--out_dir={out}"], True
+        # few probe trials and evaluation tokens: the plan and its checks are the same, its windows quicker to build
+        return [*([] if "--dry_run=true" in argv else ["--dry_run=true"]), f"--out_dir={out}", "--probe_trials=2",
+                "--eval_tokens=1024"], True
     if "hf:" in text or argv[0] == "torchrun" or "lab." in text or argv[1] == "bench.py":
         return [], False  # the network, several GPUs, or runs of minutes: read their settings
     if argv[1:3] == ["-m", "data.prepare"]:
