@@ -304,7 +304,7 @@ def summarize(plan, done, sweeps, best):
                          **{ranking: {"scale": s, **ablate_report.scheme_figures(
                              *zip(*(done[name, s, seed] for seed in plan.seeds)), cfg.block_size,
                              plan.settings.learn_gate, plan.settings.probe_pool,
-                             plan.probe and plan.probe.chance)}
+                             None if plan.probe is None else plan.probe.chance)}
                             for ranking, s in (("shared", 1), ("tuned", best[name]))},
                          "sample": done[name, 1, plan.seeds[0]][1]["sample"]}
     return {"reference": REFERENCE if REFERENCE in schemes else None, "block_size": plan.gcfg.block_size,

@@ -36,7 +36,8 @@ def lab_results(lab, done, sweeps, rates, screening):
         for s in lab.factors:
             for m in lab.methods:
                 arm, at = (b, m, s), str(round(s * L0))
-                runs = {str(seed): readout(done["finetune", *arm, seed, rates[arm]], L0, s, per, chance) for seed in lab.seeds}
+                runs = {str(seed): readout(done["finetune", *arm, seed, rates[arm]], L0, s, per, chance)
+                        for seed in lab.seeds}
                 sweep = {f"{lr:g}": done["finetune", *arm, sel, lr]["scores"][str(read)]["loss"][at]
                          for lr in sweeps[arm]}
                 finetune[key(*arm)] = {"base": b, "method": m, "factor": s, "lr": rates[arm], "sweep": sweep,
@@ -67,7 +68,8 @@ def readout(run, L0, s, per, chance):
     out = {}
     for st, sc in run["scores"].items():
         target, past = (sc["retrieval"].get(w, {}).get("cells") for w in ("target", "past"))
-        near, far = (read_cells(w, L0, s, chance, per) if w is not None else None for w in (target, past))
+        near = read_cells(target, L0, s, chance, per)
+        far = None if past is None else read_cells(past, L0, s, chance, per)
         out[st] = sc | {"bands": {"inside L0": near["bands"]["inside L0"], "L0 to sL0": near["bands"]["L0 to sL0"],
                                   "sL0 to 2sL0": None if far is None else far["bands"]["sL0 to 2sL0"]},
                         "kmax": near["reach"], "effective": None if far is None else far["effective_length"]}
