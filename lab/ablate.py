@@ -297,15 +297,17 @@ def summarize(plan, done, sweeps, best):
     verdicts against the reference; done maps (scheme, scale, seed) to that run's (summary, eval), sweeps each
     scheme that swept to the scales it tried, best each scheme to its own scale."""
     schemes, sel = {}, plan.settings.selection_seed
+    # each scheme at its own rate only where a sweep chose one: otherwise that ranking is the shared one, the same runs
+    rankings = {"shared": dict.fromkeys(plan.grid, 1)} | ({"tuned": best} if plan.sweeping else {})
     for name, cfg in plan.grid.items():
         sweep = {s: done[name, s, sel][0]["final_val_loss"] for s in sweeps.get(name, [])}
         schemes[name] = {"pos_emb": cfg.pos_emb, "changes": changes(plan, name), "params": plan.params[name],
                          "sweep": {f"{s:g}": v for s, v in sweep.items()}, "best_scale": best[name],
-                         **{ranking: {"scale": s, **ablate_report.scheme_figures(
-                             *zip(*(done[name, s, seed] for seed in plan.seeds)), cfg.block_size,
+                         **{ranking: {"scale": scale[name], **ablate_report.scheme_figures(
+                             *zip(*(done[name, scale[name], seed] for seed in plan.seeds)), cfg.block_size,
                              plan.settings.learn_gate, plan.settings.probe_pool,
                              None if plan.probe is None else plan.probe.chance)}
-                            for ranking, s in (("shared", 1), ("tuned", best[name]))},
+                            for ranking, scale in rankings.items()},
                          "sample": done[name, 1, plan.seeds[0]][1]["sample"]}
     return {"reference": REFERENCE if REFERENCE in schemes else None, "block_size": plan.gcfg.block_size,
             "lengths": plan.lengths, "windows": {str(L): n_windows(b) for L, b in plan.windows.items()},
@@ -320,9 +322,9 @@ def summarize(plan, done, sweeps, best):
             "probe": probe_record(plan), "device": plan.rt.device, "environment": run_record(), "schemes": schemes,
             "verdicts": {ranking: ablate_report.verdicts_against(schemes, REFERENCE, ranking,
                                                                  plan.settings.equivalence_margin)
-                         for ranking in ("shared", "tuned")},
+                         for ranking in rankings},
             "learning_order": {ranking: ablate_report.learning_order(schemes, REFERENCE, ranking)
-                               for ranking in ("shared", "tuned")}}
+                               for ranking in rankings}}
 
 
 def probe_record(plan):

@@ -109,6 +109,12 @@ def retrieval_summary(per_seed, L0):
 BEYOND = BANDS[1:]  # the bands past L0 (retrieval.bands)
 
 
+def own(x):
+    """A scheme's figures at its own rate: the tuned ranking where a sweep chose rates, else the shared one (the
+    same runs, kept once in results.json)."""
+    return x.get("tuned", x["shared"])
+
+
 def verdicts_against(schemes, reference, ranking, margin):
     """Each scheme's final val loss minus the reference's, seed by seed over the seeds both ran, in one ranking
     (shared: every scheme at the shared rate; tuned: each at its best): stats.verdicts over the table, "lower"
@@ -259,7 +265,7 @@ def md_rates(r):
 
 def md_ranking(r, ranking):
     ref, schemes = r["reference"], r["schemes"]
-    if ranking == "tuned" and r["selection_seed"] is None:
+    if ranking not in r["verdicts"]:  # no rates chosen: no ranking at each scheme's own
         return ""
     by = {c["scheme"]: c for c in r["verdicts"][ranking]}
     rows = []
@@ -305,7 +311,7 @@ def equivalence_cell(claim):
 
 
 def md_retrieval(r):
-    figures = {n: x["tuned"]["retrieval"] for n, x in r["schemes"].items() if x["tuned"]["retrieval"]}
+    figures = {n: own(x)["retrieval"] for n, x in r["schemes"].items() if own(x)["retrieval"]}
     if not figures:
         return ""
     L0, probe, a = r["block_size"], r["probe"], r["settings"]["ablate"]
@@ -316,7 +322,7 @@ def md_retrieval(r):
              *(pm(f["reach"][n], ".0f") for n in THRESHOLDS), pm(f["effective_length"], ".0f")]
             for name, f in figures.items()]
     seeds = [[name, f["seed"], *(band_cell(w, b) for w, b in seed_bands(f, L0))]
-             for name, x in r["schemes"].items() if x["tuned"]["retrieval"] for f in x["tuned"]["per_seed"]]
+             for name, x in r["schemes"].items() if own(x)["retrieval"] for f in own(x)["per_seed"]]
     elim = ", ".join(f"{v:.2f}" for v in probe["elimination"].values())
     errors = "; ".join(f"at {th:.0%}: a reader at chance passes a cell with probability {e['false_pass']:.2g}, a "
                        f"{probe['good']:.0%} reader misses the whole window with probability {e['false_fail']:.2g}"
@@ -357,7 +363,7 @@ def band_cell(window, name):
 
 def md_learning(r):
     """Steps-to-learn per scheme and seed, the share that learned, and the order against the reference."""
-    rankings = ("tuned", "shared") if r["selection_seed"] is not None else ("shared",)
+    rankings = [ranking for ranking in ("tuned", "shared") if ranking in r["learning_order"]]
     if not any(x["shared"]["learning"] for x in r["schemes"].values()):
         return ""
     t, probe, ref, n = r["settings"]["train"], r["probe"], r["reference"], len(r["seeds"])
@@ -403,9 +409,9 @@ def fmt(p):
 
 
 def md_speed(r):
-    rows = [[name, pm(x["tuned"]["tokens_per_s"], ",.0f"), ", ".join(map(str, x["tuned"]["threads"]))]
+    rows = [[name, pm(own(x)["tokens_per_s"], ",.0f"), ", ".join(map(str, own(x)["threads"]))]
             for name, x in r["schemes"].items()]
-    threads = {t for x in r["schemes"].values() for t in x["tuned"]["threads"]}
+    threads = {t for x in r["schemes"].values() for t in own(x)["threads"]}
     note = ("every run on the same thread count, so the figures compare" if len(threads) == 1 else
             "the runs' thread counts differ: compare tokens/s only between rows of the same thread count")
     return ("## Training speed\n\nTokens per second during training, median over the run's logging windows, mean ± "
@@ -414,7 +420,7 @@ def md_speed(r):
 
 
 def md_attention(r):
-    inside = {n: x["tuned"]["attention"] for n, x in r["schemes"].items() if x["tuned"]["attention"]}
+    inside = {n: own(x)["attention"] for n, x in r["schemes"].items() if own(x)["attention"]}
     if not inside:
         return ""
     rows = [[name, *(f"{sum(d) / len(d):.1f} / {sum(e) / len(e):.2f}" for d, e in zip(a["distance"], a["entropy"]))]
@@ -429,7 +435,7 @@ def md_attention(r):
 def md_lengths(r):
     L0, lengths = r["block_size"], r["lengths"]
     rows = [(name, sc, *(pm(by_len[str(L)]) if str(L) in by_len else "—" for L in lengths))
-            for name, x in r["schemes"].items() for sc, by_len in x["tuned"]["loss_by_length"].items()]
+            for name, x in r["schemes"].items() for sc, by_len in own(x)["loss_by_length"].items()]
     windows = ", ".join(f"{w} of {L}" for L, w in r["windows"].items())
     return (f"## Length extrapolation\n\nValidation loss averaged over every position of fixed windows, the same "
             f"for every model ({windows} tokens), mean ± std over seeds, each scheme at its own rate. RoPE models are "
@@ -441,10 +447,10 @@ def md_lengths(r):
 
 def md_positions(r):
     L0, longest = r["block_size"], max(r["lengths"])
-    curves = [(name, sc, c) for name, x in r["schemes"].items() for sc, c in x["tuned"]["loss_by_position"].items()]
+    curves = [(name, sc, c) for name, x in r["schemes"].items() for sc, c in own(x)["loss_by_position"].items()]
     if longest <= L0 or not curves:
         return ""
-    missing = [name for name, x in r["schemes"].items() if not x["tuned"]["loss_by_position"]]
+    missing = [name for name, x in r["schemes"].items() if not own(x)["loss_by_position"]]
     return (f"## Loss by position within the {longest}-token windows\n\nMean loss over each L0-long stretch of "
             f"positions, mean over seeds; positions from {L0} on were never seen in training"
             + (f" ({', '.join(missing)}: N/A past L0)" if missing else "") + ".\n\n"
@@ -479,14 +485,14 @@ def write_plots(results, out):
 
     fig, ax = plt.subplots(figsize=(8.5, 4.5))
     for name, x in schemes.items():
-        c = x["tuned"]["val_curve"]
+        c = own(x)["val_curve"]
         ax.plot(c["iters"], c["mean"], color=colors[name], label=name)
         ax.fill_between(c["iters"], c["min"], c["max"], color=colors[name], alpha=0.2)
     save(fig, ax, "val_loss.png", "Validation loss during training (band: min-max over seeds)", "step", "val loss")
 
     fig, ax = plt.subplots(figsize=(8.5, 4.5))
     for name, x in schemes.items():
-        lengths = x["tuned"]["loss_by_length"]
+        lengths = own(x)["loss_by_length"]
         for sc, by_len in lengths.items():
             if sc != AS_TRAINED and str(L0) in lengths[AS_TRAINED]:  # at L0 the factor is 1: start from plain
                 by_len = {str(L0): lengths[AS_TRAINED][str(L0)], **by_len}
@@ -505,7 +511,7 @@ def write_plots(results, out):
     longest = max(results["lengths"])
     width = max(1, longest // 32)  # 32 buckets: one position's mean over a few dozen windows is too noisy to read
     for name, x in schemes.items():
-        for sc, curve in x["tuned"]["loss_by_position"].items():
+        for sc, curve in own(x)["loss_by_position"].items():
             buckets = np.array(curve[: len(curve) // width * width]).reshape(-1, width).mean(1)  # (n_buckets,)
             ax.plot((np.arange(len(buckets)) + 0.5) * width, buckets, color=colors[name],
                     linestyle=dashes.get(sc, "-"), label=name if sc == AS_TRAINED else f"{name} + {sc}")
@@ -513,11 +519,11 @@ def write_plots(results, out):
     save(fig, ax, "loss_vs_position.png", f"Loss by position in {longest}-token windows ({width}-position means)",
          "position in window", "val loss")
 
-    grids = [(name, x["tuned"]["retrieval"]["grid"]) for name, x in schemes.items() if x["tuned"]["retrieval"]]
+    grids = [(name, own(x)["retrieval"]["grid"]) for name, x in schemes.items() if own(x)["retrieval"]]
     if grids:
         distance_plots(plots, grids, L0, results["probe"]["chance"], "retrieval.png",
                        f"Whole answers by needle-to-query distance, each window length (L0 = {L0}; mean over seeds)")
-    inside = [(name, x["tuned"]["attention"]) for name, x in schemes.items() if x["tuned"]["attention"]]
+    inside = [(name, own(x)["attention"]) for name, x in schemes.items() if own(x)["attention"]]
     if inside:
         fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
         for ax, key, label in zip(axes, ("distance", "entropy"), ("attention distance (tokens)", "entropy (nats)")):
@@ -528,7 +534,7 @@ def write_plots(results, out):
             dress(ax, f"{label} of every head", "layer (its heads side by side)", label, legend=None)
         axes[1].legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1))
         plots.save(fig, "attention.png", "Attention distance and entropy per layer and head, first seed")
-    learned = [(name, x["tuned"]["biases"]) for name, x in schemes.items() if x["tuned"]["biases"]]
+    learned = [(name, own(x)["biases"]) for name, x in schemes.items() if own(x)["biases"]]
     if learned:
         fig, axes = plt.subplots(1, len(learned), figsize=(4.5 * len(learned), 3.8), squeeze=False)
         for ax, (name, by_layer) in zip(axes[0], learned):

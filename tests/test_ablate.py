@@ -91,7 +91,10 @@ def test_grid_writes_every_output_and_a_rerun_skips_finished_runs(data_dir, tmp_
     assert len(res["learning_order"]["shared"]) == 1
     assert len(rope["attention"]["distance"]) == 2 and learned["biases"] is None
     assert rope["threads"] == [1] and res["selection_seed"] is None  # one shared rate: no selection runs
-    # the paired test uses both seeds; one shared rate: the tuned ranking is the shared one
+    # one shared rate: no ranking at each scheme's own, kept once (the same runs), and the report reads it from there
+    assert set(res["verdicts"]) == set(res["learning_order"]) == {"shared"}
+    assert all("tuned" not in x for x in res["schemes"].values())
+    # the paired test uses both seeds
     (claim,) = res["verdicts"]["shared"]
     assert claim["scheme"] == "learned" and claim["test"]["n"] == 2
     # an equivalence test only where it can pass: at these 2 seeds it cannot, so the family is the difference test alone
