@@ -13,7 +13,9 @@ the verdicts their tests allow.
 2. Inclusion, a rule fixed before any method touches a base model: the test seeds are the first `seeds` seeds from
    `seed` on, in order, whose base models (one per RoPE base) pass the gate and still pass it after the decay; the
    selection seed is the first that passes from `selection_seed` on. Bases are launched only as far as still
-   needed, in order, `screen_most` seeds a role at the most (then the lab refuses).
+   needed, in order, `screen_most` seeds a role at the most (then the lab refuses). Every run starts as soon as a
+   worker is free and what it needs is known (the selection seed's sweep once that seed passed, a test seed's
+   fine-tunes once it is included and its arm's rate chosen), so no worker waits for a round to end.
 3. Fine-tuning at s x L0 for each s in `factors` and each of `methods`: none (direct fine-tuning at the new
    length), linear (Position Interpolation, PI), ntk, yarn, and PoSE (L0-long rows whose position ids skip ahead
    to s x L0, with linear scaling: `pose` at PI's steps and rows, `pose-tokens` at PI's tokens). The tokens per step
@@ -354,35 +356,40 @@ def plateau(l0_curve, ec):
 
 # ----------------------------------------------------------------------------- the lab
 
-def screen(lab, sweeps):
-    """The base models of the seeds screened, launched in order as far as still needed: ({job: result} of every
-    base run, and of the selection seed's first sweep ({arm: rates}) where it ran beside them, {role: {"screened",
-    "passed", "included"}}). Once the selection seed is decided its sweep joins the launches still screening test
-    seeds, so that a worker does not wait idle for the last base model of a round. Raises ValueError where
-    screen_most seeds of a role were screened with fewer passing than it needs."""
-    ec, done, wanted = lab.settings, {}, {"selection": 1, "test": lab.settings.seeds}
-    candidates = {role: ec.candidates(role, lab.tc) for role in ROLES}
-    screened = {role: 0 for role in ROLES}
-    while True:
-        passed = {role: [seed for seed in candidates[role][:screened[role]]
-                         if all(done["base", b, seed]["passed"] for b in lab.bases)] for role in ROLES}
-        jobs = []
-        for role in ROLES:
-            short = wanted[role] - len(passed[role])
-            if short > 0 and screened[role] == ec.screen_most:
-                raise ValueError(
-                    f"{len(passed[role])} of the {ec.screen_most} {role} seeds screened (screen_most) passed the gate "
-                    f"({', '.join(map(str, candidates[role]))}); {wanted[role]} needed: raise screen_most, or "
-                    f"max_iters for the base models to learn in")
-            new = candidates[role][screened[role]:screened[role] + max(0, short)]
-            screened[role] += len(new)
-            jobs += [("base", b, seed) for seed in new for b in lab.bases]
-        if jobs and passed["selection"]:  # its fine-tunes start from its base alone, which inclusion never reads
-            jobs += lab.included(passed["selection"][0], lab.seeds).first_launch(sweeps, [], [])
-        if not jobs:
-            return done, {role: {"screened": candidates[role][:screened[role]], "passed": passed[role],
-                                 "included": passed[role][:wanted[role]]} for role in ROLES}
-        done = lab.launch(jobs, done)
+def screening(lab, done):
+    """Which seeds the base models in done decide, by the rule fixed in the settings: for each role, {"screened": the
+    seeds whose base models are wanted, "passed", "included"}. A role's candidates are screened in order as far as
+    still needed (its seeds passed and undecided fewer than it wants); a seed is included once it passed and every
+    seed before it is decided. Raises ValueError once screen_most seeds of a role were decided with fewer passing
+    than it needs."""
+    ec, found = lab.settings, {}
+    for role, wanted in (("selection", 1), ("test", ec.seeds)):
+        screened, passed, included, undecided = [], [], [], 0
+        for seed in ec.candidates(role, lab.tc):
+            if len(passed) + undecided >= wanted:
+                break
+            screened.append(seed)
+            runs = [done.get(("base", b, seed)) for b in lab.bases]
+            if None in runs:
+                undecided += 1
+            elif all(run["passed"] for run in runs):
+                passed.append(seed)
+                included += [seed] if not undecided else []
+        if len(passed) < wanted and not undecided and len(screened) == ec.screen_most:
+            raise ValueError(
+                f"{len(passed)} of the {ec.screen_most} {role} seeds screened (screen_most) passed the gate "
+                f"({', '.join(map(str, screened))}); {wanted} needed: raise screen_most, or max_iters for the base "
+                f"models to learn in")
+        found[role] = {"screened": screened, "passed": passed, "included": included}
+    return found
+
+
+def screened_jobs(lab, done):
+    """sweep_and_test's screen: the base models wanted, the selection seed once it passed, the test seeds included so
+    far. The selection seed's fine-tunes start from its base alone, which no inclusion reads."""
+    found = screening(lab, done)
+    bases = [("base", b, seed) for role in ROLES for seed in found[role]["screened"] for b in lab.bases]
+    return bases, next(iter(found["selection"]["included"]), None), found["test"]["included"]
 
 
 def run_lab(lab):
@@ -390,21 +397,19 @@ def run_lab(lab):
     arms = [(b, m, s) for b in lab.bases for s in lab.factors for m in lab.methods]
     sweeps = {arm: list(lab.lrs) for arm in arms}
     if lab.settings.dry_run:
-        bases = [("base", b, seed) for role in ROLES
-                 for seed in lab.settings.candidates(role, lab.tc)[:1 if role == "selection" else lab.settings.seeds]
-                 for b in lab.bases]
+        bases = screened_jobs(lab, {})[0]
         print("dry run, screening: " + launch_plan(bases, lab.settings, lab.needs, lab.pending, lab.label, lab.desc)
-              + f"; then, for each base model that fails the gate, the next seed's, up to {lab.settings.screen_most} "
-                "seeds a role (beside launch 1 once the selection seed passed)")
+              + f"; then, as each base model fails the gate, the next seed's, up to {lab.settings.screen_most} "
+                "seeds a role (launch 1 joins them once the selection seed passed)")
         lab.dry_run(sweeps)
     with RunLock(lab.out, "context-extension lab"):
-        bases, screening = screen(lab, sweeps)
-        chosen = lab.included(screening["selection"]["included"][0], screening["test"]["included"])
-        done, sweeps, rates = chosen.sweep_and_test(arms, sweeps, done=bases)
+        done, sweeps, rates = lab.sweep_and_test(arms, sweeps, screen=lambda done: screened_jobs(lab, done))
+        found = screening(lab, done)
+        chosen = lab.included(found["selection"]["included"][0], found["test"]["included"])
         sel = chosen.settings.selection_seed
         memory = {f"{m} x{s:g}": activation_bytes(*lab.finetune(lab.bases[0], m, s, sel, lab.lrs[0])[1:], lab)
                   for s in lab.factors for m in lab.methods}
-        results = extend_report.lab_results(chosen, done, sweeps, rates, screening) | {
+        results = extend_report.lab_results(chosen, done, sweeps, rates, found) | {
             "memory": memory, "settings": {"extend": asdict(lab.settings), **train_settings(lab.gcfg, lab.tc, lab.bc)},
             "device": lab.rt.device, "environment": run_record()}
         lab.write_results(results, extend_report.write_plots(results, lab.out), extend_report.markdown, t0)

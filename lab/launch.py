@@ -48,7 +48,7 @@ class LaunchSettings:
 
 
 def run_jobs(jobs, run, context, rebuild, launch, needs=lambda job: None, pending=lambda job: True, label=str,
-             desc="runs", progress=True):
+             desc="runs", progress=True, more=None):
     """{job: run(context, job)} for every job, in list order as far as needs(job) (the job it waits for, earlier in
     jobs; None, or a job outside jobs (finished before): none) allows, where launch (LaunchSettings) says:
     - local with 1 worker: here, one after another;
@@ -57,6 +57,10 @@ def run_jobs(jobs, run, context, rebuild, launch, needs=lambda job: None, pendin
       model's matmuls leave cores idle that a second run fills);
     - slurm: each job with work left (pending(job)) as a Slurm job that builds its context the same way
       (lab/slurm.py); the others, whose run folders hold their results, are read here.
+    more(done), where given, lists every job wanted once those of done have results, in the order to run them: a
+    lab whose next runs depend on results (a sweep widened, seeds screened) grows its launch with it. Here and in
+    workers it is asked after each result, so a worker never waits for a round to end; with slurm after each round
+    of Slurm jobs.
     SIGINT or SIGTERM stops every run at a checkpoint and raises Interrupted; a worker that dies or a Slurm job that
     fails raises Failed naming its run. With dry_run it prints what it would launch and raises DryRun."""
     if launch.dry_run:
@@ -64,12 +68,17 @@ def run_jobs(jobs, run, context, rebuild, launch, needs=lambda job: None, pendin
         raise DryRun
     with tqdm(total=len(jobs), desc=desc, unit="run", dynamic_ncols=True, disable=not progress) as bar:
         if launch.launcher == "slurm":
-            todo = [job for job in jobs if pending(job)]
-            done = in_process([job for job in jobs if job not in todo], run, context, label, bar)
-            return done | (slurm_module().run_jobs(todo, run, rebuild, launch, needs, label, desc, bar) if todo else {})
+            done = {}
+            while jobs:
+                todo = [job for job in jobs if pending(job)]
+                done |= in_process([job for job in jobs if job not in todo], run, context, label, bar)
+                done |= slurm_module().run_jobs(todo, run, rebuild, launch, needs, label, desc, bar) if todo else {}
+                jobs = [job for job in more(done) if job not in done] if more else []
+                bar.total = len(done) + len(jobs)
+            return done
         if launch.workers == 1:
-            return in_process(jobs, run, context, label, bar)
-        return in_workers(jobs, run, rebuild, launch.workers, needs, label, bar)
+            return in_process(jobs, run, context, label, bar, more)
+        return in_workers(jobs, run, rebuild, launch.workers, needs, label, bar, more)
 
 
 def slurm_module():

@@ -30,16 +30,21 @@ class Failed(ValueError):
     the message names each and ends with what rerunning the same command does."""
 
 
-def in_process(jobs, run, context, label, bar):
-    """run_jobs here, one job after another."""
-    done = {}
+def in_process(jobs, run, context, label, bar, more=None):
+    """run_jobs here, one job after another; more(done), asked after each result, lists every job wanted by then in
+    the order to run them (in_workers')."""
+    done, waiting = {}, list(jobs)
     # SIGINT raises KeyboardInterrupt already; inside train's loop its StopFlag takes both and checkpoints
     previous = signal.signal(signal.SIGTERM, interrupt)
     try:
-        for job in jobs:
+        while waiting:
+            job = waiting.pop(0)
             bar.set_postfix_str(label(job))
             done[job] = run(context, job)
             bar.update()
+            if more:
+                waiting = [j for j in more(done) if j not in done]
+                bar.total = len(done) + len(waiting)
     finally:
         signal.signal(signal.SIGTERM, previous)
     return done
@@ -52,24 +57,29 @@ def interrupt(signum, frame):
     raise Interrupted(signal.Signals(signum).name)
 
 
-def in_workers(jobs, run, rebuild, workers, needs, label, bar):
-    """run_jobs with workers > 1: a worker process per slot; each job is sent to an idle one once its need is done."""
+def in_workers(jobs, run, rebuild, workers, needs, label, bar, more=None):
+    """run_jobs with workers > 1: a worker process per slot, started as a job needs one; each job is sent to an idle
+    worker once its need is done. more(done), asked after each result, lists every job wanted by then, in the order
+    to run them: jobs not done and not running are what waits (a job it adds grows jobs and the bar)."""
     # spawn, not fork: a forked copy of a process whose OpenMP threads have started can hang
     mp = multiprocessing.get_context("spawn")
     threads = max(1, torch.get_num_threads() // workers)
-    done, waiting, pool = {}, list(jobs), []
+    jobs, done, pool = list(jobs), {}, []
+    waiting = list(jobs)
     stop = Stop(pool, jobs, label)
     with stop:
         try:
-            for _ in range(min(workers, len(jobs))):  # a signal meanwhile: the loop below starts nothing
-                pool.append(Worker(mp, run, rebuild, threads))
             while True:
-                for worker in [w for w in pool if w.idle() and not stop.reason]:
-                    # a need outside jobs (None, or finished in an earlier launch) is met, as in slurm.run_jobs
-                    ready = [j for j in waiting if needs(j) not in jobs or needs(j) in done]
-                    if ready:
-                        waiting.remove(ready[0])
-                        worker.start(ready[0])
+                # a need outside jobs (None, or finished in an earlier launch) is met, as in slurm.run_jobs
+                for job in [j for j in waiting if needs(j) not in jobs or needs(j) in done]:
+                    worker = next((w for w in pool if w.idle()), None)
+                    if worker is None and len(pool) < workers and not stop.reason:
+                        worker = Worker(mp, run, rebuild, threads)
+                        pool.append(worker)
+                    if worker is None or stop.reason:  # a signal meanwhile: nothing more starts
+                        break
+                    waiting.remove(job)
+                    worker.start(job)
                 busy = [w for w in pool if w.job is not None]
                 if not busy:
                     break
@@ -77,8 +87,14 @@ def in_workers(jobs, run, rebuild, workers, needs, label, bar):
                 alive = [w for w in pool if w.alive]
                 # a timeout, so that a stop's deadline is kept whatever the workers do
                 multiprocessing.connection.wait([w.conn for w in alive] + [w.process.sentinel for w in alive], 1)
+                finished = len(done)
                 for worker in alive:
                     stop.heard(worker, done, bar)
+                if more and len(done) > finished and not stop.reason:
+                    running = {w.job for w in pool}
+                    waiting = [j for j in more(done) if j not in done and j not in running]
+                    jobs += [j for j in waiting if j not in jobs]
+                    bar.total = len(jobs)
                 stop.keep_deadline()
         finally:
             shut_down(pool)

@@ -83,44 +83,61 @@ class Plan:
         """The job that job starts from (None: none)."""
         return None
 
-    def launch(self, jobs, done):
-        """done with every job of jobs done too, each run folder checked before any trains; a need met in done is
-        not among todo, so it waits for nothing (every launcher treats a need outside its jobs as met)."""
-        todo = list(dict.fromkeys(j for j in jobs if j not in done))
-        for job in todo:
-            self.check(job)
-        return done | run_jobs(todo, type(self).run, self, (type(self).make, self.parsed), self.settings,
-                               needs=self.needs, pending=self.pending,
-                               label=self.label, desc=self.desc, progress=self.tc.progress)
+    def launch(self, wanted):
+        """{job: result} of every job wanted(done) lists (in the order to run them) as results come in, until it lists
+        none left to run; each run folder is checked before it trains."""
+        checked = set()
+
+        def todo(done):
+            jobs = [job for job in dict.fromkeys(wanted(done)) if job not in done]
+            for job in jobs:
+                if job not in checked:
+                    self.check(job)
+                    checked.add(job)
+            return jobs
+        return run_jobs(todo({}), type(self).run, self, (type(self).make, self.parsed), self.settings,
+                        needs=self.needs, pending=self.pending, label=self.label, desc=self.desc,
+                        progress=self.tc.progress, more=todo)
 
     def pending(self, job):
         return not (self.folder(job) / self.marker).is_file()
-
-    def best(self, done, arm, rates):
-        """The rate of arm's sweep (on the selection seed) whose run has the lowest loss."""
-        return min(rates, key=lambda rate: self.loss(done[self.job(arm, rate, self.settings.selection_seed)], arm))
 
     def first_launch(self, sweeps, before, after):
         """The jobs before, each arm's sweep on the selection seed, then the jobs after."""
         return before + [self.job(a, rate, self.settings.selection_seed) for a, rates in sweeps.items()
                          for rate in rates] + after
 
-    def sweep_and_test(self, arms, sweeps, before=(), after=(), done=None):
-        """Each arm of sweeps ({arm: its rates}) trains the selection seed at each rate, launched between the jobs
-        before and after (done: {job: result} of jobs finished already, which those wait for no longer); an arm
-        whose best rate lies at an edge of its sweep gets one more rate beyond it, MORE_RATES times at the most;
-        then each arm of arms trains every test seed at its best rate (unswept where it does not sweep). (done
-        {job: result}, sweeps as widened, {arm: its rate})."""
-        sel = self.settings.selection_seed
-        done = self.launch(self.first_launch(sweeps, [*before], [*after]), done or {})
+    def sweep_and_test(self, arms, sweeps, before=(), after=(), screen=None):
+        """Everything in one launch that grows as results come in, so that no worker waits for a round to end: the
+        jobs before; each arm of sweeps ({arm: its rates}) trained on the selection seed at each rate, and where its
+        best rate lies at an edge one more rate beyond it (MORE_RATES at the most), as soon as the arm's runs so far
+        are done; the jobs after; each arm of arms training every test seed at its best rate (unswept where it does
+        not sweep) once that rate is chosen. screen(done), where given, decides the seeds as results come in: (the
+        jobs it wants first, the selection seed (None while undecided), the test seeds admitted so far); by default
+        the plan's own. (done {job: result}, sweeps as widened, {arm: its rate})."""
+        screen = screen or (lambda done: ([], self.settings.selection_seed, self.seeds))
+        sweeps = {a: sorted(rates) for a, rates in sweeps.items()}
         most = max(map(len, sweeps.values()), default=0) + MORE_RATES
-        while more := {a: rate for a, rates in sweeps.items()
-                       if (rate := widen(rates, self.best(done, a, rates), most))}:
-            for a, rate in more.items():
-                sweeps[a] = sorted(sweeps[a] + [rate])
-            done = self.launch([self.job(a, rate, sel) for a, rate in more.items()], done)
-        rates = {a: self.best(done, a, sweeps[a]) if a in sweeps else self.unswept for a in arms}
-        return self.launch([self.job(a, rates[a], seed) for a in arms for seed in self.seeds], done), sweeps, rates
+        rates = {a: self.unswept for a in arms if a not in sweeps}
+
+        def wanted(done):
+            first, sel, seeds = screen(done)
+            jobs = [*first, *before]
+            for a, tried in sweeps.items():
+                if sel is None:
+                    break
+                runs = [self.job(a, rate, sel) for rate in tried]
+                jobs += runs
+                if a not in rates and all(job in done for job in runs):
+                    best = min(tried, key=lambda rate: self.loss(done[self.job(a, rate, sel)], a))
+                    if beyond := widen(tried, best, most):
+                        tried.append(beyond)
+                        tried.sort()
+                        jobs.append(self.job(a, beyond, sel))
+                    else:
+                        rates[a] = best
+            return [*jobs, *after, *(self.job(a, rates[a], seed) for a in arms if a in rates for seed in seeds)]
+        return self.launch(wanted), sweeps, rates
 
     def dry_run(self, sweeps, before=(), after=()):
         """Print every launch sweep_and_test would make, each with its job count, and raise DryRun."""
@@ -129,12 +146,12 @@ class Plan:
             self.check(job)
         print("dry run, launch 1: " + launch_plan(jobs, self.settings, self.needs, self.pending, self.label, self.desc))
         if any(len(rates) > 1 for rates in sweeps.values()):
-            print(f"then up to {MORE_RATES} launches of at most {len(sweeps)} jobs: one more rate on selection seed "
-                  f"{sel} for each arm whose best rate lies at an edge of its sweep")
+            print(f"then, as each arm's sweep finishes, up to {MORE_RATES} more rates on selection seed {sel} for each "
+                  f"arm whose best rate lies at an edge of its sweep")
         if sweeps:
-            print(f"last launch: at most {len(sweeps) * len(self.seeds)} jobs, test seeds "
-                  f"{', '.join(map(str, self.seeds))} of {len(sweeps)} arms at the rate each arm's sweep chooses "
-                  f"(none that launch 1 holds already)")
+            print(f"then at most {len(sweeps) * len(self.seeds)} jobs, test seeds {', '.join(map(str, self.seeds))} "
+                  f"of {len(sweeps)} arms, each arm's as soon as its sweep chooses its rate (none that launch 1 holds "
+                  f"already)")
         raise DryRun
 
     def write_results(self, results, plots, markdown, t0, also=()):

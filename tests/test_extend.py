@@ -11,7 +11,7 @@ import pytest
 import train
 from checkpoint import load_checkpoint
 from conftest import TINY, run, same_tensors
-from lab import extend, extend_report
+from lab import extend, extend_report, sweep
 
 # L0 = 32: RoPE (base 200), every base passing the gate (0) at its first probe (step 2) and decayed 2 steps; 2 test
 # seeds and the selection seed; each method fine-tuned 4 steps at 64 tokens, scored at steps 0, 2 and 4
@@ -153,11 +153,12 @@ def test_a_dry_run_prints_the_screening_and_every_launch_with_its_job_count(data
     lines = capsys.readouterr().out.splitlines()
     # the bases first (the selection seed's and 2 test seeds'), then 2 methods x 2 rates on the selection seed
     assert lines[0].startswith("dry run, screening: 3 runs here, 2 at a time: rope-b200 seed 1000, rope-b200 seed "
-                               "1337, rope-b200 seed 1338; then, for each base model that fails the gate, the next "
-                               "seed's, up to 12 seeds a role"), lines
+                               "1337, rope-b200 seed 1338; then, as each base model fails the gate, the next seed's, "
+                               "up to 12 seeds a role (launch 1 joins them once the selection seed passed)"), lines
     assert lines[1].startswith("dry run, launch 1: 4 runs here, 2 at a time: rope-b200 none x2 lr 0.001 seed 1000")
-    assert lines[2].startswith("then up to 2 launches of at most 2 jobs: one more rate on selection seed 1000")
-    assert lines[3].startswith("last launch: at most 4 jobs, test seeds 1337, 1338 of 2 arms") and len(lines) == 4
+    assert lines[2].startswith("then, as each arm's sweep finishes, up to 2 more rates on selection seed 1000")
+    assert lines[3].startswith("then at most 4 jobs, test seeds 1337, 1338 of 2 arms, each arm's as soon as its sweep "
+                               "chooses its rate") and len(lines) == 4
     assert not (tmp_path / "ext").exists()
 
 
@@ -236,31 +237,57 @@ def test_the_gpu_and_second_scale_configs_run_shrunk_on_the_cpu(data_dir, tmp_pa
     assert set(res["finetune"]) == {f"rope-b{res['bases'][0]:g}-{m}-x{res['factors'][0]:g}" for m in ("none", "pose")}
 
 
-def test_the_selection_seeds_sweep_joins_the_screening_once_that_seed_passed():
-    """Seed 1338's base fails the gate: the round screening 1339 also runs the sweep on selection seed 1000, which
-    passed in the round before, so no worker waits idle for 1339 alone; the sweep is not run before that."""
-    launches = []
+class Screened:
+    """What extend.screening reads of a lab: 2 test seeds from 1337, 3 screened a role at the most."""
+    settings = extend.ExtendConfig(seeds=2, screen_most=3)
+    tc, bases = train.TrainConfig(seed=1337), [200.0]
 
-    class Chosen:
-        def __init__(self, sel):
-            self.sel = sel
 
-        def first_launch(self, sweeps, before, after):
-            return [*before, *(("finetune", 200.0, m, 2.0, self.sel, lr) for m, lrs in sweeps.items() for lr in lrs),
-                    *after]
+def bases(passed):
+    """done for base models: {seed: whether it passed}."""
+    return {("base", 200.0, seed): {"passed": ok} for seed, ok in passed.items()}
 
-    class Lab:
-        settings = extend.ExtendConfig(seeds=2, screen_most=3)
-        tc, bases, seeds = train.TrainConfig(seed=1337), [200.0], None
-        included = staticmethod(lambda sel, seeds: Chosen(sel))
+
+def test_seeds_are_screened_in_order_as_far_as_needed_and_included_once_every_earlier_one_is_decided():
+    assert extend.screening(Screened, {}) == {"selection": {"screened": [1000], "passed": [], "included": []},
+                                              "test": {"screened": [1337, 1338], "passed": [], "included": []}}
+    found = extend.screening(Screened, bases({1000: True, 1338: False}))  # 1337 still training
+    assert found["test"] == {"screened": [1337, 1338, 1339], "passed": [], "included": []}
+    assert found["selection"]["included"] == [1000]
+    found = extend.screening(Screened, bases({1338: False, 1339: True}))  # 1339 passed, 1337 undecided before it
+    assert found["test"] == {"screened": [1337, 1338, 1339], "passed": [1339], "included": []}
+    found = extend.screening(Screened, bases({1337: True, 1338: False, 1339: True, 1340: True}))
+    assert found["test"] == {"screened": [1337, 1338, 1339], "passed": [1337, 1339], "included": [1337, 1339]}
+    with pytest.raises(ValueError, match=r"1 of the 3 test seeds screened \(screen_most\) passed the gate "
+                                         r"\(1337, 1338, 1339\); 2 needed: raise screen_most"):
+        extend.screening(Screened, bases({1337: False, 1338: True, 1339: False}))
+
+
+def test_each_run_starts_once_what_it_needs_is_known_not_when_a_round_ends():
+    """Two workers, a base model taking 10 time units and a fine-tune 1: the selection seed's sweep starts beside the
+    test seeds' bases once seed 1000 passed, its widening once its two rates ran, and seed 1337's fine-tune once its
+    rate is chosen, long before 1339 (screened once 1338 failed) is decided."""
+    started, sel_loss = [], {1e-4: 3.0, 2e-4: 2.0, 4e-4: 2.5}  # 2e-4 at the edge: 4e-4 is added, and loses
+
+    class Lab(Screened):
+        seeds, unswept = None, 1
+        job = staticmethod(lambda arm, lr, seed: ("finetune", *arm, seed, lr))
+        loss = staticmethod(lambda run, arm: run["loss"])
 
         @staticmethod
-        def launch(jobs, done):
-            launches.append(jobs)
-            return done | {job: {"passed": job[-1] != 1338} for job in jobs}
-    done, screening = extend.screen(Lab, {"none": [1e-4, 2e-4]})
-    assert launches == [[("base", 200.0, 1000), ("base", 200.0, 1337), ("base", 200.0, 1338)],
-                        [("base", 200.0, 1339), ("finetune", 200.0, "none", 2.0, 1000, 1e-4),
-                         ("finetune", 200.0, "none", 2.0, 1000, 2e-4)]]
-    assert screening["test"] == {"screened": [1337, 1338, 1339], "passed": [1337, 1339], "included": [1337, 1339]}
-    assert ("finetune", 200.0, "none", 2.0, 1000, 2e-4) in done
+        def launch(wanted):
+            done, running, now = {}, {}, 0  # running: {job: the time it ends}
+            while True:
+                for job in [j for j in wanted(done) if j not in done and j not in running][:2 - len(running)]:
+                    running[job] = now + (10 if job[0] == "base" else 1)
+                    started.append(job[-2:] if job[0] == "finetune" else job[-1])
+                if not running:
+                    return done
+                job = min(running, key=running.get)  # of two ending together, the one started first
+                now = running.pop(job)
+                done[job] = {"passed": job[-1] != 1338} if job[0] == "base" else {"loss": sel_loss.get(job[-1])}
+    arm = (200.0, "none", 2.0)
+    done, sweeps, rates = sweep.Plan.sweep_and_test(Lab, [arm], {arm: [1e-4, 2e-4]},
+                                                    screen=lambda done: extend.screened_jobs(Lab, done))
+    assert started == [1000, 1337, 1338, (1000, 1e-4), (1000, 2e-4), (1000, 4e-4), (1337, 2e-4), 1339, (1339, 2e-4)]
+    assert sweeps == {arm: [1e-4, 2e-4, 4e-4]} and rates == {arm: 2e-4}

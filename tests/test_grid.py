@@ -4,6 +4,7 @@ and stopping them: signals, a killed worker or job, damaged run files."""
 
 import contextlib
 import json
+import operator
 import os
 import shutil
 import signal
@@ -186,6 +187,22 @@ def test_a_broken_submitit_is_one_line(data_dir, tmp_path, monkeypatch, capsys):
     assert stop.value.code == 1 and capsys.readouterr().err == (
         "error: launcher=slurm needs the submitit package, which is installed but fails to import (RuntimeError: "
         "half-installed); reinstall it: pip install submitit\n")
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_launch_grows_with_the_jobs_its_results_call_for(workers):
+    """more(done), asked after each result, adds jobs while the others run: here and in worker processes (each job
+    runs operator.add(0, job) there)."""
+    asked = []
+
+    def more(done):
+        asked.append(sorted(done))
+        return [1, 2, *([3] if 1 in done else []), *([4] if 3 in done else [])]
+    done = launch.run_jobs([1, 2], operator.add, 0, (int, (0,)), launch.LaunchSettings(workers=workers),
+                           more=more, progress=False)
+    assert done == {1: 1, 2: 2, 3: 3, 4: 4} and asked[-1] == [1, 2, 3, 4]
+    if workers == 1:  # in workers, two results may arrive in one look, and are then asked about together
+        assert asked == [[1], [1, 2], [1, 2, 3], [1, 2, 3, 4]]
 
 
 # ----------------------------------------------------------------------------- local workers: stopping them
