@@ -251,11 +251,11 @@ def md_screening(r):
             f"passes the gate, the selection seed the first that passes from {ex['selection_seed']} on. A base model "
             f"passes when every query slot retrieves at least {gate:.0%} of whole answers at L0 (probed every "
             f"{ex['base_check']} steps at a constant rate, by step {r['settings']['train']['max_iters']}) and still "
-            f"does after its rate's decay over {ex['base_decay']} steps. Bases are launched only as far as still "
-            f"needed, in order, so a later seed enters only once every earlier one was decided. Inclusion depends on "
-            f"the base model alone, before any method touches it: every method is fine-tuned from the same included "
-            f"bases, so the paired comparisons of methods stay unbiased (a seed is never kept or dropped for what a "
-            f"method did on it). {counts}.\n\n"
+            f"does after its rate's decay over {ex['base_decay']} steps. Bases are launched in order, only as far as "
+            f"still needed, and a seed is included once it passed and every earlier seed is decided. Inclusion "
+            f"depends on the base model alone, before any method touches it: every method is fine-tuned from the "
+            f"same included bases, so the paired comparisons of methods stay unbiased (a seed is never kept or dropped "
+            f"for what a method did on it). {counts}.\n\n"
             + md_table(["role", "seed", "model", "gate passed at step", "steps trained", "worst slot, last probe",
                         "passed", "included"], rows, text_columns=3))
 
