@@ -57,10 +57,10 @@ def run_jobs(jobs, run, context, rebuild, launch, needs=lambda job: None, pendin
       model's matmuls leave cores idle that a second run fills);
     - slurm: each job with work left (pending(job)) as a Slurm job that builds its context the same way
       (lab/slurm.py); the others, whose run folders hold their results, are read here.
-    more(done), where given, lists every job wanted once those of done have results, in the order to run them: a
-    lab whose next runs depend on results (a sweep widened, seeds screened) grows its launch with it. Here and in
-    workers it is asked after each result, so a worker never waits for a round to end; with slurm after each round
-    of Slurm jobs.
+    more(done), where given, lists every job wanted once those of done have results, in the order to run them (a job
+    after its need, or once its need is done): a lab whose next runs depend on results (a sweep widened, seeds
+    screened) grows its launch with it. Here and in workers it is asked as results come in, so a worker never waits
+    for a round to end; with slurm after each round of Slurm jobs.
     SIGINT or SIGTERM stops every run at a checkpoint and raises Interrupted; a worker that dies or a Slurm job that
     fails raises Failed naming its run. With dry_run it prints what it would launch and raises DryRun."""
     if launch.dry_run:

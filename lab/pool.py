@@ -32,7 +32,7 @@ class Failed(ValueError):
 
 def in_process(jobs, run, context, label, bar, more=None):
     """run_jobs here, one job after another; more(done), asked after each result, lists every job wanted by then in
-    the order to run them (in_workers')."""
+    the order to run them (as in in_workers)."""
     done, waiting = {}, list(jobs)
     # SIGINT raises KeyboardInterrupt already; inside train's loop its StopFlag takes both and checkpoints
     previous = signal.signal(signal.SIGTERM, interrupt)
@@ -59,8 +59,9 @@ def interrupt(signum, frame):
 
 def in_workers(jobs, run, rebuild, workers, needs, label, bar, more=None):
     """run_jobs with workers > 1: a worker process per slot, started as a job needs one; each job is sent to an idle
-    worker once its need is done. more(done), asked after each result, lists every job wanted by then, in the order
-    to run them: jobs not done and not running are what waits (a job it adds grows jobs and the bar)."""
+    worker once its need is done. more(done), asked after each look that brought results, lists every job wanted by
+    then, in the order to run them: jobs not done and not running are what waits (a job it adds grows jobs and the
+    bar). An error it raises stops the runs in progress at a checkpoint, then is raised."""
     # spawn, not fork: a forked copy of a process whose OpenMP threads have started can hang
     mp = multiprocessing.get_context("spawn")
     threads = max(1, torch.get_num_threads() // workers)
@@ -70,7 +71,7 @@ def in_workers(jobs, run, rebuild, workers, needs, label, bar, more=None):
     with stop:
         try:
             while True:
-                # a need outside jobs (None, or finished in an earlier launch) is met, as in slurm.run_jobs
+                # a need outside jobs (None, or finished before this launch) is met, as in slurm.run_jobs
                 for job in [j for j in waiting if needs(j) not in jobs or needs(j) in done]:
                     worker = next((w for w in pool if w.idle()), None)
                     if worker is None and len(pool) < workers and not stop.reason:
@@ -91,8 +92,12 @@ def in_workers(jobs, run, rebuild, workers, needs, label, bar, more=None):
                 for worker in alive:
                     stop.heard(worker, done, bar)
                 if more and len(done) > finished and not stop.reason:
-                    running = {w.job for w in pool}
-                    waiting = [j for j in more(done) if j not in done and j not in running]
+                    try:
+                        running = {w.job for w in pool}
+                        waiting = [j for j in more(done) if j not in done and j not in running]
+                    except Exception as e:  # e.g. a run folder refused, or too few seeds passing
+                        stop.error = stop.error or e
+                        stop.begin("the launch could not go on")
                     jobs += [j for j in waiting if j not in jobs]
                     bar.total = len(jobs)
                 stop.keep_deadline()
@@ -244,6 +249,8 @@ class Stop(Signals):
         elif kind == "interrupted":
             self.stopped.append(job)
             self.begin(f"the worker running {self.label(job)} was stopped ({value})")
+        elif self.reason and value == "SIGTERM":  # the stop's own signal, before the worker had set its handler
+            self.stopped.append(job)
         elif worker.killed:
             self.killed.append(job)
         else:

@@ -1,6 +1,6 @@
 """The frame of a lab tool that chooses each arm's rate on a selection seed and then trains the test seeds at it
-(ablate, extend): its settings, the plan it resolves before anything trains, the launches (each run folder checked
-first), the sweep and its widening, the whole plan of a dry run, and the results files. A tool's plan subclasses
+(ablate, extend): its settings, the plan it resolves before anything trains, the launch that grows as results come
+in (each run folder checked before it trains), the sweep and its widening, the whole plan of a dry run, and the results files. A tool's plan subclasses
 Plan and says what its jobs are; the tool keeps only its experiment.
 """
 

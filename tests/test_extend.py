@@ -264,10 +264,13 @@ def test_seeds_are_screened_in_order_as_far_as_needed_and_included_once_every_ea
 
 
 def test_each_run_starts_once_what_it_needs_is_known_not_when_a_round_ends():
-    """Two workers, a base model taking 10 time units and a fine-tune 1: the selection seed's sweep starts beside the
-    test seeds' bases once seed 1000 passed, its widening once its two rates ran, and seed 1337's fine-tune once its
-    rate is chosen, long before 1339 (screened once 1338 failed) is decided."""
-    started, sel_loss = [], {1e-4: 3.0, 2e-4: 2.0, 4e-4: 2.5}  # 2e-4 at the edge: 4e-4 is added, and loses
+    """Two workers, a base model taking 10 time units and a fine-tune 1: the selection seed's sweeps start beside the
+    test seeds' bases once seed 1000 passed; direct fine-tuning's widens as soon as its own rates ran, before PI's
+    sweep has; and seed 1337's fine-tunes start once their rates are chosen, long before 1339 (screened once 1338
+    failed) is decided."""
+    started = []
+    losses = {("none", 1e-4): 3.0, ("none", 2e-4): 2.5, ("none", 4e-4): 2.0, ("none", 8e-4): 2.2,  # widened once
+              ("linear", 1e-4): 3.0, ("linear", 2e-4): 2.0, ("linear", 4e-4): 2.5}  # its best inside
 
     class Lab(Screened):
         seeds, unswept = None, 1
@@ -280,14 +283,18 @@ def test_each_run_starts_once_what_it_needs_is_known_not_when_a_round_ends():
             while True:
                 for job in [j for j in wanted(done) if j not in done and j not in running][:2 - len(running)]:
                     running[job] = now + (10 if job[0] == "base" else 1)
-                    started.append(job[-2:] if job[0] == "finetune" else job[-1])
+                    started.append((job[2], job[-1], job[-2]) if job[0] == "finetune" else job[-1])
                 if not running:
                     return done
                 job = min(running, key=running.get)  # of two ending together, the one started first
                 now = running.pop(job)
-                done[job] = {"passed": job[-1] != 1338} if job[0] == "base" else {"loss": sel_loss.get(job[-1])}
-    arm = (200.0, "none", 2.0)
-    done, sweeps, rates = sweep.Plan.sweep_and_test(Lab, [arm], {arm: [1e-4, 2e-4]},
+                done[job] = {"passed": job[-1] != 1338} if job[0] == "base" else {"loss": losses[job[2], job[-1]]}
+    none, pi = (200.0, "none", 2.0), (200.0, "linear", 2.0)
+    done, sweeps, rates = sweep.Plan.sweep_and_test(Lab, [none, pi], {none: [1e-4, 2e-4, 4e-4],
+                                                                       pi: [1e-4, 2e-4, 4e-4]},
                                                     screen=lambda done: extend.screened_jobs(Lab, done))
-    assert started == [1000, 1337, 1338, (1000, 1e-4), (1000, 2e-4), (1000, 4e-4), (1337, 2e-4), 1339, (1339, 2e-4)]
-    assert sweeps == {arm: [1e-4, 2e-4, 4e-4]} and rates == {arm: 2e-4}
+    assert started == [1000, 1337, 1338, ("none", 1e-4, 1000), ("none", 2e-4, 1000), ("none", 4e-4, 1000),
+                       ("none", 8e-4, 1000), ("linear", 1e-4, 1000), ("linear", 2e-4, 1000), ("linear", 4e-4, 1000),
+                       ("none", 4e-4, 1337), ("linear", 2e-4, 1337), 1339, ("none", 4e-4, 1339),
+                       ("linear", 2e-4, 1339)]
+    assert sweeps == {none: [1e-4, 2e-4, 4e-4, 8e-4], pi: [1e-4, 2e-4, 4e-4]} and rates == {none: 4e-4, pi: 2e-4}

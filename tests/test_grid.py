@@ -189,20 +189,46 @@ def test_a_broken_submitit_is_one_line(data_dir, tmp_path, monkeypatch, capsys):
         "half-installed); reinstall it: pip install submitit\n")
 
 
+class Bar:
+    """What the launchers ask of their tqdm bar, counting the results."""
+    total, n = 0, 0
+
+    def update(self, k=1):
+        self.n += k
+
+    def set_postfix_str(self, text):
+        pass
+
+
+def launch_growing(workers, more):
+    """Jobs 1 and 2, then what more(done) asks for, each job running operator.add(0, job): here with 1 worker, else
+    in worker processes. ({job: result}, the bar)."""
+    bar = Bar()
+    if workers == 1:
+        return pool.in_process([1, 2], operator.add, 0, str, bar, more), bar
+    return pool.in_workers([1, 2], operator.add, (int, (0,)), workers, lambda job: None, str, bar, more), bar
+
+
 @pytest.mark.parametrize("workers", [1, 2])
-def test_a_launch_grows_with_the_jobs_its_results_call_for(workers):
-    """more(done), asked after each result, adds jobs while the others run: here and in worker processes (each job
-    runs operator.add(0, job) there)."""
+def test_a_launch_grows_with_the_jobs_its_results_call_for_each_run_once(workers):
     asked = []
 
     def more(done):
         asked.append(sorted(done))
         return [1, 2, *([3] if 1 in done else []), *([4] if 3 in done else [])]
-    done = launch.run_jobs([1, 2], operator.add, 0, (int, (0,)), launch.LaunchSettings(workers=workers),
-                           more=more, progress=False)
+    done, bar = launch_growing(workers, more)
     assert done == {1: 1, 2: 2, 3: 3, 4: 4} and asked[-1] == [1, 2, 3, 4]
+    assert bar.n == 4 and bar.total == 4  # no job ran twice
     if workers == 1:  # in workers, two results may arrive in one look, and are then asked about together
         assert asked == [[1], [1, 2], [1, 2, 3], [1, 2, 3, 4]]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_an_error_in_what_a_launch_asks_for_next_is_raised(workers):
+    def more(done):
+        raise ValueError("1 of the 3 test seeds screened (screen_most) passed the gate")
+    with pytest.raises(ValueError, match="screen_most"):
+        launch_growing(workers, more)
 
 
 # ----------------------------------------------------------------------------- local workers: stopping them
