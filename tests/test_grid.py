@@ -348,6 +348,18 @@ def test_a_slurm_grid_gives_what_a_local_run_gives(data_dir, tmp_path, local_slu
                             load_checkpoint(tmp_path / "here" / run / "ckpt.pt")["model"])
 
 
+def test_a_slurm_launch_grows_in_rounds(tmp_path, local_slurm):
+    """With Slurm, more(done) is asked after each round of jobs, each job once."""
+    asked = []
+
+    def more(done):
+        asked.append(sorted(done))
+        return [1, 2, *([3] if 1 in done else []), *([4] if 3 in done else [])]
+    settings = config.parse(local_slurm, launch.LaunchSettings)[0]
+    done = launch.run_jobs([1, 2], operator.add, 0, (int, (0,)), settings, more=more, progress=False)
+    assert done == {1: 1, 2: 2, 3: 3, 4: 4} and asked == [[1, 2], [1, 2, 3], [1, 2, 3, 4]]
+
+
 def test_a_failed_slurm_job_is_named_with_its_log(data_dir, tmp_path, local_slurm):
     with pytest.raises(pool.Failed) as failed:
         toy_results(data_dir, tmp_path, "--runs=bad,ft-bad", "--max_iters=2", "--eval_interval=2", *local_slurm)
