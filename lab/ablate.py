@@ -514,7 +514,7 @@ def ablate(plan):
     # a selection run of each scheme that sweeps its rate, and every test seed at the shared rate
     sweeps = {name: plan.scales for name in plan.grid if len(plan.scales_of(name)) > 1}
     shared = [(name, 1, seed) for seed in plan.seeds for name in plan.grid]
-    statuses = {job: status(plan, job) for job in plan.first_launch(sweeps, [], shared)}
+    statuses = {job: status(plan, job) for job in plan.first_launch(sweeps, shared)}
     print_plan(plan, statuses)
     if plan.settings.dry_run:
         print_estimate(plan, statuses)

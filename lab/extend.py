@@ -374,7 +374,8 @@ def screening(lab, done):
                 undecided += 1
             elif all(run["passed"] for run in runs):
                 passed.append(seed)
-                included += [seed] if not undecided else []
+                if not undecided:  # every seed before it decided
+                    included.append(seed)
         if len(passed) < wanted and not undecided and len(screened) == ec.screen_most:
             raise ValueError(
                 f"{len(passed)} of the {ec.screen_most} {role} seeds screened (screen_most) passed the gate "

@@ -93,11 +93,12 @@ def in_workers(jobs, run, rebuild, workers, needs, label, bar, more=None):
                     stop.heard(worker, done, bar)
                 if more and len(done) > finished and not stop.reason:
                     try:
-                        running = {w.job for w in pool}
-                        waiting = [j for j in more(done) if j not in done and j not in running]
+                        wanted = more(done)
                     except Exception as e:  # e.g. a run folder refused, or too few seeds passing
-                        stop.error = stop.error or e
+                        stop.error, wanted = stop.error or e, []
                         stop.begin("the launch could not go on")
+                    running = {w.job for w in pool}
+                    waiting = [j for j in wanted if j not in done and j not in running]
                     jobs += [j for j in waiting if j not in jobs]
                     bar.total = len(jobs)
                 stop.keep_deadline()

@@ -1,9 +1,10 @@
 """The frame of a lab tool that chooses each arm's rate on a selection seed and then trains the test seeds at it
 (ablate, extend): its settings, the plan it resolves before anything trains, the launch that grows as results come
-in (each run folder checked before it trains), the sweep and its widening, the whole plan of a dry run, and the results files. A tool's plan subclasses
-Plan and says what its jobs are; the tool keeps only its experiment.
+in (each run folder checked before it trains), the sweep and its widening, the whole plan of a dry run, and the
+results files. A tool's plan subclasses Plan and says what its jobs are; the tool keeps only its experiment.
 """
 
+import bisect
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -102,46 +103,41 @@ class Plan:
     def pending(self, job):
         return not (self.folder(job) / self.marker).is_file()
 
-    def first_launch(self, sweeps, before, after):
-        """The jobs before, each arm's sweep on the selection seed, then the jobs after."""
-        return before + [self.job(a, rate, self.settings.selection_seed) for a, rates in sweeps.items()
-                         for rate in rates] + after
+    def first_launch(self, sweeps, after=()):
+        """Each arm's sweep on the selection seed, then the jobs after."""
+        return [self.job(a, rate, self.settings.selection_seed) for a, rates in sweeps.items() for rate in rates
+                ] + [*after]
 
-    def sweep_and_test(self, arms, sweeps, before=(), after=(), screen=None):
-        """Everything in one launch that grows as results come in, so that no worker waits for a round to end: the
-        jobs before; each arm of sweeps ({arm: its rates}) trained on the selection seed at each rate, and where its
-        best rate lies at an edge one more rate beyond it (MORE_RATES at the most), as soon as the arm's runs so far
-        are done; the jobs after; each arm of arms training every test seed at its best rate (unswept where it does
-        not sweep) once that rate is chosen. screen(done), where given, decides the seeds as results come in: (the
-        jobs it wants first, the selection seed (None while undecided), the test seeds admitted so far); by default
-        the plan's own. (done {job: result}, sweeps as widened, {arm: its rate})."""
+    def sweep_and_test(self, arms, sweeps, after=(), screen=None):
+        """Everything in one launch that grows as results come in, so that no worker waits for a round to end: each
+        arm of sweeps ({arm: its rates}) trained on the selection seed at each rate, and where its best rate lies at
+        an edge one more rate beyond it (MORE_RATES at the most), as soon as the arm's runs so far are done; the jobs
+        after; each arm of arms training every test seed at its best rate (unswept where it does not sweep) once
+        that rate is chosen. screen(done), where given, decides the seeds as results come in: (the jobs it wants
+        first, the selection seed (None while undecided), the test seeds admitted so far); by default the plan's
+        own. (done {job: result}, sweeps as widened, {arm: its rate})."""
         screen = screen or (lambda done: ([], self.settings.selection_seed, self.seeds))
         sweeps = {a: sorted(rates) for a, rates in sweeps.items()}
         most = max(map(len, sweeps.values()), default=0) + MORE_RATES
         rates = {a: self.unswept for a in arms if a not in sweeps}
 
         def wanted(done):
-            first, sel, seeds = screen(done)
-            jobs = [*first, *before]
-            for a, tried in sweeps.items():
-                if sel is None:
-                    break
-                runs = [self.job(a, rate, sel) for rate in tried]
-                jobs += runs
-                if a not in rates and all(job in done for job in runs):
-                    best = min(tried, key=lambda rate: self.loss(done[self.job(a, rate, sel)], a))
+            jobs, sel, seeds = screen(done)
+            for a, tried in (sweeps.items() if sel is not None else ()):  # no sweep before its seed passed
+                runs = {rate: self.job(a, rate, sel) for rate in tried}
+                if a not in rates and all(job in done for job in runs.values()):
+                    best = min(tried, key=lambda rate: self.loss(done[runs[rate]], a))
                     if beyond := widen(tried, best, most):
-                        tried.append(beyond)
-                        tried.sort()
-                        jobs.append(self.job(a, beyond, sel))
+                        bisect.insort(tried, beyond)
                     else:
                         rates[a] = best
+                jobs = [*jobs, *(self.job(a, rate, sel) for rate in tried)]
             return [*jobs, *after, *(self.job(a, rates[a], seed) for a in arms if a in rates for seed in seeds)]
         return self.launch(wanted), sweeps, rates
 
-    def dry_run(self, sweeps, before=(), after=()):
+    def dry_run(self, sweeps, after=()):
         """Print every launch sweep_and_test would make, each with its job count, and raise DryRun."""
-        sel, jobs = self.settings.selection_seed, self.first_launch(sweeps, [*before], [*after])
+        sel, jobs = self.settings.selection_seed, self.first_launch(sweeps, after)
         for job in jobs:
             self.check(job)
         print("dry run, launch 1: " + launch_plan(jobs, self.settings, self.needs, self.pending, self.label, self.desc))
