@@ -55,18 +55,29 @@ class BenchConfig(ProbeSettings):  # the probe bench's windows, declared where t
     json: bool = opt(False, "print one JSON object a line instead of a table")
     device: str | None = opt(None, "auto, cpu, cuda, cuda:N or mps (default: the config's, auto)")
     dtype: str | None = opt(None, "auto, float32, bfloat16 or float16 (default: the config's)")
-    config: str | None = opt(None, "a run config (TOML) giving the model and batch shape (default: "
-                                   "configs/shakespeare_char_cpu.toml, nanoGPT's CPU recipe shape; quick: a tiny model)")
-    only: str = opt("", "benches to run, comma-separated: matmul_peak, train_step, generate, rope_apply, to_loss, "
-                        "probe (default: all but to_loss, which takes minutes and needs nanoGPT, and probe, which "
-                        "needs the config's dataset prepared)")
+    config: str | None = opt(
+        None,
+        "a run config (TOML) giving the model and batch shape (default: "
+        "configs/shakespeare_char_cpu.toml, nanoGPT's CPU recipe shape; quick: a tiny model)",
+    )
+    only: str = opt(
+        "",
+        "benches to run, comma-separated: matmul_peak, train_step, generate, rope_apply, to_loss, "
+        "probe (default: all but to_loss, which takes minutes and needs nanoGPT, and probe, which "
+        "needs the config's dataset prepared)",
+    )
     quick: bool = opt(False, "a tiny model, few repeats and no torch.compile: seconds, for CI")
     repeats: int | None = opt(None, "timed repeats per variant (default per bench)", check=POSITIVE)
-    threads: int | None = opt(None, "CPU threads for torch (default: torch's choice; 1 with quick, which on a busy "
-                                    "machine is faster than threads waiting on each other)", check=POSITIVE)
+    threads: int | None = opt(
+        None,
+        "CPU threads for torch (default: torch's choice; 1 with quick, which on a busy "
+        "machine is faster than threads waiting on each other)",
+        check=POSITIVE,
+    )
     new_tokens: int | None = opt(None, "tokens per generation (default 500; 16 quick)", check=POSITIVE)
-    nanogpt: str | None = opt(None, "to_loss: a nanoGPT checkout (github.com/karpathy/nanoGPT) with "
-                                    "data/shakespeare_char prepared")
+    nanogpt: str | None = opt(
+        None, "to_loss: a nanoGPT checkout (github.com/karpathy/nanoGPT) with data/shakespeare_char prepared"
+    )
 
     def __post_init__(self):
         ProbeSettings.__post_init__(self)
@@ -74,6 +85,7 @@ class BenchConfig(ProbeSettings):  # the probe bench's windows, declared where t
 
 
 # ----------------------------------------------------------------------------- timing
+
 
 def time_in_turns(fns, repeats, warmup=1, number=1, sync=lambda: None, desc=None):
     """Seconds per call of each fn {name: fn}: `warmup` untimed rounds, then `repeats` rounds that
@@ -109,6 +121,7 @@ def timed_first_call(fn, sync):
 
 # ----------------------------------------------------------------------------- benches
 
+
 def square_matmul(run):
     """n and a call of an (n, n) @ (n, n) matmul in the training dtype: big enough to reach the device's peak."""
     n = 128 if run.quick else 4096 if run.rt.device_type == "cuda" else 1024
@@ -123,8 +136,9 @@ def gflops(n, seconds):
 def bench_matmul_peak(run):
     """The matmul rate: what MFU divides by."""
     n, matmul = square_matmul(run)
-    seconds = time_in_turns({"mm": matmul}, run.repeats("matmul_peak"), number=5 if run.quick else 3,
-                            sync=run.sync, desc="matmul_peak")["mm"]
+    seconds = time_in_turns(
+        {"mm": matmul}, run.repeats("matmul_peak"), number=5 if run.quick else 3, sync=run.sync, desc="matmul_peak"
+    )["mm"]
     figures = spread(seconds)
     figures["gflops"] = gflops(n, statistics.median(seconds))
     return [({"n": n, "dtype": run.dtype_name, "threads": torch.get_num_threads()}, figures)]
@@ -139,6 +153,7 @@ def make_train_step(model, tc, rt):
     def step(forward, batches):
         micro_batches = [Batch(x, y) for x, y in batches]
         train_step(forward, optimizer, scaler, micro_batches, tc.learning_rate, tc.grad_clip, rt)[0].item()
+
     return step
 
 
@@ -195,11 +210,15 @@ def bench_generate(run):
             with decode_autocast(run.rt.device_type, run.rt.dtype):  # as sample.py decodes
                 for _ in generate(model, prompt, run.new_tokens, Sampling(temperature=0), cache, compile):
                     pass
+
         return call
 
     # (kv_cache, compiled, static_cache)
-    variants = {(True, False, False): generation(True), (True, False, True): generation(True, static_cache=True),
-                (False, False, False): generation(False)}
+    variants = {
+        (True, False, False): generation(True),
+        (True, False, True): generation(True, static_cache=True),
+        (False, False, False): generation(False),
+    }
     compile_s = {}
     if run.compile:
         for static in (False, True):
@@ -215,8 +234,13 @@ def bench_generate(run):
             figures["speedup"] = uncached_ms / figures["ms_median"]
         if compiled:
             figures["compile_s"] = compile_s[static]
-        variant = {"kv_cache": kv_cache, "static_cache": static, "compiled": compiled, "new_tokens": run.new_tokens,
-                   **run.shape(batch=False)}
+        variant = {
+            "kv_cache": kv_cache,
+            "static_cache": static,
+            "compiled": compiled,
+            "new_tokens": run.new_tokens,
+            **run.shape(batch=False),
+        }
         rows.append((variant, figures))
     return rows
 
@@ -277,13 +301,19 @@ def bench_rope_apply(run):
         figures = spread(s)
         figures["vs_clone"] = medians[name, compiled] / medians["clone", compiled]
         if name.startswith("apply_rope"):
-            figures["vs_best_reference"] = medians[name, compiled] / min(medians["complex", compiled],
-                                                                            medians["rotate_half", compiled])
+            figures["vs_best_reference"] = medians[name, compiled] / min(
+                medians["complex", compiled], medians["rotate_half", compiled]
+            )
         if compiled:
             figures["compile_s"] = compile_s[name]
         impl, _, layout = name.partition("/")
-        variant = {"impl": impl, "layout": layout or impls[name][0], "compiled": compiled,
-                   "shape": "x".join(map(str, shape)), "dtype": "float32"}
+        variant = {
+            "impl": impl,
+            "layout": layout or impls[name][0],
+            "compiled": compiled,
+            "shape": "x".join(map(str, shape)),
+            "dtype": "float32",
+        }
         rows.append((variant, figures))
     return rows
 
@@ -320,16 +350,35 @@ def bench_probe(run):
         figures["tokens_per_s"] = figures["windows_per_s"] * W
         if compiled:
             figures["compile_s"] = compile_s[what, W]
-        variant = {"probe": what, "window": W, "windows": windows, "compiled": compiled,
-                   "threads": torch.get_num_threads(), **run.shape(batch=False)}
+        variant = {
+            "probe": what,
+            "window": W,
+            "windows": windows,
+            "compiled": compiled,
+            "threads": torch.get_num_threads(),
+            **run.shape(batch=False),
+        }
         rows.append((variant, figures))
     return rows
 
 
 # nanoGPT README's CPU command for tiny Shakespeare (float32 on a CPU: nanoGPT autocasts on CUDA only)
-NANOGPT_CPU = ["train.py", "config/train_shakespeare_char.py", "--device=cpu", "--compile=False", "--eval_iters=20",
-               "--log_interval=1", "--block_size=64", "--batch_size=12", "--n_layer=4", "--n_head=4", "--n_embd=128",
-               "--max_iters=2000", "--lr_decay_iters=2000", "--dropout=0.0"]
+NANOGPT_CPU = [
+    "train.py",
+    "config/train_shakespeare_char.py",
+    "--device=cpu",
+    "--compile=False",
+    "--eval_iters=20",
+    "--log_interval=1",
+    "--block_size=64",
+    "--batch_size=12",
+    "--n_layer=4",
+    "--n_head=4",
+    "--n_embd=128",
+    "--max_iters=2000",
+    "--lr_decay_iters=2000",
+    "--dropout=0.0",
+]
 NANOGPT_VAL = re.compile(r"step \d+: train loss [\d.]+, val loss ([\d.]+)")
 
 
@@ -339,38 +388,66 @@ def bench_to_loss(run):
     --nanogpt checkout. Each starts in a fresh out_dir; its last val loss is reported beside its time, and
     vs_nanogpt is nanoGPT's median time over the command's."""
     if not run.nanogpt or not (Path(run.nanogpt) / "data/shakespeare_char/train.bin").is_file():
-        raise ValueError(f"--only=to_loss needs --nanogpt DIR, a nanoGPT checkout whose data/shakespeare_char is "
-                         f"prepared (python data/shakespeare_char/prepare.py there); got {run.nanogpt!r}")
+        raise ValueError(
+            f"--only=to_loss needs --nanogpt DIR, a nanoGPT checkout whose data/shakespeare_char is "
+            f"prepared (python data/shakespeare_char/prepare.py there); got {run.nanogpt!r}"
+        )
     ours = ["train.py", run.config_path, "--progress=false"]
-    commands = {"nanogpt": (run.nanogpt, NANOGPT_CPU), "float32": (ROOT, [*ours, "--dtype=float32"]),
-                run.dtype_name: (ROOT, [*ours, f"--dtype={run.tc.dtype}"])}  # what the config's dtype runs as here
+    commands = {
+        "nanogpt": (run.nanogpt, NANOGPT_CPU),
+        "float32": (ROOT, [*ours, "--dtype=float32"]),
+        run.dtype_name: (ROOT, [*ours, f"--dtype={run.tc.dtype}"]),
+    }  # what the config's dtype runs as here
     val = {}
     with tempfile.TemporaryDirectory() as tmp:
+
         def whole(name, cwd, args):
             def call():
                 out = Path(tempfile.mkdtemp(dir=tmp))
-                proc = subprocess.run([sys.executable, *args, f"--out_dir={out}"], cwd=cwd, capture_output=True,
-                                      text=True, env=os.environ | {"OMP_NUM_THREADS": str(torch.get_num_threads())})
+                proc = subprocess.run(
+                    [sys.executable, *args, f"--out_dir={out}"],
+                    cwd=cwd,
+                    capture_output=True,
+                    text=True,
+                    env=os.environ | {"OMP_NUM_THREADS": str(torch.get_num_threads())},
+                )
                 if proc.returncode:
                     raise ValueError(f"{' '.join(args)} exited {proc.returncode}: {proc.stderr.strip()[-300:]}")
-                val[name] = (float(NANOGPT_VAL.findall(proc.stdout)[-1]) if name == "nanogpt" else
-                             [m for m in read_log(out / "metrics.jsonl") if "val_loss" in m][-1]["val_loss"])
+                val[name] = (
+                    float(NANOGPT_VAL.findall(proc.stdout)[-1])
+                    if name == "nanogpt"
+                    else [m for m in read_log(out / "metrics.jsonl") if "val_loss" in m][-1]["val_loss"]
+                )
+
             return call
-        seconds = time_in_turns({name: whole(name, *c) for name, c in commands.items()}, run.repeats("to_loss"),
-                                warmup=0, desc="to_loss")
+
+        seconds = time_in_turns(
+            {name: whole(name, *c) for name, c in commands.items()}, run.repeats("to_loss"), warmup=0, desc="to_loss"
+        )
     nanogpt_s = statistics.median(seconds["nanogpt"])
-    return [({"command": name if name == "nanogpt" else f"nanorope {name}"},
-             spread(s) | {"val_loss": val[name], "vs_nanogpt": nanogpt_s / statistics.median(s)})
-            for name, s in seconds.items()]
+    return [
+        (
+            {"command": name if name == "nanogpt" else f"nanorope {name}"},
+            spread(s) | {"val_loss": val[name], "vs_nanogpt": nanogpt_s / statistics.median(s)},
+        )
+        for name, s in seconds.items()
+    ]
 
 
-BENCHES = {"matmul_peak": bench_matmul_peak, "train_step": bench_train_step, "generate": bench_generate,
-           "rope_apply": bench_rope_apply, "to_loss": bench_to_loss, "probe": bench_probe}
+BENCHES = {
+    "matmul_peak": bench_matmul_peak,
+    "train_step": bench_train_step,
+    "generate": bench_generate,
+    "rope_apply": bench_rope_apply,
+    "to_loss": bench_to_loss,
+    "probe": bench_probe,
+}
 # to_loss: minutes of whole runs, and needs nanoGPT; probe: needs the config's dataset prepared
 DEFAULT_BENCHES = [name for name in BENCHES if name not in ("to_loss", "probe")]
 
 
 # ----------------------------------------------------------------------------- the run
+
 
 class Run:
     """What every bench needs: the model and training config, the runtime, and the run's options."""
@@ -412,8 +489,16 @@ class Run:
     def shape(self, batch):
         """The variant fields naming the model (and batch) measured."""
         c = self.gcfg
-        out = {"config": self.config_name, "n_layer": c.n_layer, "n_head": c.n_head, "n_embd": c.n_embd,
-               "block_size": c.block_size, "vocab_size": c.vocab_size, "pos_emb": c.pos_emb, "dtype": self.dtype_name}
+        out = {
+            "config": self.config_name,
+            "n_layer": c.n_layer,
+            "n_head": c.n_head,
+            "n_embd": c.n_embd,
+            "block_size": c.block_size,
+            "vocab_size": c.vocab_size,
+            "pos_emb": c.pos_emb,
+            "dtype": self.dtype_name,
+        }
         if batch:
             out["batch_size"] = self.tc.batch_size * self.tc.gradient_accumulation_steps
         return out
@@ -423,19 +508,38 @@ def parse_only(text):
     names = [n.strip() for n in text.split(",") if n.strip()] or DEFAULT_BENCHES
     bad = [n for n in names if n not in BENCHES]
     if bad:
-        raise ValueError(f"only={text!r}: unknown bench {', '.join(bad)}; "
-                         f"choose from {', '.join(BENCHES)}")
+        raise ValueError(f"only={text!r}: unknown bench {', '.join(bad)}; choose from {', '.join(BENCHES)}")
     return names
 
 
 # ----------------------------------------------------------------------------- output
 
-FIGURE_FORMATS = {"windows_per_s": "{:,.0f} windows/s", "tokens_per_s": "{:,.0f} tok/s", "gflops": "{:.1f} GFLOP/s", "mfu": "MFU {:.1%}",
-                  "peak_gflops": "peak {:.1f} GFLOP/s",
-                  "speedup": "{:.2f}x uncached", "vs_clone": "{:.2f}x clone", "vs_best_reference": "{:.2f}x best ref",
-                  "compile_s": "compile {:.1f} s", "val_loss": "val {:.4f}", "vs_nanogpt": "{:.2f}x nanoGPT"}
-SHOWN_ONCE = ("config", "n_layer", "n_head", "n_embd", "block_size", "vocab_size", "pos_emb", "dtype", "batch_size",
-              "shape", "threads")
+FIGURE_FORMATS = {
+    "windows_per_s": "{:,.0f} windows/s",
+    "tokens_per_s": "{:,.0f} tok/s",
+    "gflops": "{:.1f} GFLOP/s",
+    "mfu": "MFU {:.1%}",
+    "peak_gflops": "peak {:.1f} GFLOP/s",
+    "speedup": "{:.2f}x uncached",
+    "vs_clone": "{:.2f}x clone",
+    "vs_best_reference": "{:.2f}x best ref",
+    "compile_s": "compile {:.1f} s",
+    "val_loss": "val {:.4f}",
+    "vs_nanogpt": "{:.2f}x nanoGPT",
+}
+SHOWN_ONCE = (
+    "config",
+    "n_layer",
+    "n_head",
+    "n_embd",
+    "block_size",
+    "vocab_size",
+    "pos_emb",
+    "dtype",
+    "batch_size",
+    "shape",
+    "threads",
+)
 
 
 def table_row(bench, variant, figures):
@@ -447,13 +551,16 @@ def table_row(bench, variant, figures):
 
 def table_header(run, only):
     c = run.gcfg
-    lines = [f"device {run.rt.device}, {run.dtype_name}, {torch.get_num_threads()} thread(s), torch {torch.__version__}; "
-             f"compiled variants {run.compile_note}",
-             f"config {run.config_name}: n_layer={c.n_layer} n_head={c.n_head} n_embd={c.n_embd} "
-             f"block_size={c.block_size} batch_size={run.tc.batch_size} vocab_size={c.vocab_size} pos_emb={c.pos_emb}"]
+    lines = [
+        f"device {run.rt.device}, {run.dtype_name}, {torch.get_num_threads()} thread(s), torch {torch.__version__}; "
+        f"compiled variants {run.compile_note}",
+        f"config {run.config_name}: n_layer={c.n_layer} n_head={c.n_head} n_embd={c.n_embd} "
+        f"block_size={c.block_size} batch_size={run.tc.batch_size} vocab_size={c.vocab_size} pos_emb={c.pos_emb}",
+    ]
     if "rope_apply" in only:
-        lines.append(f"rope_apply: forward + backward, float32, (B, H, T, d) = "
-                     f"{ROPE_SHAPE_QUICK if run.quick else ROPE_SHAPE}")
+        lines.append(
+            f"rope_apply: forward + backward, float32, (B, H, T, d) = {ROPE_SHAPE_QUICK if run.quick else ROPE_SHAPE}"
+        )
     lines.append(f"{'bench':<12} {'variant':<52} {'ms median (min-max, repeats)':<40} figures")
     return "\n".join(lines)
 
@@ -467,8 +574,11 @@ def bench(args):
         if name not in only:
             continue
         for variant, figures in BENCHES[name](run):
-            line = json.dumps({"bench": name, "device": run.rt.device, **variant, **figures}) if args.json \
+            line = (
+                json.dumps({"bench": name, "device": run.rt.device, **variant, **figures})
+                if args.json
                 else table_row(name, variant, figures)
+            )
             print(line, flush=True)
 
 

@@ -29,12 +29,16 @@ TOKENIZER_KEYS = ("tokenizer", "chars", "eot", "bpe_ranks", "hf_tokenizer")  # w
 
 # ----------------------------------------------------------------------------- the format
 
+
 def rng_state():
     np_state = np.random.get_state()
-    return {"python": random.getstate(), "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-            # numpy's key array is stored as a tensor: weights_only loading accepts no numpy objects
-            "numpy": (np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:])}
+    return {
+        "python": random.getstate(),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        # numpy's key array is stored as a tensor: weights_only loading accepts no numpy objects
+        "numpy": (np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]),
+    }
 
 
 def set_rng_state(state):
@@ -49,10 +53,17 @@ def set_rng_state(state):
 def pack(state, info):
     """A training checkpoint of state (train.TrainState: the unwrapped model, optimizer, loss scaler, progress) and
     the run's info (its settings, tokenizer and record), with the RNG states a resume restores."""
-    return {"model": state.model.state_dict(), "model_config": state.model.config.asdict(),
-            "optimizer": state.optimizer.state_dict(),
-            "scaler": state.scaler.state_dict() if state.scaler.is_enabled() else {}, "iter": state.iter,
-            "best_val_loss": state.best_val, "rng": rng_state(), "elapsed_s": state.elapsed(), **info}
+    return {
+        "model": state.model.state_dict(),
+        "model_config": state.model.config.asdict(),
+        "optimizer": state.optimizer.state_dict(),
+        "scaler": state.scaler.state_dict() if state.scaler.is_enabled() else {},
+        "iter": state.iter,
+        "best_val_loss": state.best_val,
+        "rng": rng_state(),
+        "elapsed_s": state.elapsed(),
+        **info,
+    }
 
 
 def unpack(state, ckpt):
@@ -83,11 +94,14 @@ def load_checkpoint(path, device="cpu"):
     except Exception as e:  # arbitrary bytes make torch.load fail in arbitrary ways; each means "not loadable"
         code = re.search(r"Unsupported global: GLOBAL (\S+)", str(e))
         if code:
-            raise ValueError(f"refused to load {str(path)!r}: it asks to call {code[1]}, not just to hold tensors and "
-                             "plain data; weights_only loading never runs such code (use checkpoints you trust)") from None
+            raise ValueError(
+                f"refused to load {str(path)!r}: it asks to call {code[1]}, not just to hold tensors and "
+                "plain data; weights_only loading never runs such code (use checkpoints you trust)"
+            ) from None
         why = next((line.strip() for line in str(e).splitlines() if "Unsupported" in line), str(e).partition(". ")[0])
-        raise ValueError(f"{str(path)!r} is not a readable checkpoint, it is truncated or corrupt "
-                         f"({type(e).__name__}: {why[:120]})") from None
+        raise ValueError(
+            f"{str(path)!r} is not a readable checkpoint, it is truncated or corrupt ({type(e).__name__}: {why[:120]})"
+        ) from None
     if not isinstance(ckpt, dict) or not {"model", "model_config"} <= ckpt.keys():
         raise ValueError(f"{str(path)!r} is not a nanorope checkpoint (it lacks the model and model_config entries)")
     ckpt["model_config"] = current_names(GPTConfig, ckpt["model_config"])
@@ -111,10 +125,12 @@ def model_from_checkpoint(ckpt, device="cpu", path="the checkpoint"):
 
 # ----------------------------------------------------------------------------- sources: what a model comes from
 
+
 @dataclass
 class Source:
     """A model to sample, export or fine-tune: its config, its tokenizer (meta), what it is (label, e.g. the
     checkpoint's path), its run's figures (iter, best_val_loss) and how its weights go into a model."""
+
     config: GPTConfig
     meta: dict
     label: str
@@ -132,6 +148,7 @@ def load_source(spec, flag, which="latest"):
     where = f"{flag}={spec}"
     if spec.startswith(HF_PREFIX):
         import hf  # transformers is imported where it is used
+
         config, meta, load_into = hf.source(spec.removeprefix(HF_PREFIX), where)
         return Source(config, meta, spec, {}, load_into)
     path = Path(spec)
@@ -140,8 +157,10 @@ def load_source(spec, flag, which="latest"):
     if path.is_dir():
         found = checkpoint_in(path, which)
         if found is None:
-            raise ValueError(f"{where}: no checkpoint in that folder (looked for {' or '.join(CHECKPOINTS[which])}); "
-                             f"train first (python train.py --out_dir={spec}) or name the run's folder")
+            raise ValueError(
+                f"{where}: no checkpoint in that folder (looked for {' or '.join(CHECKPOINTS[which])}); "
+                f"train first (python train.py --out_dir={spec}) or name the run's folder"
+            )
         path = found
     try:
         ckpt = load_checkpoint(path)
@@ -154,15 +173,16 @@ def load_source(spec, flag, which="latest"):
         try:
             model.load_trained(ckpt["model"])
         except RuntimeError as e:  # weights of another shape: a config fine_tune_config would not allow
-            raise ValueError(f"{where}: its weights do not fit this model "
-                             f"({str(e).splitlines()[-1].strip()[:200]})") from None
+            raise ValueError(
+                f"{where}: its weights do not fit this model ({str(e).splitlines()[-1].strip()[:200]})"
+            ) from None
         return model
+
     try:
         config = GPTConfig(**ckpt["model_config"])
     except TypeError as e:  # settings of another program or version
         raise ValueError(f"{where}: {str(path)!r} does not fit nanorope's model ({e})") from None
-    return Source(config, ckpt["tokenizer"], str(path), {k: ckpt.get(k) for k in ("iter", "best_val_loss")},
-                  load_into)
+    return Source(config, ckpt["tokenizer"], str(path), {k: ckpt.get(k) for k in ("iter", "best_val_loss")}, load_into)
 
 
 def same_tokenizer(meta, other):
@@ -180,24 +200,39 @@ def fine_tune_config(source, config, meta, where):
     at its default must equal the source's, and the dataset must be tokenized as the source was. A block_size below
     the source's is allowed: a learned position table is cut to it (GPT.load_trained)."""
     if not same_tokenizer(source.meta, meta):
-        hint = (f"; prepare it with python -m data.prepare --tokenizer hf:{source.meta['hf_name']} --input CORPUS "
-                "--dataset NAME" if source.meta["tokenizer"] == "hf" else "")
-        raise ValueError(f"{where} reads the ids of {tokenizer_name(source.meta)}, but dataset {meta['dataset']!r} was "
-                         f"prepared with {tokenizer_name(meta)}{hint}")
+        hint = (
+            f"; prepare it with python -m data.prepare --tokenizer hf:{source.meta['hf_name']} --input CORPUS "
+            "--dataset NAME"
+            if source.meta["tokenizer"] == "hf"
+            else ""
+        )
+        raise ValueError(
+            f"{where} reads the ids of {tokenizer_name(source.meta)}, but dataset {meta['dataset']!r} was "
+            f"prepared with {tokenizer_name(meta)}{hint}"
+        )
     defaults, kept = GPTConfig(), weightless(GPTConfig)
-    clash = [f"{k}: {where} has {v!r}, this run {getattr(config, k)!r}" for k, v in source.config.asdict().items()
-             if k not in kept and k != "vocab_size" and getattr(config, k) not in (v, getattr(defaults, k))]
+    clash = [
+        f"{k}: {where} has {v!r}, this run {getattr(config, k)!r}"
+        for k, v in source.config.asdict().items()
+        if k not in kept and k != "vocab_size" and getattr(config, k) not in (v, getattr(defaults, k))
+    ]
     if clash:
-        raise ValueError(f"{where} is another model ({'; '.join(clash)}); a fine-tune keeps its architecture and may "
-                         f"change only {', '.join(kept)}")
+        raise ValueError(
+            f"{where} is another model ({'; '.join(clash)}); a fine-tune keeps its architecture and may "
+            f"change only {', '.join(kept)}"
+        )
     if not positions.scheme(source.config.pos_emb).extrapolates and config.block_size > source.config.block_size:
-        raise ValueError(f"block_size={config.block_size} is past {where}'s learned position table "
-                         f"({source.config.block_size} positions); use block_size <= {source.config.block_size}")
+        raise ValueError(
+            f"block_size={config.block_size} is past {where}'s learned position table "
+            f"({source.config.block_size} positions); use block_size <= {source.config.block_size}"
+        )
     L0 = min(source.config.L0, config.block_size)
     if config.original_len not in (None, L0):
-        raise ValueError(f"original_len={config.original_len} contradicts {where}, which learned L0 = "
-                         f"{source.config.L0}: a fine-tune keeps the length its model first learned"
-                         + (f" (at block_size={config.block_size}, L0 = {L0})" if L0 != source.config.L0 else ""))
+        raise ValueError(
+            f"original_len={config.original_len} contradicts {where}, which learned L0 = "
+            f"{source.config.L0}: a fine-tune keeps the length its model first learned"
+            + (f" (at block_size={config.block_size}, L0 = {L0})" if L0 != source.config.L0 else "")
+        )
     return replace(source.config, **{k: getattr(config, k) for k in kept} | {"original_len": L0})
 
 
@@ -208,24 +243,36 @@ def resumable_checkpoint(path, config, meta, max_iters, optimizer="adamw"):
     ckpt = load_checkpoint(path)
     missing = [k for k in RESUME_KEYS if k not in ckpt]
     if missing:
-        raise ValueError(f"cannot resume from {str(path)!r}: it lacks {', '.join(missing)} (it holds weights only); "
-                         "start a new run in another out_dir")
+        raise ValueError(
+            f"cannot resume from {str(path)!r}: it lacks {', '.join(missing)} (it holds weights only); "
+            "start a new run in another out_dir"
+        )
     saved = ckpt.get("train_config", {}).get("optimizer", "adamw")  # checkpoints from before the option: AdamW
     if saved != optimizer:
-        raise ValueError(f"cannot resume: the checkpoint was trained with optimizer={saved!r}, this run asks for "
-                         f"optimizer={optimizer!r}, whose state it does not hold; pass --optimizer={saved} or use a "
-                         "new out_dir")
+        raise ValueError(
+            f"cannot resume: the checkpoint was trained with optimizer={saved!r}, this run asks for "
+            f"optimizer={optimizer!r}, whose state it does not hold; pass --optimizer={saved} or use a "
+            "new out_dir"
+        )
     started = ckpt.get("record", {}).get("model", ckpt["model_config"])  # before the record: the model's own
     started = GPTConfig(**current_names(GPTConfig, started)).resolved()  # a newer setting: its default
     resumable = declared("resume", GPTConfig)  # once, not per setting
-    diff = [f"{k}: checkpoint {started[k]!r}, now {v!r}" for k, v in config.resolved().items()
-            if started[k] != v and k not in resumable]
+    diff = [
+        f"{k}: checkpoint {started[k]!r}, now {v!r}"
+        for k, v in config.resolved().items()
+        if started[k] != v and k not in resumable
+    ]
     if not same_tokenizer(ckpt["tokenizer"], meta):
         diff.append(f"tokenizer: dataset {meta['dataset']!r} has another vocabulary")
     if diff:
-        raise ValueError("cannot resume: this run's model differs from the checkpoint's (" + "; ".join(diff) +
-                         f"); pass the settings in {str(path.parent / 'config.json')!r} or use a new out_dir")
+        raise ValueError(
+            "cannot resume: this run's model differs from the checkpoint's ("
+            + "; ".join(diff)
+            + f"); pass the settings in {str(path.parent / 'config.json')!r} or use a new out_dir"
+        )
     if ckpt["iter"] >= max_iters:
-        raise ValueError(f"nothing to do: the checkpoint is at iteration {ckpt['iter']} and max_iters={max_iters}; "
-                         "raise max_iters to train on")
+        raise ValueError(
+            f"nothing to do: the checkpoint is at iteration {ckpt['iter']} and max_iters={max_iters}; "
+            "raise max_iters to train on"
+        )
     return ckpt

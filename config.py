@@ -36,8 +36,18 @@ def opt(default, help, applies=None, weights=True, check=None, built=False, resu
     loaded model, unless built=True: modules are built with it; resume=True: a resume may change it; renamed: the
     names it had before, which older files may carry; check: one of the checks above, which `validate` applies
     (None values pass: a default rule)."""
-    return field(default=default, metadata={"help": help, "applies": applies, "weights": weights, "check": check,
-                                            "built": built, "resume": resume, "renamed": renamed})
+    return field(
+        default=default,
+        metadata={
+            "help": help,
+            "applies": applies,
+            "weights": weights,
+            "check": check,
+            "built": built,
+            "resume": resume,
+            "renamed": renamed,
+        },
+    )
 
 
 def check_of(cls, name):
@@ -95,8 +105,10 @@ def optional_package(name, needed_by, install=None):
     except Exception as e:  # a broken install fails in any way (ImportError, AttributeError, OSError, ...)
         broken = e
     why = (str(broken).strip().splitlines() or [""])[0][:160]
-    raise ValueError(f"{needed_by} needs the {name} package, which is installed but fails to import "
-                     f"({type(broken).__name__}: {why}); reinstall it: {install}") from None
+    raise ValueError(
+        f"{needed_by} needs the {name} package, which is installed but fails to import "
+        f"({type(broken).__name__}: {why}); reinstall it: {install}"
+    ) from None
 
 
 BOOL_WORDS = ("true", "1", "yes", "false", "0", "no")  # what a bool setting reads from the command line, true first

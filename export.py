@@ -49,6 +49,7 @@ def hf_tokenizer(meta, max_length):
     """The checkpoint's tokenizer as a transformers tokenizer with the same ids."""
     tf = hf.transformers()
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers  # installed with transformers
+
     tok = tokenizer_from_meta(meta)  # gpt2 needs tiktoken's files: its ValueError says how to get them
     specials = {}
     if meta["tokenizer"] == "hf":  # an imported model's own tokenizer, as it came
@@ -62,8 +63,9 @@ def hf_tokenizer(meta, max_length):
         eot = {i: s for s, i in tok.encoding._special_tokens.items()}.get(meta.get("eot"))
         specials = {"bos_token": eot, "eos_token": eot, "pad_token": eot} if eot else {}
     # clean_up_tokenization_spaces would drop the space before punctuation on decoding
-    return tf.PreTrainedTokenizerFast(tokenizer_object=backend, clean_up_tokenization_spaces=False,
-                                      model_max_length=max_length, **specials)
+    return tf.PreTrainedTokenizerFast(
+        tokenizer_object=backend, clean_up_tokenization_spaces=False, model_max_length=max_length, **specials
+    )
 
 
 def ranks_converter(tf):
@@ -78,21 +80,28 @@ def ranks_converter(tf):
 
         def load_tiktoken_bpe(self, _):
             return self.ranks
+
     return RanksConverter
 
 
 # ----------------------------------------------------------------------------- the command
 
+
 @dataclass
 class ExportConfig:
     out_dir: str = opt("out", "the training run's folder (best.pt / ckpt.pt) or a checkpoint file")
-    hf_dir: str = opt("", "the transformers model folder to write (created; files of an earlier export there are "
-                          "replaced)")
+    hf_dir: str = opt(
+        "", "the transformers model folder to write (created; files of an earlier export there are replaced)"
+    )
     checkpoint: str = opt("best", "best.pt or ckpt.pt (latest)", check=one_of(tuple(CHECKPOINTS)))
-    rope_scaling: str | None = opt(None, "a RoPE scaling to export the model with (RoPE models)",
-                                   check=config.check_of(GPTConfig, "rope_scaling"))
-    rope_scaling_factor: float | None = opt(None, "its factor s: the model is set up for s times block_size",
-                                            check=config.check_of(GPTConfig, "rope_scaling_factor"))
+    rope_scaling: str | None = opt(
+        None, "a RoPE scaling to export the model with (RoPE models)", check=config.check_of(GPTConfig, "rope_scaling")
+    )
+    rope_scaling_factor: float | None = opt(
+        None,
+        "its factor s: the model is set up for s times block_size",
+        check=config.check_of(GPTConfig, "rope_scaling_factor"),
+    )
 
     def __post_init__(self):
         config.validate(self)
@@ -125,9 +134,11 @@ def export(ec):
     model_hf.save_pretrained(hf_dir)
     tok.save_pretrained(hf_dir)
     c = model.config
-    print(f"{source.label} -> {hf_dir}/ as {type(model_hf).__name__} ({c.pos_emb}"
-          + (f", {c.rope_scaling} x{c.rope_scaling_factor:g}" if c.scaled else "")
-          + f"; tokenizer {source.meta['tokenizer']}): logits agree with nanorope's to {diff:.2g}")
+    print(
+        f"{source.label} -> {hf_dir}/ as {type(model_hf).__name__} ({c.pos_emb}"
+        + (f", {c.rope_scaling} x{c.rope_scaling_factor:g}" if c.scaled else "")
+        + f"; tokenizer {source.meta['tokenizer']}): logits agree with nanorope's to {diff:.2g}"
+    )
     return diff
 
 

@@ -183,8 +183,10 @@ def read_log(path):
     try:
         texts = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
     except UnicodeDecodeError as e:
-        raise ValueError(f"{path} is damaged: it is not text ({e.reason} at byte {e.start}); delete it, or the run "
-                         "folder, to start afresh") from None
+        raise ValueError(
+            f"{path} is damaged: it is not text ({e.reason} at byte {e.start}); delete it, or the run "
+            "folder, to start afresh"
+        ) from None
     lines = []
     for n, text in enumerate(texts, 1):
         try:
@@ -194,8 +196,10 @@ def read_log(path):
                 break
             line = None
         if not (isinstance(line, dict) and isinstance(line.get("iter"), int)):
-            raise ValueError(f"{path} is damaged: line {n} is not a metrics line ({text[:60]!r}); delete that line, "
-                             "or the file to start its log afresh")
+            raise ValueError(
+                f"{path} is damaged: line {n} is not a metrics line ({text[:60]!r}); delete that line, "
+                "or the file to start its log afresh"
+            )
         lines.append(line)
     return lines
 
@@ -236,10 +240,15 @@ class RunLock:
         except BlockingIOError:
             holder = os.pread(self.fd, 4096, 0).decode(errors="replace")
             os.close(self.fd)
-            raise ValueError(f"{self.path.parent} is in use by another {self.what} ({describe_holder(holder)}); "
-                             "wait for it to finish, stop it, or use another folder") from None
-        holder = {"pid": os.getpid(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-                  "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])}
+            raise ValueError(
+                f"{self.path.parent} is in use by another {self.what} ({describe_holder(holder)}); "
+                "wait for it to finish, stop it, or use another folder"
+            ) from None
+        holder = {
+            "pid": os.getpid(),
+            "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        }
         os.ftruncate(self.fd, 0)
         os.pwrite(self.fd, json.dumps(holder).encode(), 0)
         return self

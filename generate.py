@@ -18,6 +18,7 @@ import positions
 class Sampling:
     """How the next token is drawn: greedy at temperature 0, else from the tempered distribution, truncated to the
     top_k most likely tokens and to the top_p mass (nucleus)."""
+
     temperature: float = 1.0
     top_k: int | None = None
     top_p: float | None = None
@@ -57,6 +58,7 @@ GREEDY = Sampling(temperature=0)
 
 # ----------------------------------------------------------------------------- the caches
 
+
 class KVCache:
     """Keys and values of every layer for positions [0, length), preallocated for max_len.
 
@@ -80,7 +82,7 @@ class KVCache:
         assert end <= self.max_len, f"KV cache overflow: {end} > {self.max_len}"
         if ids is None:
             return positions.Span(self.length, T, end, self.k[0].device)
-        self.ids[:, self.length:end] = ids
+        self.ids[:, self.length : end] = ids
         return positions.Span(self.length, T, end, self.k[0].device, ids=ids, key_ids=self.ids[:, :end])
 
     def update(self, layer, k, v):
@@ -105,8 +107,10 @@ class StaticKVCache:
 
     def __init__(self, config, batch_size, max_len, device, dtype):
         if config.scaling.dynamic and max_len > config.L0:
-            raise ValueError(f"static_cache cannot serve rope_scaling={config.rope_scaling!r} past the trained length: "
-                             "its frequencies change with the length, which a static step does not know")
+            raise ValueError(
+                f"static_cache cannot serve rope_scaling={config.rope_scaling!r} past the trained length: "
+                "its frequencies change with the length, which a static step does not know"
+            )
         shape = (batch_size, config.n_head, max_len, config.head_dim)
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
@@ -145,21 +149,23 @@ def context_length(config, requested=None):
         return config.block_size
     if not positions.scheme(config.pos_emb).extrapolates:
         reach = ", ".join(name for name, cls in positions.SCHEMES.items() if cls.extrapolates)
-        raise ValueError(f"max_context={requested} needs a scheme that extrapolates; {config.pos_emb} positions stop "
-                         f"at block_size={config.block_size} (use {reach})")
+        raise ValueError(
+            f"max_context={requested} needs a scheme that extrapolates; {config.pos_emb} positions stop "
+            f"at block_size={config.block_size} (use {reach})"
+        )
     if requested < 1:
         raise ValueError(f"max_context={requested} must be a positive integer")
     return requested
 
 
-
-
 # ----------------------------------------------------------------------------- the ways of decoding
+
 
 class Decoder:
     """A way of decoding: read(window) reads a whole window (into a fresh cache, if any) and picks the token after
     it; step(token) reads one token the cache has not seen and picks the next. Without a cache (caches False)
     every token is a read."""
+
     caches = True
 
     def __init__(self, model, sampling):
@@ -179,6 +185,7 @@ class Decoder:
 
 class Recompute(Decoder):
     """No cache: every token reads the whole window again. The reference the caches are tested against."""
+
     caches = False
 
     def __init__(self, model, sampling, batch_size, n_ctx, dtype, compile):
@@ -205,8 +212,11 @@ class Cached(Decoder):
         self.new_cache = lambda: KVCache(model.config, batch_size, n_ctx, device, dtype)
         # on CPU a C++ launcher (cpp_wrapper) saves inductor's Python one a call per token. Not dynamic=True: with
         # every size a symbol the step is slower than with only the cache length one
-        self.compiled = (torch.compile(self.forward_pick, options={"cpp_wrapper": device.type == "cpu"}) if compile
-                         else self.forward_pick)
+        self.compiled = (
+            torch.compile(self.forward_pick, options={"cpp_wrapper": device.type == "cpu"})
+            if compile
+            else self.forward_pick
+        )
         self.cache, self.reads = None, 0
 
     def read(self, window, noise, ids=None):
@@ -245,6 +255,7 @@ def static_step(step, device):
     def replay(tokens, cache, noise, ids=None):
         torch.compiler.cudagraph_mark_step_begin()  # each call a new iteration: the last one's outputs may go
         return graph(tokens, cache, noise, ids).clone()
+
     return replay
 
 
@@ -252,8 +263,17 @@ def static_step(step, device):
 
 
 @torch.inference_mode()  # lighter than no_grad: no version counters or views tracked
-def generate(model, idx, max_new_tokens, sampling=Sampling(), cache="dynamic", compile=False, max_context=None,
-             generator=None, position_ids=None):
+def generate(
+    model,
+    idx,
+    max_new_tokens,
+    sampling=Sampling(),
+    cache="dynamic",
+    compile=False,
+    max_context=None,
+    generator=None,
+    position_ids=None,
+):
     """Draw max_new_tokens after the prompt idx (B, T) as sampling says, with generator's random numbers; yields
     each new token (B, 1) as it is drawn. cache is one of DECODERS: dynamic (a KV cache), static (fixed shapes,
     for CUDA graphs) or none (every token recomputed); compile=True compiles the cached steps. position_ids

@@ -17,9 +17,11 @@ from data.tokenizer import hf_checkpoint, hf_tokenizer_fields
 from model import GPTConfig
 
 # mlp_act -> the activation's name in transformers (hidden_act, activation_function): the same functions
-HIDDEN_ACTS = {"gelu": "gelu",  # the exact erf GELU
-               "gelu_tanh": "gelu_new",  # GPT-2's tanh approximation
-               "relu2": "relu2"}  # transformers' ReLUSquaredActivation
+HIDDEN_ACTS = {
+    "gelu": "gelu",  # the exact erf GELU
+    "gelu_tanh": "gelu_new",  # GPT-2's tanh approximation
+    "relu2": "relu2",
+}  # transformers' ReLUSquaredActivation
 PROBE_TOKENS = 32  # tokens past block_size in the logit check of a RoPE or NoPE model, so length scalings act
 
 
@@ -33,34 +35,45 @@ def transformers():
 
 # ----------------------------------------------------------------------------- out: a nanorope model in transformers
 
+
 def refusal(cfg):
     """Why transformers cannot run this model as nanorope does, or None."""
     if cfg.logit_softcap:
-        return (f"logit_softcap={cfg.logit_softcap}: GPT-NeoX, Persimmon and GPT-2 have no soft cap of the logits "
-                "(Gemma 2's has one, in a block of RMSNorms and gated MLPs, not ours)")
+        return (
+            f"logit_softcap={cfg.logit_softcap}: GPT-NeoX, Persimmon and GPT-2 have no soft cap of the logits "
+            "(Gemma 2's has one, in a block of RMSNorms and gated MLPs, not ours)"
+        )
     if cfg.mlp_act not in HIDDEN_ACTS:
         return f"mlp_act={cfg.mlp_act!r} has no transformers activation here"
     scheme = positions.scheme(cfg.pos_emb)
     family, lacks = scheme.transformers()
     if family is None:
-        return (f"pos_emb={cfg.pos_emb!r} has no transformers architecture here: GPT-NeoX, Persimmon and GPT-2 lack "
-                f"{lacks} (export writes rope and none as GPT-NeoX or Persimmon, learned as GPT-2)")
+        return (
+            f"pos_emb={cfg.pos_emb!r} has no transformers architecture here: GPT-NeoX, Persimmon and GPT-2 lack "
+            f"{lacks} (export writes rope and none as GPT-NeoX or Persimmon, learned as GPT-2)"
+        )
     learned = ARCHITECTURES[family] is gpt2
     if cfg.qk_norm and (learned or cfg.parallel_residual):
-        return (f"qk_norm=True with {'learned positions' if learned else 'parallel_residual=True'}: of the "
-                "architectures here only Persimmon normalises queries and keys, and it has RoPE and a sequential "
-                "residual")
+        return (
+            f"qk_norm=True with {'learned positions' if learned else 'parallel_residual=True'}: of the "
+            "architectures here only Persimmon normalises queries and keys, and it has RoPE and a sequential "
+            "residual"
+        )
     if cfg.parallel_residual and learned:
         return "parallel_residual=True with learned positions: GPT-2's residual is sequential"
     if not issubclass(scheme, positions.RoPE):
         return None
     if cfg.scaling.tempered and cfg.rope_fraction < 1:
-        return (f"rope_scaling={cfg.rope_scaling!r} with rope_fraction={cfg.rope_fraction} < 1: transformers puts its "
-                "attention temperature on the rotated dims alone, nanorope on the whole score; export with another "
-                "--rope_scaling, or a model that rotates every dim")
+        return (
+            f"rope_scaling={cfg.rope_scaling!r} with rope_fraction={cfg.rope_fraction} < 1: transformers puts its "
+            "attention temperature on the rotated dims alone, nanorope on the whole score; export with another "
+            "--rope_scaling, or a model that rotates every dim"
+        )
     if cfg.rope_p < 1:
-        return (f"rope_p={cfg.rope_p} < 1 (p-RoPE leaves the slowest frequencies unrotated): the rotary of "
-                "transformers rotates every frequency of its rotary dims")
+        return (
+            f"rope_p={cfg.rope_p} < 1 (p-RoPE leaves the slowest frequencies unrotated): the rotary of "
+            "transformers rotates every frequency of its rotary dims"
+        )
     return None
 
 
@@ -71,7 +84,8 @@ def rope_parameters(cfg, rotates):
     # the fraction itself, not rot_dim / head_dim: both sides take int(head_dim * fraction) dims
     rot_dim = int(cfg.head_dim * cfg.rope_fraction)
     return cfg.scaling.hf_parameters(rot_dim, cfg.rope_base, cfg.rope_scaling_factor, cfg.L0) | {
-        "partial_rotary_factor": cfg.rope_fraction}
+        "partial_rotary_factor": cfg.rope_fraction
+    }
 
 
 def token_ids(meta):
@@ -120,16 +134,34 @@ def permuted(ours, t, cfg, rot_dim, inverse=False):
 
 # Our block's parts under the names of each architecture with a fused query_key_value (layer prefix first)
 ROTARY_ARCHITECTURES = {
-    "GPTNeoXForCausalLM": dict(base="gpt_neox", embed="embed_in", final="final_layer_norm", head="lm_head",
-                               attn="attention", parts={"input_layernorm": "ln_1", "post_attention_layernorm": "ln_2",
-                                                        "attention.query_key_value": "attn.c_attn",
-                                                        "attention.dense": "attn.c_proj"}),
-    "PersimmonForCausalLM": dict(base="model", embed="embed_tokens", final="final_layernorm", head="lm_head",
-                                 attn="self_attn", parts={"input_layernorm": "ln_1", "post_attention_layernorm": "ln_2",
-                                                          "self_attn.query_key_value": "attn.c_attn",
-                                                          "self_attn.dense": "attn.c_proj",
-                                                          "self_attn.q_layernorm": "attn.ln_q",
-                                                          "self_attn.k_layernorm": "attn.ln_k"}),
+    "GPTNeoXForCausalLM": dict(
+        base="gpt_neox",
+        embed="embed_in",
+        final="final_layer_norm",
+        head="lm_head",
+        attn="attention",
+        parts={
+            "input_layernorm": "ln_1",
+            "post_attention_layernorm": "ln_2",
+            "attention.query_key_value": "attn.c_attn",
+            "attention.dense": "attn.c_proj",
+        },
+    ),
+    "PersimmonForCausalLM": dict(
+        base="model",
+        embed="embed_tokens",
+        final="final_layernorm",
+        head="lm_head",
+        attn="self_attn",
+        parts={
+            "input_layernorm": "ln_1",
+            "post_attention_layernorm": "ln_2",
+            "self_attn.query_key_value": "attn.c_attn",
+            "self_attn.dense": "attn.c_proj",
+            "self_attn.q_layernorm": "attn.ln_q",
+            "self_attn.k_layernorm": "attn.ln_k",
+        },
+    ),
 }
 MLP_PARTS = {"mlp.dense_h_to_4h": "mlp.c_fc", "mlp.dense_4h_to_h": "mlp.c_proj"}
 
@@ -137,8 +169,12 @@ MLP_PARTS = {"mlp.dense_h_to_4h": "mlp.c_fc", "mlp.dense_4h_to_h": "mlp.c_proj"}
 def rotary_names(arch, cfg):
     """{transformers name: our name} of every weight of a GPT-NeoX or Persimmon model, and the qkv rows' order."""
     a = ROTARY_ARCHITECTURES[arch]
-    names = {f"{a['base']}.{a['embed']}.weight": "wte.weight", f"{a['base']}.{a['final']}.weight": "ln_f.weight",
-             f"{a['base']}.{a['final']}.bias": "ln_f.bias", f"{a['head']}.weight": "lm_head.weight"}
+    names = {
+        f"{a['base']}.{a['embed']}.weight": "wte.weight",
+        f"{a['base']}.{a['final']}.weight": "ln_f.weight",
+        f"{a['base']}.{a['final']}.bias": "ln_f.bias",
+        f"{a['head']}.weight": "lm_head.weight",
+    }
     parts = a["parts"] | MLP_PARTS
     for i in range(cfg.n_layer):
         for theirs, ours in parts.items():
@@ -149,9 +185,13 @@ def rotary_names(arch, cfg):
 
 def gpt2_names(cfg):
     """{transformers name: our name} of every weight of a GPT-2 model (q, k, v keep our order)."""
-    names = {"transformer.wte.weight": "wte.weight", "transformer.wpe.weight": "pos.wpe.weight",
-             "transformer.ln_f.weight": "ln_f.weight", "transformer.ln_f.bias": "ln_f.bias",
-             "lm_head.weight": "lm_head.weight"}
+    names = {
+        "transformer.wte.weight": "wte.weight",
+        "transformer.wpe.weight": "pos.wpe.weight",
+        "transformer.ln_f.weight": "ln_f.weight",
+        "transformer.ln_f.bias": "ln_f.bias",
+        "lm_head.weight": "lm_head.weight",
+    }
     for i in range(cfg.n_layer):
         for part in ("ln_1", "ln_2", "attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"):
             for kind in ("weight", "bias"):
@@ -168,19 +208,28 @@ def rotary_architecture(model, meta):
     """A GPT-NeoX model (Persimmon with qk_norm) that computes what model computes."""
     tf, c = transformers(), model.config
     rotary = getattr(model.pos, "rotary", None)
-    common = dict(vocab_size=c.vocab_size, hidden_size=c.n_embd, num_hidden_layers=c.n_layer,
-                  num_attention_heads=c.n_head, intermediate_size=model.blocks[0].mlp.c_fc.out_features,
-                  hidden_act=HIDDEN_ACTS[c.mlp_act], attention_dropout=c.dropout, hidden_dropout=c.dropout,
-                  layer_norm_eps=model.ln_f.eps, tie_word_embeddings=c.tie_embeddings,
-                  rope_parameters=rope_parameters(c, rotary is not None),
-                  max_position_embeddings=c.scaling.hf_context(c.block_size, c.L0, c.rope_scaling_factor),
-                  **token_ids(meta))
+    common = dict(
+        vocab_size=c.vocab_size,
+        hidden_size=c.n_embd,
+        num_hidden_layers=c.n_layer,
+        num_attention_heads=c.n_head,
+        intermediate_size=model.blocks[0].mlp.c_fc.out_features,
+        hidden_act=HIDDEN_ACTS[c.mlp_act],
+        attention_dropout=c.dropout,
+        hidden_dropout=c.dropout,
+        layer_norm_eps=model.ln_f.eps,
+        tie_word_embeddings=c.tie_embeddings,
+        rope_parameters=rope_parameters(c, rotary is not None),
+        max_position_embeddings=c.scaling.hf_context(c.block_size, c.L0, c.rope_scaling_factor),
+        **token_ids(meta),
+    )
     if c.qk_norm:
         arch, hf = "PersimmonForCausalLM", tf.PersimmonForCausalLM(tf.PersimmonConfig(qk_layernorm=True, **common))
     else:
         arch = "GPTNeoXForCausalLM"
-        hf = tf.GPTNeoXForCausalLM(tf.GPTNeoXConfig(use_parallel_residual=c.parallel_residual,
-                                                    attention_bias=c.bias, **common))
+        hf = tf.GPTNeoXForCausalLM(
+            tf.GPTNeoXConfig(use_parallel_residual=c.parallel_residual, attention_bias=c.bias, **common)
+        )
     sd, rot_dim = weights(model), rotary.rot_dim if rotary else 0
     state = {theirs: permuted(ours, sd[ours], c, rot_dim) for theirs, ours in rotary_names(arch, c).items()}
     if arch == "GPTNeoXForCausalLM" and not c.bias:  # attention_bias=False: GPT-NeoX's attention then has none
@@ -195,11 +244,23 @@ def rotary_architecture(model, meta):
 def gpt2(model, meta):
     """A GPT-2 model that computes what model (learned positions) computes."""
     tf, c = transformers(), model.config
-    hf = tf.GPT2LMHeadModel(tf.GPT2Config(
-        vocab_size=c.vocab_size, n_positions=c.block_size, n_embd=c.n_embd, n_layer=c.n_layer, n_head=c.n_head,
-        n_inner=model.blocks[0].mlp.c_fc.out_features, activation_function=HIDDEN_ACTS[c.mlp_act],
-        resid_pdrop=c.dropout, embd_pdrop=c.dropout, attn_pdrop=c.dropout, layer_norm_epsilon=model.ln_f.eps,
-        tie_word_embeddings=c.tie_embeddings, **token_ids(meta)))
+    hf = tf.GPT2LMHeadModel(
+        tf.GPT2Config(
+            vocab_size=c.vocab_size,
+            n_positions=c.block_size,
+            n_embd=c.n_embd,
+            n_layer=c.n_layer,
+            n_head=c.n_head,
+            n_inner=model.blocks[0].mlp.c_fc.out_features,
+            activation_function=HIDDEN_ACTS[c.mlp_act],
+            resid_pdrop=c.dropout,
+            embd_pdrop=c.dropout,
+            attn_pdrop=c.dropout,
+            layer_norm_epsilon=model.ln_f.eps,
+            tie_word_embeddings=c.tie_embeddings,
+            **token_ids(meta),
+        )
+    )
     sd = weights(model)
     return load(hf, {theirs: sd[ours].t() if conv1d(theirs) else sd[ours] for theirs, ours in gpt2_names(c).items()})
 
@@ -237,14 +298,16 @@ def max_logit_difference(model, model_hf):
 
 # ----------------------------------------------------------------------------- in: a transformers checkpoint as ours
 
+
 def pretrained_config(name, where):
     """The transformers config of NAME_OR_PATH (downloaded and cached by transformers as usual), or one line."""
     tf, found = transformers(), hf_checkpoint(name, where)
     try:
         return tf.AutoConfig.from_pretrained(found)
     except (OSError, ValueError) as e:  # not a model folder, or a name the hub does not know
-        raise ValueError(f"{where}: no transformers model of that name or path could be loaded "
-                         f"({str(e).splitlines()[0][:160]})") from None
+        raise ValueError(
+            f"{where}: no transformers model of that name or path could be loaded ({str(e).splitlines()[0][:160]})"
+        ) from None
 
 
 def require(where, what, value, wanted):
@@ -267,9 +330,17 @@ def import_config(where, hf):
         require(where, "n_inner", hf.n_inner or 4 * hf.n_embd, 4 * hf.n_embd)
         require(where, "scale_attn_by_inverse_layer_idx", hf.scale_attn_by_inverse_layer_idx, False)
         require(where, "layer_norm_epsilon", hf.layer_norm_epsilon, 1e-5)
-        return GPTConfig(vocab_size=hf.vocab_size, block_size=hf.n_positions, n_layer=hf.n_layer, n_head=hf.n_head,
-                         n_embd=hf.n_embd, bias=True, pos_emb=positions.Learned.name,
-                         mlp_act=activation(where, hf.activation_function), tie_embeddings=hf.tie_word_embeddings)
+        return GPTConfig(
+            vocab_size=hf.vocab_size,
+            block_size=hf.n_positions,
+            n_layer=hf.n_layer,
+            n_head=hf.n_head,
+            n_embd=hf.n_embd,
+            bias=True,
+            pos_emb=positions.Learned.name,
+            mlp_act=activation(where, hf.activation_function),
+            tie_embeddings=hf.tie_word_embeddings,
+        )
     if hf.model_type == "gpt_neox":
         require(where, "intermediate_size", hf.intermediate_size, 4 * hf.hidden_size)
         require(where, "layer_norm_eps", hf.layer_norm_eps, 1e-5)
@@ -279,39 +350,57 @@ def import_config(where, hf):
             base, scaling, factor, L0 = rope.from_hf(rp, hf.max_position_embeddings)
         except ValueError as e:
             raise ValueError(f"{where}: {e}") from None
-        config = GPTConfig(vocab_size=hf.vocab_size, block_size=hf.max_position_embeddings,
-                           n_layer=hf.num_hidden_layers, n_head=hf.num_attention_heads, n_embd=hf.hidden_size,
-                           bias=True, pos_emb=positions.RoPE.name, original_len=L0, rope_base=base,
-                           rope_scaling=scaling, rope_scaling_factor=factor,
-                           rope_fraction=float(rp.get("partial_rotary_factor", 1.0)), rope_layout="half",
-                           mlp_act=activation(where, hf.hidden_act), parallel_residual=hf.use_parallel_residual,
-                           tie_embeddings=hf.tie_word_embeddings)
+        config = GPTConfig(
+            vocab_size=hf.vocab_size,
+            block_size=hf.max_position_embeddings,
+            n_layer=hf.num_hidden_layers,
+            n_head=hf.num_attention_heads,
+            n_embd=hf.hidden_size,
+            bias=True,
+            pos_emb=positions.RoPE.name,
+            original_len=L0,
+            rope_base=base,
+            rope_scaling=scaling,
+            rope_scaling_factor=factor,
+            rope_fraction=float(rp.get("partial_rotary_factor", 1.0)),
+            rope_layout="half",
+            mlp_act=activation(where, hf.hidden_act),
+            parallel_residual=hf.use_parallel_residual,
+            tie_embeddings=hf.tie_word_embeddings,
+        )
         why = refusal(config)  # what transformers computes otherwise than nanorope, as on the way out
         if why:
             raise ValueError(f"{where}: {why}")
         return config
-    raise ValueError(f"{where} is a {arch} ({hf.model_type}); nanorope imports GPT-2 (gpt2) and the GPT-NeoX family "
-                     "(gpt_neox: Pythia)")
+    raise ValueError(
+        f"{where} is a {arch} ({hf.model_type}); nanorope imports GPT-2 (gpt2) and the GPT-NeoX family "
+        "(gpt_neox: Pythia)"
+    )
 
 
 def load_pretrained(model, name, where):
     """model (of a config checkpoint.fine_tune_config allows) with the checkpoint's weights; a learned position
     table is cut to the model's block_size. A damaged weights file is one line naming it."""
     from safetensors import SafetensorError  # installed with transformers
+
     tf = transformers()
     try:
         hf = tf.AutoModelForCausalLM.from_pretrained(hf_checkpoint(name, where), dtype=torch.float32)
     except (SafetensorError, OSError, RuntimeError) as e:
-        raise ValueError(f"{where}: its weights cannot be read ({str(e).splitlines()[0][:200]}); the file is damaged "
-                         "or incomplete: download it again") from None
+        raise ValueError(
+            f"{where}: its weights cannot be read ({str(e).splitlines()[0][:200]}); the file is damaged "
+            "or incomplete: download it again"
+        ) from None
     theirs, c = hf.state_dict(), model.config
     if ARCHITECTURES[positions.scheme(c.pos_emb).transformers()[0]] is gpt2:
         names = gpt2_names(c)
         state = {ours: theirs[t].t() if conv1d(t) else theirs[t] for t, ours in names.items()}
     else:
         rot_dim = int(c.head_dim * c.rope_fraction)
-        state = {ours: permuted(ours, theirs[t], c, rot_dim, inverse=True)
-                 for t, ours in rotary_names(type(hf).__name__, c).items()}
+        state = {
+            ours: permuted(ours, theirs[t], c, rot_dim, inverse=True)
+            for t, ours in rotary_names(type(hf).__name__, c).items()
+        }
     if c.tie_embeddings:
         state["lm_head.weight"] = state["wte.weight"]
     return model.load_trained(state)

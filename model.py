@@ -26,41 +26,63 @@ ACTIVATIONS = {  # mlp_act -> the MLP's nonlinearity
 @dataclass
 class ModelConfig:
     """The model's own settings and the rules between them; GPTConfig adds every scheme's (`gathered`)."""
+
     block_size: int = opt(256, "context length the model is trained at", weights=False, built=True, check=POSITIVE)
     vocab_size: int = opt(65, "vocabulary size; set from the dataset's meta.json", check=POSITIVE)
     n_layer: int = opt(6, "number of transformer blocks", check=POSITIVE)
     n_head: int = opt(6, "attention heads per block", check=POSITIVE)
     n_embd: int = opt(384, "model width", check=POSITIVE)
-    dropout: float = opt(0.0, "dropout probability (0 for pretraining small models)", weights=False, built=True,
-                         resume=True, check=FRACTION)
+    dropout: float = opt(
+        0.0,
+        "dropout probability (0 for pretraining small models)",
+        weights=False,
+        built=True,
+        resume=True,
+        check=FRACTION,
+    )
     bias: bool = opt(False, "biases in linear layers and layer norms")
     pos_emb: str = opt("rope", "positional scheme: " + ", ".join(positions.SCHEMES))
-    original_len: int | None = opt(None, "L0, the context the model first learned (default block_size): every "
-                                         "length-relative default reads it, and a fine-tune at a longer block_size "
-                                         "keeps its checkpoint's", weights=False, check=POSITIVE,
-                                   renamed=("rope_original_len",))
-    qk_norm: bool = opt(False, "layer-normalise each head's queries and keys (learned gain) before positions and scores")
+    original_len: int | None = opt(
+        None,
+        "L0, the context the model first learned (default block_size): every "
+        "length-relative default reads it, and a fine-tune at a longer block_size "
+        "keeps its checkpoint's",
+        weights=False,
+        check=POSITIVE,
+        renamed=("rope_original_len",),
+    )
+    qk_norm: bool = opt(
+        False, "layer-normalise each head's queries and keys (learned gain) before positions and scores"
+    )
     mlp_act: str = opt("gelu", "MLP activation: " + ", ".join(ACTIVATIONS), check=one_of(tuple(ACTIVATIONS)))
     tie_embeddings: bool = opt(True, "the head reuses the token embedding (false: a head of its own)")
-    logit_softcap: float = opt(0.0, "c > 0 squashes logits to c * tanh(logits / c), in training and sampling (0: off)",
-                               check=NON_NEGATIVE)
+    logit_softcap: float = opt(
+        0.0, "c > 0 squashes logits to c * tanh(logits / c), in training and sampling (0: off)", check=NON_NEGATIVE
+    )
     zero_init_proj: bool = opt(False, "the attention and MLP output projections start at zero")
-    parallel_residual: bool = opt(False, "attention and MLP read the same input, x + attn(ln_1(x)) + mlp(ln_2(x)), "
-                                         "as GPT-NeoX and Pythia (false: one after the other, as GPT-2)")
+    parallel_residual: bool = opt(
+        False,
+        "attention and MLP read the same input, x + attn(ln_1(x)) + mlp(ln_2(x)), "
+        "as GPT-NeoX and Pythia (false: one after the other, as GPT-2)",
+    )
 
     def __post_init__(self):
         scheme = positions.scheme(self.pos_emb)  # an unknown name fails first
         validate(self)
         if self.L0 > self.block_size:
-            raise ValueError(f"original_len={self.original_len} (L0) exceeds block_size={self.block_size}; L0 is the "
-                             "length first trained, at most the context now")
+            raise ValueError(
+                f"original_len={self.original_len} (L0) exceeds block_size={self.block_size}; L0 is the "
+                "length first trained, at most the context now"
+            )
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
         for f in fields(self):
             if getattr(self, f.name) != f.default and not self.takes(f.name):
                 users = ", ".join(name for name in positions.SCHEMES if self.takes(f.name, name))
-                raise ValueError(f"{f.name}={getattr(self, f.name)!r} does nothing for pos_emb={self.pos_emb!r}; it "
-                                 f"applies to pos_emb {users}")
+                raise ValueError(
+                    f"{f.name}={getattr(self, f.name)!r} does nothing for pos_emb={self.pos_emb!r}; it "
+                    f"applies to pos_emb {users}"
+                )
         scheme.check(self)
 
     def takes(self, name, pos_emb=None):
@@ -104,8 +126,11 @@ class ModelConfig:
 def gathered(base):
     """base (a dataclass of settings) with every registered scheme's settings as fields of its own (flat keys, as
     a TOML file or the command line sets them), each declared to apply to the class that declares it."""
-    added = [(name, type_, field(default=f.default, metadata=dict(f.metadata) | {"applies": scheme}))
-             for scheme in positions.SCHEMES.values() for name, (type_, f) in vars(scheme).get("settings", {}).items()]
+    added = [
+        (name, type_, field(default=f.default, metadata=dict(f.metadata) | {"applies": scheme}))
+        for scheme in positions.SCHEMES.values()
+        for name, (type_, f) in vars(scheme).get("settings", {}).items()
+    ]
     return make_dataclass("GPTConfig", added, bases=(base,), namespace={"__module__": __name__})
 
 
@@ -238,8 +263,11 @@ class GPT(nn.Module):
         logits are computed (all that generation needs).
         """
         T = idx.shape[1]
-        span = (cache.span(T, position_ids) if cache is not None
-                else positions.Span(start_pos, T, T, idx.device, ids=position_ids))
+        span = (
+            cache.span(T, position_ids)
+            if cache is not None
+            else positions.Span(start_pos, T, T, idx.device, ids=position_ids)
+        )
         x = self.drop(self.pos.embed(self.wte(idx), span))  # (B, T, C)
         for block in self.blocks:
             x = block(x, self.pos, span, cache)
@@ -282,7 +310,9 @@ class GPT(nn.Module):
         try:
             pos.load_state_dict(self.pos.state_dict())  # a scheme's trained parameters are kept
         except RuntimeError:  # missing or unexpected keys: the two schemes have different parameters
-            raise ValueError(f"pos_emb={self.config.pos_emb!r} cannot become {config.pos_emb!r} on a built model: "
-                             "their parameters differ") from None
+            raise ValueError(
+                f"pos_emb={self.config.pos_emb!r} cannot become {config.pos_emb!r} on a built model: "
+                "their parameters differ"
+            ) from None
         self.pos, self.config = pos, config
         return self

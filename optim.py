@@ -48,15 +48,18 @@ class Muon(torch.optim.Optimizer):
     computes in that machine's precision. State and group keys are torch.optim.Muon's, whose checkpoints load."""
 
     def __init__(self, params, lr, momentum=0.95, weight_decay=0.0, ns_steps=5, ns_dtype=torch.float32):
-        super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay, ns_steps=ns_steps,
-                                      nesterov=True, split=1))
+        super().__init__(
+            params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay, ns_steps=ns_steps, nesterov=True, split=1)
+        )
         self.ns_dtype = ns_dtype
         for group in self.param_groups:
             for p in group["params"]:
                 if p.dim() != 2 or p.shape[0] % group["split"]:
-                    raise ValueError(f"Muon orthogonalises matrices, but a parameter has shape {tuple(p.shape)}"
-                                     f"{' with split=' + str(group['split']) if group['split'] > 1 else ''}; "
-                                     "give it to AdamW instead")
+                    raise ValueError(
+                        f"Muon orthogonalises matrices, but a parameter has shape {tuple(p.shape)}"
+                        f"{' with split=' + str(group['split']) if group['split'] > 1 else ''}; "
+                        "give it to AdamW instead"
+                    )
 
     @torch.no_grad()
     def step(self):
@@ -122,14 +125,23 @@ def make_optimizer(model, tc, rt):
     matrices = [p for name, p in params if on_muon[name] and not (tc.muon_split_qkv and name.endswith("c_attn.weight"))]
     qkv = [p for name, p in params if on_muon[name] and tc.muon_split_qkv and name.endswith("c_attn.weight")]
     rest = [p for name, p in params if not on_muon[name]]
-    groups = [{"params": [p for p in rest if p.dim() >= 2], "weight_decay": tc.weight_decay},
-              {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0}]
-    adamw = torch.optim.AdamW(groups, lr=tc.learning_rate, betas=(tc.beta1, tc.beta2),
-                              fused=rt.device_type in ("cuda", "cpu") or None)
+    groups = [
+        {"params": [p for p in rest if p.dim() >= 2], "weight_decay": tc.weight_decay},
+        {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    adamw = torch.optim.AdamW(
+        groups, lr=tc.learning_rate, betas=(tc.beta1, tc.beta2), fused=rt.device_type in ("cuda", "cpu") or None
+    )
     scaler = torch.amp.GradScaler(rt.device_type, enabled=rt.dtype == torch.float16)
     if tc.optimizer == "adamw":
         return adamw, scaler
     scale = tc.muon_lr / tc.learning_rate
-    muon = Muon([{"params": matrices, "lr_scale": scale}] + ([{"params": qkv, "lr_scale": scale, "split": 3}] if qkv else []), lr=tc.muon_lr,
-                momentum=tc.muon_momentum, weight_decay=tc.muon_weight_decay, ns_steps=tc.muon_ns_steps, ns_dtype=muon_precision(rt))
+    muon = Muon(
+        [{"params": matrices, "lr_scale": scale}] + ([{"params": qkv, "lr_scale": scale, "split": 3}] if qkv else []),
+        lr=tc.muon_lr,
+        momentum=tc.muon_momentum,
+        weight_decay=tc.muon_weight_decay,
+        ns_steps=tc.muon_ns_steps,
+        ns_dtype=muon_precision(rt),
+    )
     return Optimizers(muon=muon, adamw=adamw), scaler

@@ -45,9 +45,16 @@ def plot(runs, out):
         for key, (style, width, word) in STYLE.items():
             points = [m for m in lines if key in m]
             for ax, x in zip(axes, ("iter", "elapsed_s")):
-                ax.plot([m[x] for m in points], [m[key] for m in points], style, lw=width, markersize=3,
-                        color=colors[i % len(colors)], alpha=0.5 if key == "train_loss" else 1.0,
-                        label=f"{label} {word}")
+                ax.plot(
+                    [m[x] for m in points],
+                    [m[key] for m in points],
+                    style,
+                    lw=width,
+                    markersize=3,
+                    color=colors[i % len(colors)],
+                    alpha=0.5 if key == "train_loss" else 1.0,
+                    label=f"{label} {word}",
+                )
     for ax, xlabel in zip(axes, ("step", "wall seconds (evaluation included)")):
         ax.set(xlabel=xlabel, ylabel="loss (nats/token)")
         ax.grid(alpha=0.3)

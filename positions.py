@@ -100,6 +100,7 @@ def register(name):
         cls.name = name
         SCHEMES[name] = cls
         return cls
+
     return add
 
 
@@ -180,31 +181,59 @@ class RoPE(Scheme):
     settings = {
         "rope_base": (float, opt(10000.0, "RoPE base b in theta_i = b^(-2(i-1)/d)")),
         "rope_fraction": (float, opt(1.0, "fraction of each head's dims that RoPE rotates")),
-        "rope_layout": (str, opt("interleaved", "RoPE pairing: " + ", ".join(rope.LAYOUTS),
-                                 check=one_of(rope.LAYOUTS))),
-        "rope_scaling": (str, opt(rope.NO_SCALING, "RoPE context scaling: " + ", ".join(rope.SCALINGS),
-                                  weights=False, check=one_of(tuple(rope.SCALINGS)))),
-        "rope_scaling_factor": (float, opt(1.0, "RoPE scaling factor s (1: plain RoPE)", weights=False,
-                                           check=("be a finite number >= 1", lambda v: 1 <= v < math.inf))),
-        "rope_p": (float, opt(1.0, "p-RoPE: fraction of RoPE's frequencies that rotate, the highest (1 = all)",
-                              check=SHARE)),
+        "rope_layout": (
+            str,
+            opt("interleaved", "RoPE pairing: " + ", ".join(rope.LAYOUTS), check=one_of(rope.LAYOUTS)),
+        ),
+        "rope_scaling": (
+            str,
+            opt(
+                rope.NO_SCALING,
+                "RoPE context scaling: " + ", ".join(rope.SCALINGS),
+                weights=False,
+                check=one_of(tuple(rope.SCALINGS)),
+            ),
+        ),
+        "rope_scaling_factor": (
+            float,
+            opt(
+                1.0,
+                "RoPE scaling factor s (1: plain RoPE)",
+                weights=False,
+                check=("be a finite number >= 1", lambda v: 1 <= v < math.inf),
+            ),
+        ),
+        "rope_p": (
+            float,
+            opt(1.0, "p-RoPE: fraction of RoPE's frequencies that rotate, the highest (1 = all)", check=SHARE),
+        ),
     }
     hf_family = "rotary"
 
     def __init__(self, config):
         super().__init__(config)
-        self.rotary = rope.Rotary(config.head_dim, config.rope_base, config.rope_fraction, config.rope_layout,
-                                  config.rope_scaling, config.rope_scaling_factor,
-                                  original_len=config.L0, max_len=config.block_size, keep=config.rope_p)
+        self.rotary = rope.Rotary(
+            config.head_dim,
+            config.rope_base,
+            config.rope_fraction,
+            config.rope_layout,
+            config.rope_scaling,
+            config.rope_scaling_factor,
+            original_len=config.L0,
+            max_len=config.block_size,
+            keep=config.rope_p,
+        )
 
     @classmethod
     def check(cls, config):
         rope.scaling_pair(config.rope_scaling, config.rope_scaling_factor)
         rotated = int(config.head_dim * config.rope_fraction)
         if rotated % 2:
-            raise ValueError(f"RoPE rotates pairs of dims, but head size n_embd/n_head={config.head_dim} times "
-                             f"rope_fraction={config.rope_fraction} gives {rotated} rotated dims; choose them so "
-                             "this is even")
+            raise ValueError(
+                f"RoPE rotates pairs of dims, but head size n_embd/n_head={config.head_dim} times "
+                f"rope_fraction={config.rope_fraction} gives {rotated} rotated dims; choose them so "
+                "this is even"
+            )
 
     @property
     def attn_factor(self):
@@ -274,12 +303,14 @@ class Learned(Scheme):
         """The first block_size rows of a longer trained table: a fine-tune at a shorter context keeps the positions
         it still reads."""
         key = prefix + "wpe.weight"
-        return state | {key: state[key][:self.config.block_size]}
+        return state | {key: state[key][: self.config.block_size]}
 
     def embed(self, tok, span):
         if span.end > self.config.block_size:
-            raise ValueError(f"position {span.end - 1} is past the learned table (block_size={self.config.block_size}); "
-                             "learned positions cannot extrapolate")
+            raise ValueError(
+                f"position {span.end - 1} is past the learned table (block_size={self.config.block_size}); "
+                "learned positions cannot extrapolate"
+            )
         return tok + self.wpe(span.ids)
 
     def embedding_numel(self):
@@ -347,8 +378,12 @@ class XPos(RoPE):
     left it at 0.86: xPos was RoPE in context). Past L0 it attends blockwise, as its paper evaluates it: each
     query sees the last block_size keys (torchscale's window at decoding), never a distance it was not trained at."""
 
-    settings = {"xpos_scale_base": (float | None, opt(None, "xpos: B in the decay zeta^((m - n)/B) of its scores "
-                                                            "(default L0 / 2, the paper's ratio)"))}
+    settings = {
+        "xpos_scale_base": (
+            float | None,
+            opt(None, "xpos: B in the decay zeta^((m - n)/B) of its scores (default L0 / 2, the paper's ratio)"),
+        )
+    }
     hf_lacks = "xPos's distance decay of queries and keys"
 
     def __init__(self, config):
@@ -455,10 +490,18 @@ class RNoPE(RoPE):
     rnope_window keys, by default L0 / 2 (the paper's 4,096 at its 8,192-token training length)."""
 
     settings = {
-        "nope_every": (int, opt(4, "rnope: every this many layers, the last has no positional information",
-                                check=POSITIVE)),
-        "rnope_window": (int | None, opt(None, "rnope: keys a RoPE layer's query sees, sliding-window attention "
-                                               "(default L0 / 2, the paper's ratio)", check=POSITIVE)),
+        "nope_every": (
+            int,
+            opt(4, "rnope: every this many layers, the last has no positional information", check=POSITIVE),
+        ),
+        "rnope_window": (
+            int | None,
+            opt(
+                None,
+                "rnope: keys a RoPE layer's query sees, sliding-window attention (default L0 / 2, the paper's ratio)",
+                check=POSITIVE,
+            ),
+        ),
     }
     hf_lacks = "layers without RoPE among layers with it (GPT-NeoX rotates in every layer)"
 

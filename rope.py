@@ -15,6 +15,7 @@ scheme that puts it in the model is positions.RoPE; this file knows nothing of t
   model's dtype, and the result is cast back once: a bf16 angle cannot tell position 256 from 257, and a
   float32 angle at position 4096 is already off by ~5e-4.
 """
+
 import inspect
 import math
 from dataclasses import dataclass
@@ -46,6 +47,7 @@ def rope_frequencies(rot_dim: int, base: float = 10000.0) -> torch.Tensor:
 
 # ---- context-extension scalings: f(rot_dim, base, s, L0, L) -> (float64 theta', attn_factor) ----
 # Each reduces bitwise to plain RoPE at s = 1; `scaled_frequencies` is the checked entry point.
+
 
 def _none(rot_dim, base, factor, original_len, seq_len):
     """Plain RoPE: theta_i."""
@@ -132,6 +134,7 @@ def _llama3(rot_dim, base, factor, original_len, seq_len, low_freq_factor=1.0, h
 @dataclass(frozen=True)
 class Scaling:
     """A context-extension scaling: its formula and everything else that its name stands for."""
+
     formula: Callable  # f(rot_dim, base, s, L0, L) -> (float64 theta', attn_factor), plain RoPE at s = 1
     dynamic: bool = False  # it reads the current length L: past L0 no fixed table serves
     rope_type: str | None = None  # transformers' name of it; None: it has none, and `new_base` says what it is
@@ -184,15 +187,20 @@ def from_hf(params, max_len):
     rope_type = params.get("rope_type", "default")
     name = next((n for n, s in SCALINGS.items() if s.rope_type == rope_type), None)
     if name is None:
-        raise ValueError(f"rope_type={rope_type!r} has no nanorope scaling; supported: "
-                         + ", ".join(s.rope_type for s in SCALINGS.values() if s.rope_type))
+        raise ValueError(
+            f"rope_type={rope_type!r} has no nanorope scaling; supported: "
+            + ", ".join(s.rope_type for s in SCALINGS.values() if s.rope_type)
+        )
     scaling, bands = SCALINGS[name], SCALINGS[name].band_defaults()
     read = ("rope_type", "rope_theta", "partial_rotary_factor", "factor", "original_max_position_embeddings")
     other = {k: v for k, v in params.items() if k not in read and v is not None and bands.get(k) != v}
     if other:
-        raise ValueError(f"rope_type={rope_type!r} with " + ", ".join(f"{k}={v!r}" for k, v in other.items())
-                         + f": nanorope's {name} has " + (", ".join(f"{k}={v!r}" for k, v in bands.items())
-                                                          or "no such parameter"))
+        raise ValueError(
+            f"rope_type={rope_type!r} with "
+            + ", ".join(f"{k}={v!r}" for k, v in other.items())
+            + f": nanorope's {name} has "
+            + (", ".join(f"{k}={v!r}" for k, v in bands.items()) or "no such parameter")
+        )
     L0 = max_len if scaling.dynamic else params.get("original_max_position_embeddings") if scaling.bands else None
     return float(params["rope_theta"]), name, float(params.get("factor", 1.0)), L0
 
@@ -203,8 +211,10 @@ def scaling_pair(scaling, factor, stretch=None):
     asks for), or is refused where there is none. scaling None or NO_SCALING: none."""
     if scaling in (None, NO_SCALING):
         if factor not in (None, 1):
-            raise ValueError(f"rope_scaling_factor={factor:g} does nothing without a rope_scaling "
-                             f"({', '.join(s for s in SCALINGS if s != NO_SCALING)})")
+            raise ValueError(
+                f"rope_scaling_factor={factor:g} does nothing without a rope_scaling "
+                f"({', '.join(s for s in SCALINGS if s != NO_SCALING)})"
+            )
         return NO_SCALING, 1.0
     if factor is None and stretch is None:
         raise ValueError(f"rope_scaling={scaling!r} needs its factor: name it with --rope_scaling_factor")
@@ -220,8 +230,9 @@ def scaled_frequencies(rot_dim, base, scaling=NO_SCALING, factor=1.0, original_l
     if not (math.isfinite(factor) and factor >= 1):
         raise ValueError(f"factor={factor!r} must be a finite number >= 1 (1 means no scaling)")
     if SCALINGS[scaling].needs_original_len and not (isinstance(original_len, int) and original_len > 0):
-        raise ValueError(f"scaling={scaling!r} needs original_len (the trained context) as a positive int, "
-                         f"got {original_len!r}")
+        raise ValueError(
+            f"scaling={scaling!r} needs original_len (the trained context) as a positive int, got {original_len!r}"
+        )
     return SCALINGS[scaling].formula(rot_dim, base, factor, original_len, seq_len)
 
 
@@ -241,8 +252,10 @@ def rope_cache(inv_freq: torch.Tensor, positions: torch.Tensor, device=None) -> 
     m * theta are computed in float64 (on the CPU for MPS, which has none), so with float64 frequencies each table
     entry is the exact angle's cos/sin rounded once to float32, at any position below 2^53."""
     if positions.is_floating_point():
-        raise ValueError(f"positions must be integers, got dtype {positions.dtype}: "
-                         f"low-precision floats merge neighbouring positions")
+        raise ValueError(
+            f"positions must be integers, got dtype {positions.dtype}: "
+            f"low-precision floats merge neighbouring positions"
+        )
     device = positions.device if device is None else torch.device(device)
     work = torch.device("cpu") if device.type == "mps" else device
     angles = positions.to(work, torch.float64)[..., None] * inv_freq.to(work, torch.float64)  # (..., T, rot/2)
@@ -253,7 +266,7 @@ def _complex_pairs(x):
     """(..., rot) real -> (..., rot/2) complex a + ib of the pairs (a, b): a view when the memory
     layout allows (a transposed q or k does), else a copy."""
     x = x.unflatten(-1, (-1, 2))  # (..., rot/2, 2)
-    viewable = (x.stride(-1) == 1 and x.storage_offset() % 2 == 0 and all(s % 2 == 0 for s in x.stride()[:-1]))
+    viewable = x.stride(-1) == 1 and x.storage_offset() % 2 == 0 and all(s % 2 == 0 for s in x.stride()[:-1])
     return torch.view_as_complex(x if viewable else x.contiguous())
 
 
@@ -347,14 +360,25 @@ class Rotary(torch.nn.Module):
     [0, max_len) and rotates q or k. The tables are non-persistent buffers: derived from the
     config, they follow the module across devices but stay out of checkpoints."""
 
-    def __init__(self, head_dim: int, base: float = 10000.0, fraction: float = 1.0, layout: str = "interleaved",
-                 scaling: str = NO_SCALING, factor: float = 1.0, original_len: int = 256, max_len: int = 256,
-                 keep: float = 1.0):
+    def __init__(
+        self,
+        head_dim: int,
+        base: float = 10000.0,
+        fraction: float = 1.0,
+        layout: str = "interleaved",
+        scaling: str = NO_SCALING,
+        factor: float = 1.0,
+        original_len: int = 256,
+        max_len: int = 256,
+        keep: float = 1.0,
+    ):
         super().__init__()
         rot_dim = int(head_dim * fraction)
         if not (0 < rot_dim <= head_dim and rot_dim % 2 == 0):
-            raise ValueError(f"head_dim={head_dim} * fraction={fraction} gives rot_dim={rot_dim}; "
-                             f"it must be even and in [2, {head_dim}]")
+            raise ValueError(
+                f"head_dim={head_dim} * fraction={fraction} gives rot_dim={rot_dim}; "
+                f"it must be even and in [2, {head_dim}]"
+            )
         _check_layout(layout)
         if max_len < 1:
             raise ValueError(f"max_len={max_len} must be >= 1")
@@ -366,13 +390,16 @@ class Rotary(torch.nn.Module):
         self.dynamic = SCALINGS[scaling].dynamic and factor != 1
 
     def extra_repr(self):
-        return (f"head_dim={self.head_dim}, rot_dim={self.rot_dim}, base={self.base}, layout={self.layout!r}, "
-                f"scaling={self.scaling!r}, factor={self.factor}, original_len={self.original_len}, keep={self.keep}")
+        return (
+            f"head_dim={self.head_dim}, rot_dim={self.rot_dim}, base={self.base}, layout={self.layout!r}, "
+            f"scaling={self.scaling!r}, factor={self.factor}, original_len={self.original_len}, keep={self.keep}"
+        )
 
     def frequencies(self, seq_len=None):
         """(inv_freq, attn_factor): the scaling's frequencies (at total length seq_len for dynamic), the kept ones."""
-        inv_freq, attn_factor = scaled_frequencies(self.rot_dim, self.base, self.scaling, self.factor,
-                                                   self.original_len, seq_len)
+        inv_freq, attn_factor = scaled_frequencies(
+            self.rot_dim, self.base, self.scaling, self.factor, self.original_len, seq_len
+        )
         return keep_highest(inv_freq, self.keep), attn_factor
 
     def _build(self, n, device):
@@ -416,9 +443,10 @@ class Rotary(torch.nn.Module):
         if n <= self.cos.shape[0]:
             return
         if torch.compiler.is_compiling():
-            raise RuntimeError(f"position {n - 1} is past the rotary table ({self.cos.shape[0]} positions) "
-                               f"inside a compiled region, where it cannot be rebuilt: "
-                               f"call reserve({n}) first or build Rotary with max_len >= {n}")
+            raise RuntimeError(
+                f"position {n - 1} is past the rotary table ({self.cos.shape[0]} positions) "
+                f"inside a compiled region, where it cannot be rebuilt: "
+                f"call reserve({n}) first or build Rotary with max_len >= {n}"
+            )
         # doubling keeps rebuilds logarithmic when a KV cache grows one token at a time
         self._build(max(n, 2 * self.cos.shape[0]), self.cos.device)
-

@@ -24,6 +24,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 @dataclass
 class Runtime:
     """Where and how this process computes: device, precision and its place in a DDP group."""
+
     device: str
     dtype: torch.dtype
     compile: bool
@@ -99,16 +100,20 @@ def pick_device(requested, local_rank=0):
     if kind == "cuda":  # a bare "cuda" means this process's own GPU under torchrun
         index, count = int(index or local_rank), torch.cuda.device_count()
         if index >= count:
-            raise ValueError(f"device cuda:{index} does not exist: this machine has {count} CUDA device(s), cuda:0 "
-                             f"to cuda:{count - 1} (under torchrun, run at most that many processes per node)")
+            raise ValueError(
+                f"device cuda:{index} does not exist: this machine has {count} CUDA device(s), cuda:0 "
+                f"to cuda:{count - 1} (under torchrun, run at most that many processes per node)"
+            )
         requested = f"cuda:{index}"
     return requested, reason
 
 
 def pick_dtype(requested, device_type):
     if requested == "bfloat16" and device_type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise ValueError(f"dtype=bfloat16 is not supported by this GPU ({torch.cuda.get_device_name()}); use "
-                         "dtype=float16 (with its loss scaling), float32 or auto")
+        raise ValueError(
+            f"dtype=bfloat16 is not supported by this GPU ({torch.cuda.get_device_name()}); use "
+            "dtype=float16 (with its loss scaling), float32 or auto"
+        )
     if requested != "auto":
         return getattr(torch, requested)
     if device_type == "cuda":
@@ -163,7 +168,9 @@ def check_compile(wanted, device_type):
     if wanted and device_type == "mps":
         raise ValueError("compile=True is not supported on mps; use --compile=False")
     if wanted and device_type == "cpu" and not (shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")):
-        raise ValueError("compile=True on CPU needs a C++ compiler on PATH (none found); install one or use --compile=False")
+        raise ValueError(
+            "compile=True on CPU needs a C++ compiler on PATH (none found); install one or use --compile=False"
+        )
     return wanted
 
 
@@ -176,8 +183,10 @@ def setup_runtime(device="auto", dtype="auto", compile=None, quiet=False):
     """Device, precision, compile and (under torchrun) the process group, printed with reasons."""
     rank, local_rank, world = ddp_env()
     if world > 1 and (":" in device or device == "mps"):
-        raise ValueError(f"device={device!r} cannot serve {world} processes: under torchrun each takes its own GPU "
-                         "(device=auto or cuda gives cuda:LOCAL_RANK), or all share the CPU (device=cpu)")
+        raise ValueError(
+            f"device={device!r} cannot serve {world} processes: under torchrun each takes its own GPU "
+            "(device=auto or cuda gives cuda:LOCAL_RANK), or all share the CPU (device=cpu)"
+        )
     device, reason = pick_device(device, local_rank)
     device_type = device.partition(":")[0]
     rt = Runtime(device, pick_dtype(dtype, device_type), check_compile(compile, device_type), rank, local_rank, world)
@@ -216,9 +225,19 @@ def mean_and_any(loss_sum, stop_requested, rt):
 def run_record():
     """Code version and environment, saved with every run."""
     try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                             cwd=Path(__file__).parent, timeout=5).stdout.strip()
+        rev = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).parent,
+            timeout=5,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         rev = ""
-    return {"code_version": rev or "unknown", "python": platform.python_version(), "torch": str(torch.__version__),
-            "platform": platform.platform(), "cpu_threads": torch.get_num_threads()}
+    return {
+        "code_version": rev or "unknown",
+        "python": platform.python_version(),
+        "torch": str(torch.__version__),
+        "platform": platform.platform(),
+        "cpu_threads": torch.get_num_threads(),
+    }

@@ -41,10 +41,14 @@ SEPARATOR = "-" * 40  # between samples of one model
 
 # ----------------------------------------------------------------------------- settings
 
+
 @dataclass
 class SampleConfig:
-    out_dir: str = opt("", "the model: a run folder (best.pt, else ckpt.pt), a checkpoint file, or hf:NAME_OR_PATH; "
-                           "default out/, else the newest out*/ folder here with a checkpoint")
+    out_dir: str = opt(
+        "",
+        "the model: a run folder (best.pt, else ckpt.pt), a checkpoint file, or hf:NAME_OR_PATH; "
+        "default out/, else the newest out*/ folder here with a checkpoint",
+    )
     compare: str = opt("", "models to sample side by side, comma-separated (run folders, files or hf:NAME_OR_PATH)")
     checkpoint: str = opt("best", "best.pt or ckpt.pt (latest) of a run folder", check=one_of(tuple(CHECKPOINTS)))
     start: str = opt("\n", "prompt text, or FILE:path; empty starts from the start token")
@@ -52,25 +56,45 @@ class SampleConfig:
     max_new_tokens: int = opt(500, "tokens to generate per sample", check=POSITIVE)
     temperature: float = opt(0.8, "0 is greedy; higher is more random", check=NON_NEGATIVE)
     top_k: int | None = opt(None, "sample among the k most likely tokens", check=POSITIVE)
-    top_p: float | None = opt(None, "nucleus sampling: the smallest set of tokens with this much probability",
-                              check=("lie in (0, 1]", lambda v: 0 < v <= 1))
+    top_p: float | None = opt(
+        None,
+        "nucleus sampling: the smallest set of tokens with this much probability",
+        check=("lie in (0, 1]", lambda v: 0 < v <= 1),
+    )
     seed: int = opt(1337, "same seed, same text")
-    max_context: int | None = opt(None, "tokens attended to (default block_size; more lets rope, alibi, none, "
-                                        "sinusoidal run past the trained length)", check=POSITIVE)
-    rope_scaling: str | None = opt(None, "a RoPE scaling at sampling time, for the models that take one "
-                                         "(default: each model's own)", check=config.check_of(GPTConfig, "rope_scaling"))
-    rope_scaling_factor: float | None = opt(None, "its factor (default max_context / L0, at least 1: L0 "
-                                                  "stretched to max_context)",
-                                            check=config.check_of(GPTConfig, "rope_scaling_factor"))
+    max_context: int | None = opt(
+        None,
+        "tokens attended to (default block_size; more lets rope, alibi, none, sinusoidal run past the trained length)",
+        check=POSITIVE,
+    )
+    rope_scaling: str | None = opt(
+        None,
+        "a RoPE scaling at sampling time, for the models that take one (default: each model's own)",
+        check=config.check_of(GPTConfig, "rope_scaling"),
+    )
+    rope_scaling_factor: float | None = opt(
+        None,
+        "its factor (default max_context / L0, at least 1: L0 stretched to max_context)",
+        check=config.check_of(GPTConfig, "rope_scaling_factor"),
+    )
     kv_cache: bool = opt(True, "reuse keys and values across steps")
-    compile: bool = opt(False, "torch.compile the cached decoding: several times the tokens/s of a small model on "
-                               "CPU after a compile of seconds to a minute (docs/benchmarks.md), so worth it for "
-                               "long or many samples")
-    static_cache: bool = opt(False, "decode over a fixed-size KV cache, one static-shape step: with compile on CUDA "
-                                    "that step is replayed as a CUDA graph (torch.compile's reduce-overhead)")
+    compile: bool = opt(
+        False,
+        "torch.compile the cached decoding: several times the tokens/s of a small model on "
+        "CPU after a compile of seconds to a minute (docs/benchmarks.md), so worth it for "
+        "long or many samples",
+    )
+    static_cache: bool = opt(
+        False,
+        "decode over a fixed-size KV cache, one static-shape step: with compile on CUDA "
+        "that step is replayed as a CUDA graph (torch.compile's reduce-overhead)",
+    )
     device: str = opt("auto", "auto, cpu, cuda, cuda:N or mps")
-    format: str = opt("columns", "how --compare prints: samples side by side, one block per model, or a markdown "
-                                 "table", check=one_of(FORMATS))
+    format: str = opt(
+        "columns",
+        "how --compare prints: samples side by side, one block per model, or a markdown table",
+        check=one_of(FORMATS),
+    )
 
     def __post_init__(self):
         config.validate(self)
@@ -98,12 +122,15 @@ def read_prompt(start):
 
 # ----------------------------------------------------------------------------- models
 
+
 def default_run(which):
     """out/ (train.py's default), else the newest out*/ folder in the working directory: the run just trained."""
     runs = [p for p in Path().glob("out*") if p.is_dir() and checkpoint_in(p, which)]
     if not runs:
-        raise ValueError("no checkpoint in out/ or any other out*/ folder here; train a model first "
-                         "(python train.py ...) or name its folder with --out_dir")
+        raise ValueError(
+            "no checkpoint in out/ or any other out*/ folder here; train a model first "
+            "(python train.py ...) or name its folder with --out_dir"
+        )
     out = Path("out")
     return out if out in runs else max(runs, key=lambda p: checkpoint_in(p, which).stat().st_mtime)
 
@@ -121,8 +148,9 @@ class Sampler:
         try:
             self.max_context = context_length(cfg, sc.max_context)
             if sc.rope_scaling is not None and cfg.takes("rope_scaling"):
-                scaling, factor = rope.scaling_pair(sc.rope_scaling, sc.rope_scaling_factor,
-                                                    stretch=max(1.0, self.max_context / cfg.L0))
+                scaling, factor = rope.scaling_pair(
+                    sc.rope_scaling, sc.rope_scaling_factor, stretch=max(1.0, self.max_context / cfg.L0)
+                )
                 self.model.reconfigure(rope_scaling=scaling, rope_scaling_factor=factor)
             ids = self.tok.encode(prompt) if prompt else []
         except ValueError as e:
@@ -140,8 +168,10 @@ class Sampler:
         return f"{cfg.pos_emb} ({cfg.rope_scaling} x{cfg.rope_scaling_factor:g})"
 
     def describe(self):
-        return (f"{self.path}: pos_emb={self.scheme}, {count(self.model.num_params())} params, "
-                f"iter {self.info.get('iter') or '?'}, best val loss {fmt(self.info.get('best_val_loss'))}")
+        return (
+            f"{self.path}: pos_emb={self.scheme}, {count(self.model.num_params())} params, "
+            f"iter {self.info.get('iter') or '?'}, best val loss {fmt(self.info.get('best_val_loss'))}"
+        )
 
     @torch.inference_mode()
     def prompt_loss(self):
@@ -150,7 +180,7 @@ class Sampler:
         last max_context tokens."""
         if not self.prompt_ids:
             return None
-        ids = torch.tensor([[self.start_id, *self.prompt_ids]], device=self.ids.device)[:, -self.max_context - 1:]
+        ids = torch.tensor([[self.start_id, *self.prompt_ids]], device=self.ids.device)[:, -self.max_context - 1 :]
         return self.model(ids[:, :-1], ids[:, 1:])[1].item()
 
     def sample(self, sc, generator, on_token=None, write=None):
@@ -159,8 +189,9 @@ class Sampler:
         t0 = time.perf_counter()
         sampling = Sampling(sc.temperature, sc.top_k, sc.top_p)
         cache = "static" if sc.static_cache else "dynamic" if sc.kv_cache else "none"
-        for nxt in generate(self.model, self.ids, sc.max_new_tokens, sampling, cache, sc.compile, sc.max_context,
-                            generator):
+        for nxt in generate(
+            self.model, self.ids, sc.max_new_tokens, sampling, cache, sc.compile, sc.max_context, generator
+        ):
             out.append(nxt.item())
             if on_token:
                 on_token()
@@ -199,6 +230,7 @@ def load_all(specs, flag, prompt, sc, device):
 
 # ----------------------------------------------------------------------------- one model, streamed
 
+
 def sample_one(sc, prompt, device, reason):
     (m,) = load_all([sc.out_dir or str(default_run(sc.checkpoint))], "out_dir", prompt, sc, device)
     print(f"{m.describe()}; device {device} ({reason})", file=sys.stderr)
@@ -215,11 +247,14 @@ def sample_one(sc, prompt, device, reason):
         write(prompt)
         rates.append(m.sample(sc, g, write=write)[1])
         write("\n")
-    print(f"{sc.max_new_tokens} new tokens per sample at {statistics.median(rates):,.0f} tokens/s "
-          f"({decoding(sc)})", file=sys.stderr)
+    print(
+        f"{sc.max_new_tokens} new tokens per sample at {statistics.median(rates):,.0f} tokens/s ({decoding(sc)})",
+        file=sys.stderr,
+    )
 
 
 # ----------------------------------------------------------------------------- several models, compared
+
 
 def compare(sc, prompt, device, reason):
     samplers = load_all([c.strip() for c in sc.compare.split(",") if c.strip()], "compare", prompt, sc, device)
@@ -230,10 +265,18 @@ def compare(sc, prompt, device, reason):
         for m in samplers:
             g = generator_for(sc.seed, device)
             texts, rates = zip(*(m.sample(sc, g, on_token=bar.update) for _ in range(sc.num_samples)))
-            rows.append({"model": m.name, "pos_emb": m.scheme, "params": count(m.model.num_params()),
-                         "iters": str(m.info.get("iter") or "?"), "best val loss": fmt(m.info.get("best_val_loss")),
-                         "prompt loss": fmt(m.prompt_loss()), "tokens/s": f"{statistics.median(rates):,.0f}",
-                         "samples": [prompt + t for t in texts]})
+            rows.append(
+                {
+                    "model": m.name,
+                    "pos_emb": m.scheme,
+                    "params": count(m.model.num_params()),
+                    "iters": str(m.info.get("iter") or "?"),
+                    "best val loss": fmt(m.info.get("best_val_loss")),
+                    "prompt loss": fmt(m.prompt_loss()),
+                    "tokens/s": f"{statistics.median(rates):,.0f}",
+                    "samples": [prompt + t for t in texts],
+                }
+            )
     show = {"markdown": as_markdown, "text": as_blocks, "columns": as_columns}[sc.format]
     print(show(rows, settings(sc, prompt)))
 
@@ -243,10 +286,12 @@ STATS = ("model", "pos_emb", "params", "iters", "best val loss", "prompt loss", 
 
 def settings(sc, prompt):
     shown = repr(prompt if len(prompt) <= 60 else prompt[:57] + "...")
-    return (f"prompt {shown} ({len(prompt)} chars)\nseed {sc.seed}, temperature {sc.temperature:g}, "
-            f"top_k {sc.top_k or '-'}, top_p {sc.top_p or '-'}, {sc.max_new_tokens} new tokens, "
-            f"context {sc.max_context or 'block_size'}, {decoding(sc)}; "
-            f"prompt loss in nats/token")
+    return (
+        f"prompt {shown} ({len(prompt)} chars)\nseed {sc.seed}, temperature {sc.temperature:g}, "
+        f"top_k {sc.top_k or '-'}, top_p {sc.top_p or '-'}, {sc.max_new_tokens} new tokens, "
+        f"context {sc.max_context or 'block_size'}, {decoding(sc)}; "
+        f"prompt loss in nats/token"
+    )
 
 
 def stats_table(rows):
@@ -275,7 +320,7 @@ def as_columns(rows, head):
 
 def clip(text, width):
     """text in at most width characters, keeping its end (where run folder names differ)."""
-    return text if len(text) <= width else "..." + text[3 - width:]
+    return text if len(text) <= width else "..." + text[3 - width :]
 
 
 def wrap(text, width):
@@ -308,6 +353,7 @@ def fmt(x):
 
 
 # ----------------------------------------------------------------------------- main
+
 
 def sample(sc):
     prompt = read_prompt(sc.start)

@@ -29,8 +29,9 @@ class WandB:
         else:
             run_id = uuid.uuid4().hex[:8]  # what wandb's own ids look like
             atomic_write(id_file, lambda f: f.write(run_id.encode()))
-        self.run = wandb.init(project="nanorope", name=Path(out).name, id=run_id, resume="allow", dir=str(out),
-                              config=config)
+        self.run = wandb.init(
+            project="nanorope", name=Path(out).name, id=run_id, resume="allow", dir=str(out), config=config
+        )
 
     def log(self, line):
         self.run.log({k: v for k, v in line.items() if k != "iter"}, step=line["iter"])
@@ -74,8 +75,10 @@ def check(log):
     if log == "wandb" and os.environ.get("WANDB_MODE") not in ("offline", "disabled", "dryrun"):
         # login is False at once when no API key is set up: no network
         if not package.login(prompt=False):
-            raise ValueError("log=wandb: not logged in to Weights & Biases; run `wandb login`, or set "
-                             "WANDB_MODE=offline to keep the run on this machine")
+            raise ValueError(
+                "log=wandb: not logged in to Weights & Biases; run `wandb login`, or set "
+                "WANDB_MODE=offline to keep the run on this machine"
+            )
 
 
 def open_tracker(log, out, config, resume):
@@ -87,8 +90,9 @@ class Progress:
     tokens/s, measured afresh over each logging window."""
 
     def __init__(self, out, tc, rt, start_iter, tokens_per_step, record):
-        self.bar = tqdm(total=tc.max_iters, initial=start_iter, disable=not (rt.master and tc.progress),
-                        dynamic_ncols=True)
+        self.bar = tqdm(
+            total=tc.max_iters, initial=start_iter, disable=not (rt.master and tc.progress), dynamic_ncols=True
+        )
         self.metrics = open_log(out / "metrics.jsonl") if rt.master else None
         self.tracker = open_tracker(tc.log if rt.master else "none", out, record, tc.resume)
         self.tokens_per_step, self.seconds, self.steps = tokens_per_step, 0.0, 0

@@ -41,51 +41,76 @@ from runtime import DTYPES, Runtime, StopFlag, any_rank, mean_and_any, run_recor
 class TrainConfig:
     dataset: str = opt("shakespeare_char", "dataset folder name under data_dir (made by `python -m data.prepare`)")
     data_dir: str = opt("data", "folder holding the prepared datasets", resume=True)
-    out_dir: str = opt("out", "where checkpoints, config.json and metrics.jsonl go", resume=True,
-                           weights=False)
-    resume: bool = opt(False, "continue from out_dir/ckpt.pt with the run's own settings (its config.json); only those "
-                              "a resume may change can be given", resume=True, weights=False)
+    out_dir: str = opt("out", "where checkpoints, config.json and metrics.jsonl go", resume=True, weights=False)
+    resume: bool = opt(
+        False,
+        "continue from out_dir/ckpt.pt with the run's own settings (its config.json); only those "
+        "a resume may change can be given",
+        resume=True,
+        weights=False,
+    )
     batch_size: int = opt(12, "sequences per micro-batch (per process)", check=POSITIVE)
-    gradient_accumulation_steps: int = opt(1, "micro-batches per optimizer step, summed over all processes",
-                                           check=POSITIVE)
+    gradient_accumulation_steps: int = opt(
+        1, "micro-batches per optimizer step, summed over all processes", check=POSITIVE
+    )
     learning_rate: float = opt(6e-4, "peak learning rate", check=RATE)
-    min_lr: float | None = opt(None, "final learning rate of the cosine decay (default learning_rate / 10)",
-                               check=NON_NEGATIVE)
+    min_lr: float | None = opt(
+        None, "final learning rate of the cosine decay (default learning_rate / 10)", check=NON_NEGATIVE
+    )
     max_iters: int = opt(5000, "optimizer steps in total", check=POSITIVE, resume=True)
     warmup_iters: int = opt(100, "steps of linear warmup", check=NON_NEGATIVE)
     lr_decay_iters: int | None = opt(None, "step where the cosine decay ends (default max_iters)", check=POSITIVE)
     weight_decay: float = opt(0.1, "AdamW weight decay on matrices (not on biases, norms)", check=NON_NEGATIVE)
     beta1: float = opt(0.9, "AdamW beta1", check=FRACTION)
     beta2: float = opt(0.95, "AdamW beta2", check=FRACTION)
-    optimizer: str = opt("adamw", "adamw, or muon: Muon on the blocks' weight matrices, AdamW (learning_rate) on the "
-                                  "embeddings, head, norms, biases and positional parameters",
-                         check=one_of(OPTIMIZERS))
-    muon_lr: float = opt(0.02, "Muon's peak learning rate, on learning_rate's schedule (0.02: Keller Jordan's Muon, "
-                               "nanochat's matrices)", check=RATE)
+    optimizer: str = opt(
+        "adamw",
+        "adamw, or muon: Muon on the blocks' weight matrices, AdamW (learning_rate) on the "
+        "embeddings, head, norms, biases and positional parameters",
+        check=one_of(OPTIMIZERS),
+    )
+    muon_lr: float = opt(
+        0.02,
+        "Muon's peak learning rate, on learning_rate's schedule (0.02: Keller Jordan's Muon, nanochat's matrices)",
+        check=RATE,
+    )
     muon_momentum: float = opt(0.95, "Muon's (Nesterov) momentum", check=FRACTION)
-    muon_weight_decay: float = opt(0.0, "Muon's decoupled weight decay: weights shrink by muon_lr times it a step",
-                                   check=NON_NEGATIVE)
+    muon_weight_decay: float = opt(
+        0.0, "Muon's decoupled weight decay: weights shrink by muon_lr times it a step", check=NON_NEGATIVE
+    )
     muon_ns_steps: int = opt(5, "Newton-Schulz steps of Muon's orthogonalisation", check=POSITIVE)
     muon_split_qkv: bool = opt(False, "Muon orthogonalises q, k and v apart, not their fused projection as one")
     grad_clip: float = opt(1.0, "clip the global gradient norm to this (0 = off)", check=NON_NEGATIVE)
-    eval_interval: int = opt(250, "evaluate and checkpoint every this many steps (and at the end)",
-                             check=POSITIVE, resume=True)
+    eval_interval: int = opt(
+        250, "evaluate and checkpoint every this many steps (and at the end)", check=POSITIVE, resume=True
+    )
     eval_iters: int = opt(20, "validation batches per evaluation (a fixed set)", check=POSITIVE, resume=True)
-    log_interval: int = opt(10, "write a train line to metrics.jsonl every this many steps", check=POSITIVE,
-                            resume=True)
+    log_interval: int = opt(
+        10, "write a train line to metrics.jsonl every this many steps", check=POSITIVE, resume=True
+    )
     device: str = opt("auto", "auto, cpu, cuda, cuda:N or mps", resume=True)
-    dtype: str = opt("auto", "auto (CUDA: bfloat16 if supported, else float16; CPU: bfloat16 where a probe finds "
-                             "its matmuls 1.5x float32's, else float32; mps: float32), float32, bfloat16, float16",
-                     check=one_of(DTYPES))
+    dtype: str = opt(
+        "auto",
+        "auto (CUDA: bfloat16 if supported, else float16; CPU: bfloat16 where a probe finds "
+        "its matmuls 1.5x float32's, else float32; mps: float32), float32, bfloat16, float16",
+        check=one_of(DTYPES),
+    )
     compile: bool | None = opt(None, "torch.compile the model (default: on for CUDA only)", resume=True)
     seed: int = opt(1337, "seed for initialisation, batches and dropout", check=NON_NEGATIVE)
     progress: bool = opt(True, "show a progress bar", resume=True, weights=False)
-    log: str = opt("none", "also log what metrics.jsonl gets to wandb or tensorboard (each an optional package)",
-                   resume=True, weights=False)
-    init_from: str = opt("", "start from this model's weights with a fresh optimizer: a run's out_dir or a checkpoint "
-                             "file (fine-tuning, e.g. at a longer block_size with a context scaling), or hf:NAME_OR_PATH, "
-                             "a transformers GPT-2 or GPT-NeoX checkpoint: its architecture, with this run's block_size, "
-                             "dropout and scaling, and the L0 it learned")
+    log: str = opt(
+        "none",
+        "also log what metrics.jsonl gets to wandb or tensorboard (each an optional package)",
+        resume=True,
+        weights=False,
+    )
+    init_from: str = opt(
+        "",
+        "start from this model's weights with a fresh optimizer: a run's out_dir or a checkpoint "
+        "file (fine-tuning, e.g. at a longer block_size with a context scaling), or hf:NAME_OR_PATH, "
+        "a transformers GPT-2 or GPT-NeoX checkpoint: its architecture, with this run's block_size, "
+        "dropout and scaling, and the L0 it learned",
+    )
 
     def __post_init__(self):
         config.validate(self)
@@ -114,6 +139,7 @@ def evaluate(model, batches, rt):
 
 
 # ----------------------------------------------------------------------------- the optimizer step
+
 
 def warmup_cosine(it, peak, warmup, length, floor):
     """Step it of a schedule of length steps: linear warmup to peak, then cosine decay to floor, then floor."""
@@ -192,13 +218,16 @@ def step_batches(batches, it, tc, rt):
 
 # ----------------------------------------------------------------------------- the run
 
+
 def check_out_dir(tc):
     path = Path(tc.out_dir)
     if path.exists() and not path.is_dir():
         raise ValueError(f"out_dir={tc.out_dir!r} is a file; give a folder path")
     if not tc.resume and (path / "ckpt.pt").exists():
-        raise ValueError(f"out_dir={tc.out_dir!r} already holds a run's ckpt.pt; continue it with --resume=true, "
-                         "or start afresh in another out_dir (or after deleting that one)")
+        raise ValueError(
+            f"out_dir={tc.out_dir!r} already holds a run's ckpt.pt; continue it with --resume=true, "
+            "or start afresh in another out_dir (or after deleting that one)"
+        )
     return path
 
 
@@ -217,15 +246,18 @@ def last_checkpoint(state, out):
 
 def divergence(what, state, tc, rt, out):
     """The error a non-finite loss raises, naming the likely causes and the checkpoint kept."""
-    return Divergence(f"{what} at iteration {state.iter}: training diverged. Likely causes: learning_rate="
-                      f"{tc.learning_rate} too high (lower it or raise warmup_iters), or {rt.dtype_name} overflowing "
-                      f"(try dtype=bfloat16 or float32); {last_checkpoint(state, out)}")
+    return Divergence(
+        f"{what} at iteration {state.iter}: training diverged. Likely causes: learning_rate="
+        f"{tc.learning_rate} too high (lower it or raise warmup_iters), or {rt.dtype_name} overflowing "
+        f"(try dtype=bfloat16 or float32); {last_checkpoint(state, out)}"
+    )
 
 
 @dataclass
 class Run:
     """A training run ready for its loop, as start() makes it: the model config in force at its start, the
     settings, runtime, batches, out_dir, state, schedule and what every checkpoint records beside the state."""
+
     gcfg: GPTConfig
     tc: TrainConfig
     rt: Runtime
@@ -246,13 +278,18 @@ def start(gcfg, tc, bc, schedule):
     out_dir lock (held until exit), the state (restored on resume) and the run's first files."""
     rt = setup_runtime(tc.device, tc.dtype, tc.compile)
     if tc.gradient_accumulation_steps % rt.world_size:
-        raise ValueError(f"gradient_accumulation_steps={tc.gradient_accumulation_steps} must be divisible by the "
-                         f"number of processes ({rt.world_size}), which share its micro-batches")
+        raise ValueError(
+            f"gradient_accumulation_steps={tc.gradient_accumulation_steps} must be divisible by the "
+            f"number of processes ({rt.world_size}), which share its micro-batches"
+        )
     dataset_dir = Path(tc.data_dir) / tc.dataset
     meta = load_meta(dataset_dir)
     source = load_source(tc.init_from, "init_from") if tc.init_from else None
-    gcfg = (fine_tune_config(source, gcfg, meta, f"init_from={tc.init_from}") if source
-            else replace(gcfg, vocab_size=meta["vocab_size"]))
+    gcfg = (
+        fine_tune_config(source, gcfg, meta, f"init_from={tc.init_from}")
+        if source
+        else replace(gcfg, vocab_size=meta["vocab_size"])
+    )
     bc.check_model(gcfg, positions.scheme(gcfg.pos_emb))  # a fine-tune's scheme is its source's
     batches = make_batches(bc, dataset_dir, meta, gcfg.block_size, tc.batch_size, tc.seed, rt.device, tc.eval_iters)
     out = check_out_dir(tc) if rt.master else Path(tc.out_dir)
@@ -265,17 +302,33 @@ def start(gcfg, tc, bc, schedule):
         if ckpt:
             unpack(state, ckpt)
             del ckpt  # its tensors are copied into the state
-        record = {"model": gcfg.asdict(), "train": asdict(tc), "batches": asdict(bc), "schedule": schedule.settings(),
-                  **run_record(), "world_size": rt.world_size}
-        run = Run(gcfg, tc, rt, batches, out, state, schedule, {"train_config": asdict(tc), "tokenizer": meta,
-                                                                "record": record})
+        record = {
+            "model": gcfg.asdict(),
+            "train": asdict(tc),
+            "batches": asdict(bc),
+            "schedule": schedule.settings(),
+            **run_record(),
+            "world_size": rt.world_size,
+        }
+        run = Run(
+            gcfg,
+            tc,
+            rt,
+            batches,
+            out,
+            state,
+            schedule,
+            {"train_config": asdict(tc), "tokenizer": meta, "record": record},
+        )
         if rt.master:
             trim_log(out / "metrics.jsonl", state.iter)  # a fresh run's log starts empty, a resumed one's at its step
             if tc.resume:
                 print(f"resuming from {out / 'ckpt.pt'} at iteration {state.iter}")
             atomic_write(out / "config.json", lambda f: f.write((json.dumps(record, indent=2) + "\n").encode()))
-            print(f"model: {state.model.num_params() / 1e6:.2f}M parameters, pos_emb={gcfg.pos_emb}; "
-                  f"tokens per step: {run.tokens_per_step():,}")
+            print(
+                f"model: {state.model.num_params() / 1e6:.2f}M parameters, pos_emb={gcfg.pos_emb}; "
+                f"tokens per step: {run.tokens_per_step():,}"
+            )
         yield run
 
 
@@ -291,11 +344,15 @@ def train(gcfg, tc, bc=None, schedule=None, argv=None):
     state = run.state
     if run.rt.master:
         if stopped:
-            print(f"stopped at iteration {state.iter}; checkpoint written to {run.out / 'ckpt.pt'}. "
-                  f"To continue: {resume_command(argv, run.rt)}")
+            print(
+                f"stopped at iteration {state.iter}; checkpoint written to {run.out / 'ckpt.pt'}. "
+                f"To continue: {resume_command(argv, run.rt)}"
+            )
         else:
-            print(f"done: {state.iter} iterations in {state.elapsed():.1f}s, best val loss {state.best_val:.4f}; "
-                  f"loss curves: python plot.py --runs={run.out}")
+            print(
+                f"done: {state.iter} iterations in {state.elapsed():.1f}s, best val loss {state.best_val:.4f}; "
+                f"loss curves: python plot.py --runs={run.out}"
+            )
     return state.best_val
 
 
@@ -303,11 +360,15 @@ def follow(run, it, progress):
     """The model config the schedule has in force at step it, applied to the model where it differs."""
     model, wanted = run.state.model, run.schedule.model_config(it, run.gcfg)
     if wanted != model.config:
-        changes = {k: (getattr(model.config, k), v) for k, v in wanted.asdict().items() if getattr(model.config, k) != v}
+        changes = {
+            k: (getattr(model.config, k), v) for k, v in wanted.asdict().items() if getattr(model.config, k) != v
+        }
         model.reconfigure(**{k: new for k, (_, new) in changes.items()})  # compiled: recompiles once
         if run.rt.master:
-            progress.bar.write(f"iteration {it}: the schedule changes the model's "
-                               + ", ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in changes.items()))
+            progress.bar.write(
+                f"iteration {it}: the schedule changes the model's "
+                + ", ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in changes.items())
+            )
 
 
 def loop(run):
@@ -316,16 +377,23 @@ def loop(run):
     tc, rt, state = run.tc, run.rt, run.state
     # evaluate with this one, never the DDP wrapper: its forward may talk to the ranks that are not evaluating
     compiled = torch.compile(state.model) if rt.compile else state.model
-    model = compiled if rt.world_size == 1 else DDP(compiled, device_ids=[rt.local_rank] if rt.device_type == "cuda" else None)
+    model = (
+        compiled
+        if rt.world_size == 1
+        else DDP(compiled, device_ids=[rt.local_rank] if rt.device_type == "cuda" else None)
+    )
     flops_per_token = state.model.flops_per_token(run.gcfg.block_size)
-    with (StopFlag(quit_on_repeat=rt.world_size == 1) as stop,
-          Progress(run.out, tc, rt, state.iter, run.tokens_per_step(), run.info["record"]) as progress):
+    with (
+        StopFlag(quit_on_repeat=rt.world_size == 1) as stop,
+        Progress(run.out, tc, rt, state.iter, run.tokens_per_step(), run.info["record"]) as progress,
+    ):
         for it in range(state.iter, tc.max_iters):
             follow(run, it, progress)
             t0 = time.perf_counter()
             lr = run.schedule.lr(it)
-            loss_sum, grad_norm = train_step(model, state.optimizer, state.scaler, step_batches(run.batches, it, tc, rt),
-                                             lr, tc.grad_clip, rt)
+            loss_sum, grad_norm = train_step(
+                model, state.optimizer, state.scaler, step_batches(run.batches, it, tc, rt), lr, tc.grad_clip, rt
+            )
             train_loss, stop_now = mean_and_any(loss_sum, stop.requested, rt)
             state.iter = done = it + 1
             if not math.isfinite(train_loss):
@@ -333,12 +401,19 @@ def loop(run):
             tokens_per_s = progress.step(time.perf_counter() - t0, train_loss)
             eval_due = done % tc.eval_interval == 0 or done == tc.max_iters or stop_now
             if rt.master and stop_now:
-                progress.bar.write(f"stop requested: finishing at iteration {done} with a checkpoint"
-                                   + (" (Ctrl-C again to quit at once)" if stop.quit_on_repeat else ""))
+                progress.bar.write(
+                    f"stop requested: finishing at iteration {done} with a checkpoint"
+                    + (" (Ctrl-C again to quit at once)" if stop.quit_on_repeat else "")
+                )
             line = None
             if rt.master and (eval_due or done % tc.log_interval == 0):
-                line = {"iter": done, "train_loss": train_loss, "grad_norm": grad_norm.item(), "lr": lr,
-                        "tokens_per_s": tokens_per_s}
+                line = {
+                    "iter": done,
+                    "train_loss": train_loss,
+                    "grad_norm": grad_norm.item(),
+                    "lr": lr,
+                    "tokens_per_s": tokens_per_s,
+                }
                 if rt.device_type == "cuda":
                     line["mfu"] = flops_per_token * tokens_per_s / rt.peak_flops()
             if eval_due:
@@ -348,8 +423,10 @@ def loop(run):
                     raise divergence("evaluation gave a non-finite loss", state, tc, rt, run.out)
                 if rt.master:  # train_loss stays the step's: the evaluation's is on its fixed batches
                     line |= {"eval_train_loss": ev["train_loss"], "val_loss": ev["val_loss"], "val_bpb": ev["val_bpb"]}
-                    progress.bar.write(f"iter {done}: train {ev['train_loss']:.4f}, val {ev['val_loss']:.4f} "
-                                       f"({ev['val_bpb']:.3f} bits/byte), {tokens_per_s:,.0f} tokens/s")
+                    progress.bar.write(
+                        f"iter {done}: train {ev['train_loss']:.4f}, val {ev['val_loss']:.4f} "
+                        f"({ev['val_bpb']:.3f} bits/byte), {tokens_per_s:,.0f} tokens/s"
+                    )
             # the log line before the checkpoint: a kill between them leaves a line past the checkpoint, which
             # the resume trims, rather than a checkpoint whose iteration the log never gets
             if line is not None:
@@ -380,11 +457,16 @@ def run_settings(path):
         record = json.loads(path.read_text())
         # each part under its settings' current names (as checkpoint.py reads a checkpoint's), so that a setting
         # renamed since the run started (rope_original_len -> original_len) is read, and checked, as the one it is now
-        return {k: v for cls, part in ((GPTConfig, "model"), (TrainConfig, "train"), (BatchConfig, "batches"))
-                for k, v in config.current_names(cls, record.get(part, {})).items()}
+        return {
+            k: v
+            for cls, part in ((GPTConfig, "model"), (TrainConfig, "train"), (BatchConfig, "batches"))
+            for k, v in config.current_names(cls, record.get(part, {})).items()
+        }
     except (OSError, ValueError, AttributeError) as e:
-        raise ValueError(f"cannot resume: {path} is damaged ({type(e).__name__}: {str(e)[:120]}); pass every "
-                         "setting of the run with --resume, or use a new out_dir") from None
+        raise ValueError(
+            f"cannot resume: {path} is damaged ({type(e).__name__}: {str(e)[:120]}); pass every "
+            "setting of the run with --resume, or use a new out_dir"
+        ) from None
 
 
 def settings(argv, *classes):
@@ -398,11 +480,16 @@ def settings(argv, *classes):
     run = run_settings(recorded)
     built = config.build(run | typed, *classes)  # a typed value is checked where it is declared first
     free = config.declared("resume", *classes)
-    clash = [f"{k}: the run has {run[k]!r}, now {v!r}" for k, v in typed.items() if k in run and k not in free
-             and run[k] != v]
+    clash = [
+        f"{k}: the run has {run[k]!r}, now {v!r}"
+        for k, v in typed.items()
+        if k in run and k not in free and run[k] != v
+    ]
     if clash:
-        raise ValueError(f"cannot resume: this command contradicts the run in {recorded} ({'; '.join(clash)}); leave "
-                         f"them out to continue with the run's, which a resume keeps but for {', '.join(sorted(free))}")
+        raise ValueError(
+            f"cannot resume: this command contradicts the run in {recorded} ({'; '.join(clash)}); leave "
+            f"them out to continue with the run's, which a resume keeps but for {', '.join(sorted(free))}"
+        )
     return built
 
 
@@ -425,9 +512,18 @@ def main(argv=None):
         finally:
             if dist.is_initialized():
                 dist.destroy_process_group()
-    config.main(argv, __doc__, SETTINGS, run, read=settings, error=error_line,
-                interrupted=lambda e: f"{rank_prefix()}interrupted: quit at once, without a new checkpoint; those on "
-                                      "disk are whole")
+
+    config.main(
+        argv,
+        __doc__,
+        SETTINGS,
+        run,
+        read=settings,
+        error=error_line,
+        interrupted=lambda e: (
+            f"{rank_prefix()}interrupted: quit at once, without a new checkpoint; those on disk are whole"
+        ),
+    )
 
 
 if __name__ == "__main__":

@@ -17,20 +17,33 @@ POSE_MOST_POSITIONS = 1 << 24
 
 @dataclass
 class BatchConfig:
-    recall_share: float = opt(0.0, "share of training sequences that carry the associative-recall task "
-                                   "(data/recall.py)", check=SHARE)
-    recall_pairs: int = opt(4, "needles in a sequence that carries the recall task", check=("lie in [1, 13]: each needle has a key letter and two "
-                                                         "capitals of its own", lambda v: 1 <= v <= 13))
-    recall_queries: int | None = opt(None, "queries at the end of a recall sequence, each a needle drawn with "
-                                           "replacement (default recall_pairs)", check=POSITIVE)
-    recall_fewest: int | None = opt(None, "fewest needles in a recall sequence: each draws its count from recall_fewest "
-                                          "to recall_pairs, so that rows ask every slot a probe of recall_pairs "
-                                          "needles asks (default recall_pairs: every row holds that many)",
-                                    check=POSITIVE)
-    pose_factor: float | None = opt(None, "PoSE (Zhu et al. 2024): rows of block_size tokens whose position ids skip "
-                                          "ahead in chunks, so that they reach pose_factor x block_size - 1 (off: "
-                                          "0..block_size-1)", check=("be a finite number >= 1",
-                                                                     lambda v: 1 <= v < float("inf")))
+    recall_share: float = opt(
+        0.0, "share of training sequences that carry the associative-recall task (data/recall.py)", check=SHARE
+    )
+    recall_pairs: int = opt(
+        4,
+        "needles in a sequence that carries the recall task",
+        check=("lie in [1, 13]: each needle has a key letter and two capitals of its own", lambda v: 1 <= v <= 13),
+    )
+    recall_queries: int | None = opt(
+        None,
+        "queries at the end of a recall sequence, each a needle drawn with replacement (default recall_pairs)",
+        check=POSITIVE,
+    )
+    recall_fewest: int | None = opt(
+        None,
+        "fewest needles in a recall sequence: each draws its count from recall_fewest "
+        "to recall_pairs, so that rows ask every slot a probe of recall_pairs "
+        "needles asks (default recall_pairs: every row holds that many)",
+        check=POSITIVE,
+    )
+    pose_factor: float | None = opt(
+        None,
+        "PoSE (Zhu et al. 2024): rows of block_size tokens whose position ids skip "
+        "ahead in chunks, so that they reach pose_factor x block_size - 1 (off: "
+        "0..block_size-1)",
+        check=("be a finite number >= 1", lambda v: 1 <= v < float("inf")),
+    )
     pose_chunks: int = opt(2, "PoSE's chunks a row is cut into (the paper's N = 2)", check=POSITIVE)
 
     def __post_init__(self):
@@ -46,17 +59,23 @@ class BatchConfig:
             return
         target = round(self.pose_factor * gcfg.block_size)  # L_t: the ids reach L_t - 1
         if not scheme.reads_positions:
-            raise ValueError(f"pose_factor={self.pose_factor:g} does nothing for pos_emb={gcfg.pos_emb!r}: it reads no "
-                             "position ids, which are all PoSE changes; use a scheme that does (e.g. rope)")
+            raise ValueError(
+                f"pose_factor={self.pose_factor:g} does nothing for pos_emb={gcfg.pos_emb!r}: it reads no "
+                "position ids, which are all PoSE changes; use a scheme that does (e.g. rope)"
+            )
         if not scheme.extrapolates and target > gcfg.block_size:
-            raise ValueError(f"pose_factor={self.pose_factor:g} puts position ids up to {target - 1}, past "
-                             f"pos_emb={gcfg.pos_emb!r}'s table of block_size={gcfg.block_size} positions; PoSE "
-                             "needs a scheme that reads positions past block_size (e.g. rope)")
+            raise ValueError(
+                f"pose_factor={self.pose_factor:g} puts position ids up to {target - 1}, past "
+                f"pos_emb={gcfg.pos_emb!r}'s table of block_size={gcfg.block_size} positions; PoSE "
+                "needs a scheme that reads positions past block_size (e.g. rope)"
+            )
         if target > POSE_MOST_POSITIONS:
-            raise ValueError(f"pose_factor={self.pose_factor:g} x block_size={gcfg.block_size} asks for "
-                             f"{target:.4g} positions, past 2^24 = {POSE_MOST_POSITIONS:,}, beyond which float32 (the "
-                             "scores' precision) cannot tell a position from its neighbour; use pose_factor <= "
-                             f"{POSE_MOST_POSITIONS // gcfg.block_size:,}")
+            raise ValueError(
+                f"pose_factor={self.pose_factor:g} x block_size={gcfg.block_size} asks for "
+                f"{target:.4g} positions, past 2^24 = {POSE_MOST_POSITIONS:,}, beyond which float32 (the "
+                "scores' precision) cannot tell a position from its neighbour; use pose_factor <= "
+                f"{POSE_MOST_POSITIONS // gcfg.block_size:,}"
+            )
 
 
 class PoSE:
@@ -74,7 +93,7 @@ class PoSE:
         """(n, length) position ids, drawn from seed."""
         g = torch.Generator().manual_seed(seed)
         room = round(self.factor * length) - length  # L_t - L_c
-        cuts = torch.rand(n, length - 1, generator=g).argsort(-1)[:, :self.chunks - 1].sort(-1).values + 1  # (n, N-1)
+        cuts = torch.rand(n, length - 1, generator=g).argsort(-1)[:, : self.chunks - 1].sort(-1).values + 1  # (n, N-1)
         u = [torch.zeros(n, dtype=torch.long)]  # u_0 = 0, then each drawn from u_(i-1) up to L_t - L_c
         for _ in range(self.chunks - 1):
             u.append(u[-1] + (torch.rand(n, generator=g) * (room - u[-1] + 1)).long())
@@ -87,6 +106,7 @@ def make_batches(bc, dataset_dir, meta, block_size, batch_size, seed, device, ev
     task = None
     if bc.recall_share:
         from data.recall import Recall  # a lab task: imported where one is asked for, so a plain run reads none of it
+
         task = Recall(tokenizer_from_meta(meta), bc.recall_pairs, bc.recall_queries, bc.recall_fewest)
         task.insert(torch.zeros(1, block_size + 1, dtype=torch.long), 1.0, 0)  # a row too short fails now
     pose = None

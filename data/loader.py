@@ -14,6 +14,7 @@ BATCH, DROPOUT, RECALL, POSITIONS = 0, 1, 2, 3  # the random streams of a micro-
 class Batch(NamedTuple):
     """A training micro-batch: inputs x and targets y (B, T), each row's own position ids (B, T) where the batches
     give them (else None: 0..T-1), and the seed of its dropout masks (None: the global generator's)."""
+
     x: torch.Tensor
     y: torch.Tensor
     position_ids: torch.Tensor | None = None
@@ -35,8 +36,9 @@ class Batches:
     row position ids of its own; the evaluation windows stay plain text at positions 0..T-1.
     """
 
-    def __init__(self, dataset_dir, meta, block_size, batch_size, seed, device, eval_iters, task=None, share=0.0,
-                 positions=None):
+    def __init__(
+        self, dataset_dir, meta, block_size, batch_size, seed, device, eval_iters, task=None, share=0.0, positions=None
+    ):
         self.meta, self.block_size, self.batch_size, self.seed, self.device = meta, block_size, batch_size, seed, device
         self.task, self.share, self.positions = task, share, positions
         self.dataset_dir = dataset_dir
@@ -45,8 +47,10 @@ class Batches:
         self.lengths = {split: len(open_split(dataset_dir, split, meta)) for split in SPLITS}
         for split, n in self.lengths.items():
             if n <= block_size:
-                raise ValueError(f"block_size={block_size} is too large for the {split} split ({n} tokens); "
-                                 f"use a block_size below {n}")
+                raise ValueError(
+                    f"block_size={block_size} is too large for the {split} split ({n} tokens); "
+                    f"use a block_size below {n}"
+                )
         g = torch.Generator().manual_seed(EVAL_SEED)
         self.eval_starts = {s: self._starts(s, eval_iters * batch_size, g) for s in ("train", "val")}
 

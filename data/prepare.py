@@ -61,9 +61,7 @@ from data.tokenizer import (
     train_bpe_from_counts,
 )
 
-SHAKESPEARE_URL = (
-    "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
-)
+SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 DEFAULT_BPE_VOCAB = 2048
 MAX_BPE_VOCAB = 200_000  # above the largest common BPE vocabularies (o200k); beyond it training only slows
 BPE_FILE = "bpe.tiktoken"
@@ -89,20 +87,35 @@ def default_num_proc() -> int:
 class PrepareConfig:
     dataset: str = opt("", "output folder name under data_dir (default: shakespeare_<tokenizer>)")
     data_dir: str = opt(str(DATA_DIR), "root folder of the datasets")
-    input: str = opt("", "local UTF-8 corpus: a file, a folder (its *.txt and *.jsonl files, recursively) or a quoted "
-                         "glob; .jsonl: one JSON object a line, the document in its \"text\" (default: download tiny "
-                         "Shakespeare)")
-    tokenizer: str = opt("char", "char, gpt2 (tiktoken's; needs its files), bpe (trained here on the train split, at "
-                                 f"most {BPE_TRAIN_CHARS:,} characters of it, evenly spread) or hf:NAME_OR_PATH (a "
-                                 "transformers checkpoint's, for a model imported with train.py "
-                                 "--init_from=hf:NAME_OR_PATH)")
-    vocab_size: int | None = opt(None, f"bpe vocabulary size, 257..{MAX_BPE_VOCAB} (default {DEFAULT_BPE_VOCAB}); "
-                                       "with several documents it includes the end-of-text token")
-    val_fraction: float = opt(0.1, "held out for validation: of a single document, this fraction of its characters, "
-                                   "from the end; of several, this fraction of the documents, evenly spread",
-                              check=("lie strictly between 0 and 1", lambda v: 0 < v < 1))
-    num_proc: int | None = opt(None, "processes that encode (default: the cores this process may use, fewer for a "
-                                     "small corpus)", check=POSITIVE)
+    input: str = opt(
+        "",
+        "local UTF-8 corpus: a file, a folder (its *.txt and *.jsonl files, recursively) or a quoted "
+        'glob; .jsonl: one JSON object a line, the document in its "text" (default: download tiny '
+        "Shakespeare)",
+    )
+    tokenizer: str = opt(
+        "char",
+        "char, gpt2 (tiktoken's; needs its files), bpe (trained here on the train split, at "
+        f"most {BPE_TRAIN_CHARS:,} characters of it, evenly spread) or hf:NAME_OR_PATH (a "
+        "transformers checkpoint's, for a model imported with train.py "
+        "--init_from=hf:NAME_OR_PATH)",
+    )
+    vocab_size: int | None = opt(
+        None,
+        f"bpe vocabulary size, 257..{MAX_BPE_VOCAB} (default {DEFAULT_BPE_VOCAB}); "
+        "with several documents it includes the end-of-text token",
+    )
+    val_fraction: float = opt(
+        0.1,
+        "held out for validation: of a single document, this fraction of its characters, "
+        "from the end; of several, this fraction of the documents, evenly spread",
+        check=("lie strictly between 0 and 1", lambda v: 0 < v < 1),
+    )
+    num_proc: int | None = opt(
+        None,
+        "processes that encode (default: the cores this process may use, fewer for a small corpus)",
+        check=POSITIVE,
+    )
 
     def __post_init__(self):
         validate(self)
@@ -113,12 +126,13 @@ class PrepareConfig:
         if self.tokenizer == "bpe":  # the defaults' own rules, resolved once
             self.vocab_size = DEFAULT_BPE_VOCAB if self.vocab_size is None else self.vocab_size
             if not 256 < self.vocab_size <= MAX_BPE_VOCAB:
-                raise ValueError(f"vocab_size={self.vocab_size} is out of range: a byte-level bpe needs "
-                                 f"257..{MAX_BPE_VOCAB} (the 256 byte tokens plus at least one merge)")
+                raise ValueError(
+                    f"vocab_size={self.vocab_size} is out of range: a byte-level bpe needs "
+                    f"257..{MAX_BPE_VOCAB} (the 256 byte tokens plus at least one merge)"
+                )
         self.dataset = self.dataset or f"shakespeare_{self.tokenizer.removeprefix(HF_PREFIX).replace('/', '_')}"
         if Path(self.dataset).name != self.dataset or self.dataset in (".", ".."):
-            raise ValueError(f"dataset={self.dataset!r} must be a plain folder name, not a path (the root is "
-                             "data_dir)")
+            raise ValueError(f"dataset={self.dataset!r} must be a plain folder name, not a path (the root is data_dir)")
 
 
 def download(url: str, dest: Path) -> None:
@@ -134,8 +148,9 @@ def download(url: str, dest: Path) -> None:
     except OSError as e:  # urllib.error.URLError, timeouts and socket errors are all OSErrors
         part.unlink(missing_ok=True)
         reason = getattr(e, "reason", e)
-        raise ValueError(f"could not download the corpus from {url} ({reason}); "
-                         f"pass --input PATH to use a local copy of the text") from None
+        raise ValueError(
+            f"could not download the corpus from {url} ({reason}); pass --input PATH to use a local copy of the text"
+        ) from None
     part.replace(dest)
 
 
@@ -197,8 +212,10 @@ def read_text(path: Path, progress):
             try:
                 text = decoder.decode(block, final=not block)
             except UnicodeDecodeError as e:
-                raise ValueError(f"input file {path} is not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset "
-                                 f"{offset - held + e.start}); give a UTF-8 text file") from None
+                raise ValueError(
+                    f"input file {path} is not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset "
+                    f"{offset - held + e.start}); give a UTF-8 text file"
+                ) from None
             if "\x00" in text:
                 raise ValueError(f"input file {path} looks binary (it contains NUL bytes); give a UTF-8 text file")
             if text:
@@ -221,14 +238,18 @@ def read_jsonl(path: Path, progress):
             try:
                 doc = json.loads(line.rstrip(b"\r\n").decode("utf-8"))  # columns counted on this line
             except UnicodeDecodeError as e:
-                raise ValueError(f"{where} is not UTF-8 text (byte 0x{line[e.start]:02x} at column {e.start + 1}); "
-                                 f"give UTF-8 text") from None
+                raise ValueError(
+                    f"{where} is not UTF-8 text (byte 0x{line[e.start]:02x} at column {e.start + 1}); give UTF-8 text"
+                ) from None
             except json.JSONDecodeError as e:
-                raise ValueError(f"{where} is not valid JSON ({e.msg} at column {e.colno}); each line must be a "
-                                 f'JSON object with the document in "text"') from None
+                raise ValueError(
+                    f"{where} is not valid JSON ({e.msg} at column {e.colno}); each line must be a "
+                    f'JSON object with the document in "text"'
+                ) from None
             if not isinstance(doc, dict) or "text" not in doc:
-                raise ValueError(f'{where} has no "text" field; each line must be a JSON object with the document '
-                                 f'in "text"')
+                raise ValueError(
+                    f'{where} has no "text" field; each line must be a JSON object with the document in "text"'
+                )
             if not isinstance(doc["text"], str):
                 raise ValueError(f'{where} has a "text" that is a {type(doc["text"]).__name__}, not a string')
             if doc["text"]:
@@ -284,8 +305,10 @@ class Split:
             return cls(n, val_documents=min(n - 1, max(1, round(n * val_fraction))))
         train_chars = int(found.chars * (1 - val_fraction))
         if not 0 < train_chars < found.chars:
-            raise ValueError(f"the corpus ({found.chars} characters) is too small to split with "
-                             f"--val_fraction {val_fraction}: a split would be empty")
+            raise ValueError(
+                f"the corpus ({found.chars} characters) is too small to split with "
+                f"--val_fraction {val_fraction}: a split would be empty"
+            )
         return cls(1, train_chars=train_chars)
 
     def of(self, doc: int) -> str:
@@ -306,7 +329,7 @@ class Split:
             if n > 0:
                 yield ("train", doc), text[:n]
             if n < len(text):
-                yield ("val", doc), text[max(n, 0):]
+                yield ("val", doc), text[max(n, 0) :]
             offset += len(text)
 
 
@@ -469,8 +492,9 @@ def encode(tasks, fields: dict, dtype: str, num_proc: int, write) -> None:
             for done, future in inflight:
                 write(done, *future.result())
         except BrokenProcessPool:
-            raise ValueError(f"an encoding process died (killed for lack of memory?); try fewer with --num_proc "
-                             f"(it was {num_proc})") from None
+            raise ValueError(
+                f"an encoding process died (killed for lack of memory?); try fewer with --num_proc (it was {num_proc})"
+            ) from None
         except BaseException:  # an error or Ctrl-C here: drop the queued tasks rather than finish them
             pool.shutdown(cancel_futures=True)
             raise
@@ -493,19 +517,25 @@ def tokenizer_fields(args: PrepareConfig, corpus: Corpus, found: Scan, split: Sp
     if args.tokenizer.startswith(HF_PREFIX):
         fields = hf_tokenizer_fields(args.tokenizer.removeprefix(HF_PREFIX), f"tokenizer={args.tokenizer}")
         if several and "eot" not in fields:
-            raise ValueError(f"--tokenizer {args.tokenizer} has no end-of-text token to separate documents; "
-                             "give a single text, or another tokenizer")
+            raise ValueError(
+                f"--tokenizer {args.tokenizer} has no end-of-text token to separate documents; "
+                "give a single text, or another tokenizer"
+            )
         return fields
     if several and args.vocab_size < 258:
-        raise ValueError(f"--vocab_size {args.vocab_size} is out of range for a corpus of several documents: it "
-                         f"needs 258..{MAX_BPE_VOCAB} (the 256 byte tokens, a merge and the end-of-text token)")
+        raise ValueError(
+            f"--vocab_size {args.vocab_size} is out of range for a corpus of several documents: it "
+            f"needs 258..{MAX_BPE_VOCAB} (the 256 byte tokens, a merge and the end-of-text token)"
+        )
     counts, check = bpe_sample(corpus, found, split)
     t0 = time.time()
     ranks, merges = train_bpe_from_counts(counts, args.vocab_size - several)
     print(f"trained bpe: {len(ranks)} tokens, {len(merges)} merges in {time.time() - t0:.1f}s")
     if len(ranks) < args.vocab_size - several:
-        print(f"warning: the train split ran out of pairs to merge at {len(ranks)} tokens, "
-              f"fewer than --vocab_size {args.vocab_size}")
+        print(
+            f"warning: the train split ran out of pairs to merge at {len(ranks)} tokens, "
+            f"fewer than --vocab_size {args.vocab_size}"
+        )
     fields = {"tokenizer": "bpe", "bpe_file": BPE_FILE, "bpe_pattern": GPT2_PATTERN, "start_id": ranks[b"\n"]}
     if several:  # documents end with GPT-2's end-of-text token, appended after the ranks; sampling starts a document
         fields |= {"eot": len(ranks), "start_id": len(ranks)}
@@ -528,7 +558,7 @@ def bpe_sample(corpus: Corpus, found: Scan, split: Split) -> tuple[collections.C
                     taken += len(text)
                 seen += len(text)
             elif checked < BPE_CHECK_CHARS:
-                check.append(text[:BPE_CHECK_CHARS - checked])
+                check.append(text[: BPE_CHECK_CHARS - checked])
                 checked += len(check[-1])
     return counts, "".join(check)
 
@@ -547,6 +577,7 @@ def write_splits(stage: Path, corpus: Corpus, split: Split, fields: dict, dtype:
         read += n
 
     with progress_bar(corpus.nbytes, "encoding") as bar:
+
         def write(task, ids, nbytes):
             outputs[task.split].write(memoryview(ids).cast("B"))  # the ids' bytes, without a copy
             sizes[task.split][0] += len(ids)
@@ -581,8 +612,10 @@ def prepare(args: PrepareConfig) -> dict:
     vocab_size = tokenizer_from_meta(fields).vocab_size
     dtype = dtype_for_vocab(vocab_size)
     num_proc = args.num_proc or max(1, min(default_num_proc(), found.chars // PARALLEL_CHARS))
-    print(f"{corpus.nbytes:,} bytes in {len(corpus.files):,} file(s), {split.documents:,} document(s); "
-          f"encoding with {num_proc} process(es)")
+    print(
+        f"{corpus.nbytes:,} bytes in {len(corpus.files):,} file(s), {split.documents:,} document(s); "
+        f"encoding with {num_proc} process(es)"
+    )
 
     # written beside out_dir and moved in when complete: a stopped prepare leaves the previous dataset as it was
     with staged_folder(out_dir, "meta.json", drop=(BPE_FILE, HF_FILE)) as stage:
@@ -614,8 +647,13 @@ def prepare(args: PrepareConfig) -> dict:
 def main(argv: list[str] | None = None) -> int:
     """The exit status: 0; 1 for bad input or an unreachable resource (one line); 130 for a stop (Ctrl-C, SIGTERM)."""
     try:
-        config.main(argv, __doc__, (PrepareConfig,), prepare,
-                    interrupted=lambda e: "\nstopped: no dataset was written, and one prepared before is as it was")
+        config.main(
+            argv,
+            __doc__,
+            (PrepareConfig,),
+            prepare,
+            interrupted=lambda e: "\nstopped: no dataset was written, and one prepared before is as it was",
+        )
     except SystemExit as e:
         return e.code
     return 0

@@ -48,8 +48,10 @@ def distances(W, n):
     needle at its start), rounded, distinct and sorted; every distance when the window has fewer than n."""
     low, high = NEEDLE, query_keys(W + 1, 1)[0]
     if n < 2 or high < low:
-        raise ValueError(f"distances: n={n} must be >= 2 (the shortest and the longest) and a window of W={W} "
-                         f"tokens must hold a needle and its query (W >= {2 * NEEDLE - 1})")
+        raise ValueError(
+            f"distances: n={n} must be >= 2 (the shortest and the longest) and a window of W={W} "
+            f"tokens must hold a needle and its query (W >= {2 * NEEDLE - 1})"
+        )
     return sorted({round(low + i * (high - low) / (n - 1)) for i in range(n)})
 
 
@@ -66,14 +68,16 @@ class Recall:
             except ValueError:  # a char vocabulary without it
                 enc = []
             if len(enc) != 1:
-                raise ValueError(f"the recall task needs {ch!r} as one token, but the {tokenizer.name} tokenizer "
-                                 f"encodes it as {enc}; use a dataset whose vocabulary has a-z, A-Z, '.' and ' '")
+                raise ValueError(
+                    f"the recall task needs {ch!r} as one token, but the {tokenizer.name} tokenizer "
+                    f"encodes it as {enc}; use a dataset whose vocabulary has a-z, A-Z, '.' and ' '"
+                )
             ids += enc
-        self.keys, self.values, self.filler = (torch.tensor(ids[:26]), torch.tensor(ids[26:52]),
-                                               torch.tensor(ids[52:]))
+        self.keys, self.values, self.filler = (torch.tensor(ids[:26]), torch.tensor(ids[26:52]), torch.tensor(ids[52:]))
         if not 1 <= pairs <= 13:
-            raise ValueError(f"recall_pairs={pairs} must lie in [1, 13]: each needle has a key letter and two capitals "
-                             "of its own")
+            raise ValueError(
+                f"recall_pairs={pairs} must lie in [1, 13]: each needle has a key letter and two capitals of its own"
+            )
         fewest = pairs if fewest is None else fewest
         # an invariant, not a user's error: recall_fewest comes from BatchConfig alone, which refuses it at parse time
         # (lab/retrieval.py's probes pass none)
@@ -96,8 +100,8 @@ class Recall:
     def needles(self, n, generator):
         """(n, pairs, NEEDLE) needles: within each row the keys are distinct and so are all the capitals, so every
         answer token follows one earlier token alone."""
-        keys = torch.rand(n, 26, generator=generator).argsort(-1)[:, :self.pairs]  # (n, pairs)
-        values = torch.rand(n, 26, generator=generator).argsort(-1)[:, :2 * self.pairs]  # (n, 2 pairs)
+        keys = torch.rand(n, 26, generator=generator).argsort(-1)[:, : self.pairs]  # (n, pairs)
+        values = torch.rand(n, 26, generator=generator).argsort(-1)[:, : 2 * self.pairs]  # (n, 2 pairs)
         values = values.view(n, self.pairs, 2)  # (n, pairs, 2)
         return torch.cat((self.keys[keys][..., None], self.values[values]), -1)  # (n, pairs, 3)
 
@@ -106,8 +110,8 @@ class Recall:
         end."""
         out = self.filler.repeat(length // len(self.filler) + 1)[:length].clone()
         for needle, a in zip(needles, starts.tolist()):
-            out[a:a + NEEDLE] = needle
-        out[end - NEEDLE * len(queries):end] = queries.flatten()
+            out[a : a + NEEDLE] = needle
+        out[end - NEEDLE * len(queries) : end] = queries.flatten()
         return out
 
     @staticmethod
@@ -125,8 +129,10 @@ class Recall:
         B, T = rows.shape[0], rows.shape[1] - 1
         shortest = (self.pairs + self.queries) * NEEDLE
         if T + 1 < shortest:
-            raise ValueError(f"block_size={T} cannot hold {self.pairs} needles and their queries ({shortest} tokens)"
-                             f"; use a longer block_size, fewer recall_pairs or fewer recall_queries")
+            raise ValueError(
+                f"block_size={T} cannot hold {self.pairs} needles and their queries ({shortest} tokens)"
+                f"; use a longer block_size, fewer recall_pairs or fewer recall_queries"
+            )
         g = torch.Generator().manual_seed(seed)
         chosen = (torch.rand(B, generator=g) < share).nonzero().flatten()
         n = len(chosen)
@@ -169,15 +175,20 @@ class Recall:
         gap, before, others = k - NEEDLE, at, self.pairs - 1  # free tokens after the needle and before it
         fits = list(range(max(0, others - before // NEEDLE), min(others, gap // NEEDLE) + 1))
         if at < 0 or gap < 0 or not fits:
-            raise ValueError(f"a probe window of W={W} tokens cannot hold {self.pairs} needles with the asked one "
-                             f"k={k} tokens before its query; valid: k in [{NEEDLE}, {query}] and W >= "
-                             f"{NEEDLE * self.pairs + 2 * NEEDLE - 1} (room for every split of the others)")
+            raise ValueError(
+                f"a probe window of W={W} tokens cannot hold {self.pairs} needles with the asked one "
+                f"k={k} tokens before its query; valid: k in [{NEEDLE}, {query}] and W >= "
+                f"{NEEDLE * self.pairs + 2 * NEEDLE - 1} (room for every split of the others)"
+            )
         if len(fits) == 1:
             return at, others, {fits[0]: 1.0}
         ends = [r for r in fits if r in (0, others)]
         middle = [r for r in fits if r not in ends]
-        return at, others, {r: 1 / self.pairs if r in ends else (1 - len(ends) / self.pairs) / len(middle)
-                            for r in fits}
+        return (
+            at,
+            others,
+            {r: 1 / self.pairs if r in ends else (1 - len(ends) / self.pairs) / len(middle) for r in fits},
+        )
 
     def distance_windows(self, W, k, n, generator):
         """(n, W+1) probe rows: x = rows[:, :-1] is a window of W tokens ending in a query whose key sits k tokens
@@ -188,8 +199,13 @@ class Recall:
         drawn = torch.multinomial(torch.tensor(list(ranks.values())), n, replacement=True, generator=generator)
         needles, rows = self.needles(n, generator), []  # the first needle is asked
         for b, r in enumerate(torch.tensor(list(ranks))[drawn].tolist()):
-            starts = torch.cat((torch.tensor([at]), self.places(1, at, others - r, generator)[0],
-                                at + NEEDLE + self.places(1, k - NEEDLE, r, generator)[0]))
+            starts = torch.cat(
+                (
+                    torch.tensor([at]),
+                    self.places(1, at, others - r, generator)[0],
+                    at + NEEDLE + self.places(1, k - NEEDLE, r, generator)[0],
+                )
+            )
             rows.append(self.row(W + 1, needles[b], starts, needles[b, :1], W + 1))
         return torch.stack(rows)  # (n, W+1)
 
@@ -197,8 +213,10 @@ class Recall:
         """(n, W+1) probe rows: the pairs needles placed uniformly, then each queried once in a random order, the
         last query's answer ending the row (query_keys(W + 1, pairs) are the queries' keys)."""
         if W + 1 < 2 * self.pairs * NEEDLE:
-            raise ValueError(f"a slot probe window of W={W} tokens cannot hold {self.pairs} needles and their "
-                             f"queries; valid: W >= {2 * self.pairs * NEEDLE - 1}")
+            raise ValueError(
+                f"a slot probe window of W={W} tokens cannot hold {self.pairs} needles and their "
+                f"queries; valid: W >= {2 * self.pairs * NEEDLE - 1}"
+            )
         needles = self.needles(n, generator)
         starts = self.places(n, W + 1 - self.pairs * NEEDLE, self.pairs, generator)  # (n, pairs)
         order = torch.rand(n, self.pairs, generator=generator).argsort(-1)  # (n, pairs): without replacement

@@ -138,6 +138,7 @@ def hf_checkpoint(name: str, where: str) -> str:
     if name.startswith(("/", ".", "~")) or name.count("/") > 1:  # a hub id is NAME or ORG/NAME
         raise ValueError(f"{where}: the folder {name} does not exist")
     from huggingface_hub import constants, try_to_load_from_cache
+
     if isinstance(try_to_load_from_cache(name, "config.json"), str) or constants.HF_HUB_OFFLINE:
         return name  # cached, or offline by choice: transformers reads the cache alone and says what is missing
     hub = urllib.parse.urlsplit(constants.ENDPOINT)
@@ -145,8 +146,10 @@ def hf_checkpoint(name: str, where: str) -> str:
     try:
         socket.create_connection((host, hub.port or 443), timeout=3).close()
     except OSError as e:
-        raise ValueError(f"{where}: {name} is not in the local Hugging Face cache and {host} cannot be reached "
-                         f"({e.strerror or e}); download it where there is a network, or give a local folder") from None
+        raise ValueError(
+            f"{where}: {name} is not in the local Hugging Face cache and {host} cannot be reached "
+            f"({e.strerror or e}); download it where there is a network, or give a local folder"
+        ) from None
     return name
 
 
@@ -158,13 +161,19 @@ def hf_tokenizer_fields(name: str, where: str) -> dict:
     try:
         tok = AutoTokenizer.from_pretrained(found)
     except (OSError, ValueError) as e:
-        raise ValueError(f"{where}: no transformers tokenizer could be loaded ({str(e).splitlines()[0][:160]})") from None
+        raise ValueError(
+            f"{where}: no transformers tokenizer could be loaded ({str(e).splitlines()[0][:160]})"
+        ) from None
     if not tok.is_fast:
         raise ValueError(f"{where} has no fast tokenizer (tokenizer.json), which nanorope runs")
     eos = tok.eos_token_id
     start = tok.bos_token_id if tok.bos_token_id is not None else eos
-    fields = {"tokenizer": "hf", "hf_name": name, "hf_tokenizer": tok.backend_tokenizer.to_str(),
-              "start_id": 0 if start is None else start}
+    fields = {
+        "tokenizer": "hf",
+        "hf_name": name,
+        "hf_tokenizer": tok.backend_tokenizer.to_str(),
+        "start_id": 0 if start is None else start,
+    }
     return fields | ({"eot": eos} if eos is not None else {})
 
 
@@ -293,9 +302,7 @@ def _merge_pair(ids: list[int], a: int, b: int, new: int) -> list[int]:
     return out
 
 
-def encode_with_merges(
-    text: str, merges: list[tuple[int, int, int]], pattern: str = GPT2_PATTERN
-) -> list[int]:
+def encode_with_merges(text: str, merges: list[tuple[int, int, int]], pattern: str = GPT2_PATTERN) -> list[int]:
     """Reference encoder: in each piece apply the earliest learned merge present, repeatedly.
     Slow; used to check that tiktoken, which merges by rank, gives the same ids."""
     priority = {}
@@ -382,8 +389,10 @@ def load_meta(dataset_dir: str | os.PathLike) -> dict:
     inlined as meta['bpe_ranks']. Holds only JSON types, so torch.load(weights_only=True) accepts it."""
     path = Path(dataset_dir) / "meta.json"
     if not path.is_file():
-        raise ValueError(f"no prepared dataset at {dataset_dir} ({path.name} is missing); "
-                         f"create it with `{prepare_command(dataset_dir)}`")
+        raise ValueError(
+            f"no prepared dataset at {dataset_dir} ({path.name} is missing); "
+            f"create it with `{prepare_command(dataset_dir)}`"
+        )
     try:
         meta = json.loads(path.read_text(encoding="utf-8"))
     except ValueError as e:  # JSONDecodeError and UnicodeDecodeError alike
@@ -392,14 +401,16 @@ def load_meta(dataset_dir: str | os.PathLike) -> dict:
     if missing:
         raise ValueError(f"{path} lacks {', '.join(missing)}; {damaged(dataset_dir)}")
     if meta["dtype"] not in ID_DTYPES:
-        raise ValueError(f"{path} gives dtype={meta['dtype']!r}, not one of {', '.join(ID_DTYPES)}; "
-                         f"{damaged(dataset_dir)}")
+        raise ValueError(
+            f"{path} gives dtype={meta['dtype']!r}, not one of {', '.join(ID_DTYPES)}; {damaged(dataset_dir)}"
+        )
     inlined = {"bpe": ("bpe_file", "bpe_ranks"), "hf": ("hf_file", "hf_tokenizer")}.get(meta.get("tokenizer"))
     if inlined:
         path = Path(dataset_dir) / meta[inlined[0]]
         if not path.is_file():
-            raise ValueError(f"the tokenizer file {path} is missing; recreate the dataset with "
-                             f"`{prepare_command(dataset_dir)}`")
+            raise ValueError(
+                f"the tokenizer file {path} is missing; recreate the dataset with `{prepare_command(dataset_dir)}`"
+            )
         meta[inlined[1]] = path.read_text(encoding="utf-8")
     return meta
 
@@ -412,12 +423,14 @@ def tokenizer_from_meta(meta: dict) -> Tokenizer:
         return TiktokenTokenizer(gpt2_encoding(), "gpt2")
     if kind == "bpe":
         if "bpe_ranks" not in meta:
-            raise ValueError("bpe meta has no 'bpe_ranks'; "
-                             "read it with load_meta(dataset_dir), which inlines the ranks file")
+            raise ValueError(
+                "bpe meta has no 'bpe_ranks'; read it with load_meta(dataset_dir), which inlines the ranks file"
+            )
         ranks = ranks_from_text(meta["bpe_ranks"])
         # "eot": datasets of several documents (older datasets and single texts have none)
-        encoding = bpe_encoding(ranks, meta.get("bpe_pattern", GPT2_PATTERN), name=f"bpe{len(ranks)}",
-                                eot=meta.get("eot"))
+        encoding = bpe_encoding(
+            ranks, meta.get("bpe_pattern", GPT2_PATTERN), name=f"bpe{len(ranks)}", eot=meta.get("eot")
+        )
         return TiktokenTokenizer(encoding, "bpe")
     if kind == "hf":
         return HFTokenizer(meta["hf_tokenizer"], meta["hf_name"])
@@ -434,11 +447,15 @@ def open_split(dataset_dir: str | os.PathLike, split: str, meta: dict) -> np.mem
         raise ValueError(f"{path} is missing; create it with `{prepare_command(dataset_dir)}`")
     dtype, size = np.dtype(meta["dtype"]), path.stat().st_size
     if size % dtype.itemsize:
-        raise ValueError(f"{path} is {size:,} bytes, not a multiple of {dtype.itemsize} (the size of its "
-                         f"{meta['dtype']} ids): it is truncated; {damaged(dataset_dir)}")
+        raise ValueError(
+            f"{path} is {size:,} bytes, not a multiple of {dtype.itemsize} (the size of its "
+            f"{meta['dtype']} ids): it is truncated; {damaged(dataset_dir)}"
+        )
     if size // dtype.itemsize != meta[f"{split}_tokens"]:
-        raise ValueError(f"{path} holds {size // dtype.itemsize:,} tokens where meta.json says "
-                         f"{meta[f'{split}_tokens']:,}; {damaged(dataset_dir)}")
+        raise ValueError(
+            f"{path} holds {size // dtype.itemsize:,} tokens where meta.json says "
+            f"{meta[f'{split}_tokens']:,}; {damaged(dataset_dir)}"
+        )
     return np.memmap(path, dtype=dtype, mode="r")
 
 
@@ -448,8 +465,10 @@ def check_ids(dataset_dir: str | os.PathLike, split: str, meta: dict) -> None:
     data = open_split(dataset_dir, split, meta)
     top = int(max(data[:CHECKED_IDS].max(), data[-CHECKED_IDS:].max()))
     if top >= meta["vocab_size"]:
-        raise ValueError(f"{Path(dataset_dir) / f'{split}.bin'} holds token id {top}, outside the vocabulary of "
-                         f"{meta['vocab_size']} that meta.json gives; {damaged(dataset_dir)}")
+        raise ValueError(
+            f"{Path(dataset_dir) / f'{split}.bin'} holds token id {top}, outside the vocabulary of "
+            f"{meta['vocab_size']} that meta.json gives; {damaged(dataset_dir)}"
+        )
 
 
 def bytes_per_token(meta: dict, split: str = "val") -> float:

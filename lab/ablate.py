@@ -43,8 +43,20 @@ from generate import Sampling, generate
 from lab import ablate_report, diagnostics
 from lab.evaluation import checked_model, position_losses
 from lab.pool import Interrupted
-from lab.grid import (check_run, evaluated, field_types, number_list, numbers, parse_changes, read_json, run_dir,
-                      split_list, train_run, train_settings, write_json)
+from lab.grid import (
+    check_run,
+    evaluated,
+    field_types,
+    number_list,
+    numbers,
+    parse_changes,
+    read_json,
+    run_dir,
+    split_list,
+    train_run,
+    train_settings,
+    write_json,
+)
 from lab.report import regime_rows
 from lab.retrieval import GOOD, THRESHOLDS, Probe, ProbeSettings, readout_errors
 from lab.sweep import Plan as SweepPlan, SweepSettings, tool_main
@@ -55,22 +67,26 @@ from runtime import decode_autocast, run_record
 REFERENCE = "rope"  # the scheme every other one is compared against, seed by seed
 # what a RoPE variant may change: the settings declared to act on RoPE that its weights depend on (a scaling is
 # scored at inference, beyond L0)
-VARIANT_KEYS = tuple(f.name for f in fields(GPTConfig) if f.metadata["applies"] is positions.RoPE
-                     and f.metadata["weights"])
+VARIANT_KEYS = tuple(
+    f.name for f in fields(GPTConfig) if f.metadata["applies"] is positions.RoPE and f.metadata["weights"]
+)
 
 
 @dataclass(frozen=True)
 class DroPE:
     """DroPE (Gelberg et al. 2025): RoPE dropped at a step, training going on without positions (a
     recalibration), with a schedule of its own when recalibration_lr is set; a variant's training keys."""
+
     drop_rope_at: int
     recalibration_lr: float | None = None  # the recalibration's peak, reached again by a warmup after the drop
     recalibration_warmup: int = 20
 
     def check(self, tc):
         if not 0 < self.drop_rope_at < tc.max_iters:
-            raise ValueError(f"drop_rope_at={self.drop_rope_at} must lie between 0 and max_iters={tc.max_iters}, "
-                             "leaving steps to recalibrate without RoPE")
+            raise ValueError(
+                f"drop_rope_at={self.drop_rope_at} must lie between 0 and max_iters={tc.max_iters}, "
+                "leaving steps to recalibrate without RoPE"
+            )
         if self.recalibration_lr is not None and not 0 < self.recalibration_lr < math.inf:
             raise ValueError(f"recalibration_lr={self.recalibration_lr} must be a finite rate > 0")
 
@@ -87,8 +103,13 @@ class DropSchedule(train.Schedule):
         d = self.drope
         if d.recalibration_lr is None or it < d.drop_rope_at:
             return super().lr(it)
-        return train.warmup_cosine(it - d.drop_rope_at, d.recalibration_lr, d.recalibration_warmup,
-                                   self.tc.max_iters - d.drop_rope_at, d.recalibration_lr / 10)
+        return train.warmup_cosine(
+            it - d.drop_rope_at,
+            d.recalibration_lr,
+            d.recalibration_warmup,
+            self.tc.max_iters - d.drop_rope_at,
+            d.recalibration_lr / 10,
+        )
 
     def model_config(self, it, gcfg):
         return gcfg.with_scheme(positions.NoPE.name) if it >= self.drope.drop_rope_at else gcfg
@@ -104,18 +125,32 @@ TRAIN_VARIANT_KEYS = tuple(DroPE.__dataclass_fields__)  # what a variant may cha
 class AblateConfig(ProbeSettings, SweepSettings):
     schemes: str = opt(",".join(positions.SCHEMES), "positional schemes to compare (pos_emb values), comma-separated")
     variants: str = opt("", "RoPE variants to add: 'name: key=value, ...; name: ...', keys " + ", ".join(VARIANT_KEYS))
-    lr_scales: str = opt("1", "multiples of the learning rates (learning_rate, min_lr, muon_lr together) each scheme "
-                              "tries on the selection seed, widened where its best is at an edge; its best takes "
-                              "every test seed (1 alone: one shared rate, no selection runs)",
-                         check=number_list(float, 1e-9, "0.5,1,2"))
-    equivalence_margin: float = opt(0.01, "nats: a scheme and the reference show no difference when an equivalence "
-                                          "test puts their paired difference within this (run only where the seeds "
-                                          "let it pass; elsewhere the CI is shown against it)", check=config.RATE)
-    learn_gate: float = opt(0.9, "a run has learned retrieval at the first evaluation at which every query slot "
-                                 "retrieves at least this share of whole answers at L0 (steps-to-learn)",
-                            check=config.SHARE)
-    probe_pool: int = opt(4, "consecutive probed distances pooled into one cell when k_max and the effective length "
-                             "are read, so that no single distance's trials decide them", check=config.POSITIVE)
+    lr_scales: str = opt(
+        "1",
+        "multiples of the learning rates (learning_rate, min_lr, muon_lr together) each scheme "
+        "tries on the selection seed, widened where its best is at an edge; its best takes "
+        "every test seed (1 alone: one shared rate, no selection runs)",
+        check=number_list(float, 1e-9, "0.5,1,2"),
+    )
+    equivalence_margin: float = opt(
+        0.01,
+        "nats: a scheme and the reference show no difference when an equivalence "
+        "test puts their paired difference within this (run only where the seeds "
+        "let it pass; elsewhere the CI is shown against it)",
+        check=config.RATE,
+    )
+    learn_gate: float = opt(
+        0.9,
+        "a run has learned retrieval at the first evaluation at which every query slot "
+        "retrieves at least this share of whole answers at L0 (steps-to-learn)",
+        check=config.SHARE,
+    )
+    probe_pool: int = opt(
+        4,
+        "consecutive probed distances pooled into one cell when k_max and the effective length "
+        "are read, so that no single distance's trials decide them",
+        check=config.POSITIVE,
+    )
     eval_lengths: str = opt("0.5,1,2,4,8", "context lengths to evaluate at, as multiples of block_size")
     rope_scalings: str = opt("linear,ntk,yarn", "inference-time RoPE scalings scored beyond block_size (factor L/L0)")
     sample_prompt: str = opt("ROMEO:", "prompt of the one sample per scheme")
@@ -128,6 +163,7 @@ class AblateConfig(ProbeSettings, SweepSettings):
 
 
 # ----------------------------------------------------------------------------- the grid
+
 
 def make_grid(ac, gcfg):
     """({scheme name: its GPTConfig}, in the order of the tables; {name: its DroPE, or None})."""
@@ -150,7 +186,9 @@ def make_grid(ac, gcfg):
             drops[name] = DroPE(**drop) if drop else None
             grid[name] = replace(gcfg.with_scheme(o.pop("pos_emb")), **o)
         except TypeError:
-            raise ValueError(f"variant {name!r}: DroPE's {', '.join(drop)} needs drop_rope_at, the step of the drop") from None
+            raise ValueError(
+                f"variant {name!r}: DroPE's {', '.join(drop)} needs drop_rope_at, the step of the drop"
+            ) from None
         except ValueError as e:
             raise ValueError(f"scheme {name!r}: {e}") from None
     return grid, drops
@@ -197,6 +235,7 @@ def changes(plan, name):
 
 # ----------------------------------------------------------------------------- one run
 
+
 def extrapolate(model, windows, scalings, rt):
     """{scaling: {L: mean loss or None}} and {scaling: loss by position in the longest window}.
     'none' is the model as trained; each scaling its scheme takes is scored beyond L0 with factor L/L0."""
@@ -212,8 +251,11 @@ def extrapolate(model, windows, scalings, rt):
             if not scheme.extrapolates and L > L0:
                 loss[scaling][str(L)] = None
                 continue
-            scaled = (model if scaling == rope.NO_SCALING
-                      else model.reconfigure(rope_scaling=scaling, rope_scaling_factor=L / L0))
+            scaled = (
+                model
+                if scaling == rope.NO_SCALING
+                else model.reconfigure(rope_scaling=scaling, rope_scaling_factor=L / L0)
+            )
             curve = position_losses(scaled, batches, rt)
             loss[scaling][str(L)] = curve.mean().item()
             if L == longest:
@@ -249,8 +291,10 @@ def staged_training(plan, job):
             at = load_checkpoint(out / "ckpt.pt")["iter"]
             raise Interrupted(f"run {out.name} stopped at iteration {at} of {tc.max_iters}") from None
         if plan.probe:
-            slots[str(step)] = evaluated(out / f"slots{step}.json", lambda: plan.probe.by_slot(
-                checked_model(out, plan.rt, step), gcfg.block_size, plan.rt))
+            slots[str(step)] = evaluated(
+                out / f"slots{step}.json",
+                lambda: plan.probe.by_slot(checked_model(out, plan.rt, step), gcfg.block_size, plan.rt),
+            )
     return summary | {"slots": slots, "threads": torch.get_num_threads()}
 
 
@@ -258,8 +302,10 @@ def retrieval_counts(plan, model):
     """{str(W): the probe's cells in windows of W tokens (Probe.counts), None past the scheme's reach}, the model as
     trained."""
     reaches = positions.scheme(model.config.pos_emb).extrapolates
-    return {str(W): plan.probe.counts(model, W, plan.rt) if reaches or W <= model.config.block_size else None
-            for W in plan.probe.lengths}
+    return {
+        str(W): plan.probe.counts(model, W, plan.rt) if reaches or W <= model.config.block_size else None
+        for W in plan.probe.lengths
+    }
 
 
 def finish_run(plan, job):
@@ -270,26 +316,44 @@ def finish_run(plan, job):
     summary = evaluated(out / "summary.json", lambda: staged_training(plan, job))
     ac, first = plan.settings, seed == plan.seeds[0]
     sampled = ac.sample_tokens > 0 and first  # one sample per scheme
-    settings = {"lengths": plan.lengths, "eval_tokens": ac.eval_tokens, "scalings": plan.scalings,
-                "sample": [ac.sample_prompt, ac.sample_tokens, ac.sample_temperature] if sampled else None,
-                "probe": None if plan.probe is None else [ac.probe_lengths, ac.probe_distances, ac.probe_trials]}
+    settings = {
+        "lengths": plan.lengths,
+        "eval_tokens": ac.eval_tokens,
+        "scalings": plan.scalings,
+        "sample": [ac.sample_prompt, ac.sample_tokens, ac.sample_temperature] if sampled else None,
+        "probe": None if plan.probe is None else [ac.probe_lengths, ac.probe_distances, ac.probe_trials],
+    }
     ev = read_json(out / "eval.json", out / "eval.json") if (out / "eval.json").is_file() else None
     if ev is None or ev["settings"] != settings:
         t0 = time.perf_counter()
         model = checked_model(out, plan.rt, tc.max_iters)
         # sample and look inside first: extrapolate leaves the model reconfigured with its last scaling
         sample = sample_text(model, plan.meta, ac, seed, plan.rt) if sampled else None
-        inside = {"attention": diagnostics.attention_stats(model, plan.windows[gcfg.block_size], plan.rt),
-                  "biases": diagnostics.bias_curves(model, max(plan.lengths))} if first else {}
+        inside = (
+            {
+                "attention": diagnostics.attention_stats(model, plan.windows[gcfg.block_size], plan.rt),
+                "biases": diagnostics.bias_curves(model, max(plan.lengths)),
+            }
+            if first
+            else {}
+        )
         retrieval = retrieval_counts(plan, model) if plan.probe else None
         loss, position = extrapolate(model, plan.windows, plan.scalings, plan.rt)
-        ev = {"settings": settings, "loss": loss, "position": position, "sample": sample, "retrieval": retrieval,
-              **inside, "eval_s": time.perf_counter() - t0}
+        ev = {
+            "settings": settings,
+            "loss": loss,
+            "position": position,
+            "sample": sample,
+            "retrieval": retrieval,
+            **inside,
+            "eval_s": time.perf_counter() - t0,
+        }
         write_json(out / "eval.json", ev)
     return summary, ev
 
 
 # ----------------------------------------------------------------------------- results
+
 
 def summarize(plan, done, sweeps, best):
     """results.json's content: the grid's settings and, per scheme, the learning-rate sweep on the selection seed
@@ -301,30 +365,58 @@ def summarize(plan, done, sweeps, best):
     rankings = {"shared": dict.fromkeys(plan.grid, 1)} | ({"tuned": best} if plan.sweeping else {})
     for name, cfg in plan.grid.items():
         sweep = {s: done[name, s, sel][0]["final_val_loss"] for s in sweeps.get(name, [])}
-        schemes[name] = {"pos_emb": cfg.pos_emb, "changes": changes(plan, name), "params": plan.params[name],
-                         "sweep": {f"{s:g}": v for s, v in sweep.items()}, "best_scale": best[name],
-                         **{ranking: {"scale": scale[name], **ablate_report.scheme_figures(
-                             *zip(*(done[name, scale[name], seed] for seed in plan.seeds)), cfg.block_size,
-                             plan.settings.learn_gate, plan.settings.probe_pool,
-                             None if plan.probe is None else plan.probe.chance)}
-                            for ranking, scale in rankings.items()},
-                         "sample": done[name, 1, plan.seeds[0]][1]["sample"]}
-    return {"reference": REFERENCE if REFERENCE in schemes else None, "block_size": plan.gcfg.block_size,
-            "lengths": plan.lengths, "windows": {str(L): n_windows(b) for L, b in plan.windows.items()},
-            "seeds": plan.seeds, "selection_seed": sel if plan.sweeping else None, "scales": plan.scales,
-            "tokens_per_run": tokens_per_run(plan.gcfg, plan.tc),
-            "learning_rates": {"learning_rate": plan.tc.learning_rate, "muon_lr": plan.tc.muon_lr,
-                               "optimizer": plan.tc.optimizer},
-            "settings": {"ablate": asdict(plan.settings), **train_settings(plan.gcfg, plan.tc, plan.bc)},
-            "regime": regime_rows([(f"this config (RoPE base {cfg.rope_base:g})", cfg.head_dim, cfg.rope_base,
-                                    cfg.block_size) for cfg in {c.rope_base: c for c in plan.grid.values()
-                                                               if c.takes("rope_base")}.values()]),
-            "probe": probe_record(plan), "device": plan.rt.device, "environment": run_record(), "schemes": schemes,
-            "verdicts": {ranking: ablate_report.verdicts_against(schemes, REFERENCE, ranking,
-                                                                 plan.settings.equivalence_margin)
-                         for ranking in rankings},
-            "learning_order": {ranking: ablate_report.learning_order(schemes, REFERENCE, ranking)
-                               for ranking in rankings}}
+        schemes[name] = {
+            "pos_emb": cfg.pos_emb,
+            "changes": changes(plan, name),
+            "params": plan.params[name],
+            "sweep": {f"{s:g}": v for s, v in sweep.items()},
+            "best_scale": best[name],
+            **{
+                ranking: {
+                    "scale": scale[name],
+                    **ablate_report.scheme_figures(
+                        *zip(*(done[name, scale[name], seed] for seed in plan.seeds)),
+                        cfg.block_size,
+                        plan.settings.learn_gate,
+                        plan.settings.probe_pool,
+                        None if plan.probe is None else plan.probe.chance,
+                    ),
+                }
+                for ranking, scale in rankings.items()
+            },
+            "sample": done[name, 1, plan.seeds[0]][1]["sample"],
+        }
+    return {
+        "reference": REFERENCE if REFERENCE in schemes else None,
+        "block_size": plan.gcfg.block_size,
+        "lengths": plan.lengths,
+        "windows": {str(L): n_windows(b) for L, b in plan.windows.items()},
+        "seeds": plan.seeds,
+        "selection_seed": sel if plan.sweeping else None,
+        "scales": plan.scales,
+        "tokens_per_run": tokens_per_run(plan.gcfg, plan.tc),
+        "learning_rates": {
+            "learning_rate": plan.tc.learning_rate,
+            "muon_lr": plan.tc.muon_lr,
+            "optimizer": plan.tc.optimizer,
+        },
+        "settings": {"ablate": asdict(plan.settings), **train_settings(plan.gcfg, plan.tc, plan.bc)},
+        "regime": regime_rows(
+            [
+                (f"this config (RoPE base {cfg.rope_base:g})", cfg.head_dim, cfg.rope_base, cfg.block_size)
+                for cfg in {c.rope_base: c for c in plan.grid.values() if c.takes("rope_base")}.values()
+            ]
+        ),
+        "probe": probe_record(plan),
+        "device": plan.rt.device,
+        "environment": run_record(),
+        "schemes": schemes,
+        "verdicts": {
+            ranking: ablate_report.verdicts_against(schemes, REFERENCE, ranking, plan.settings.equivalence_margin)
+            for ranking in rankings
+        },
+        "learning_order": {ranking: ablate_report.learning_order(schemes, REFERENCE, ranking) for ranking in rankings},
+    }
 
 
 def probe_record(plan):
@@ -335,11 +427,20 @@ def probe_record(plan):
     ac, probe = plan.settings, plan.probe
     longest = max(probe.lengths)
     distances = set(probe.windows[longest]) - probe.forced[longest]
-    errors = readout_errors({str(k): {"trials": ac.probe_trials, "hits": 0} for k in distances}, ac.probe_pool,
-                            probe.chance)
-    return {"chance": probe.chance, "elimination": probe.elimination, "lengths": probe.lengths,
-            "learn_gate": ac.learn_gate, "per": ac.probe_pool, "cell_trials": errors["trials"], "cells": errors["cells"],
-            "good": GOOD, "error_rates": {n: errors[n] for n in THRESHOLDS}}
+    errors = readout_errors(
+        {str(k): {"trials": ac.probe_trials, "hits": 0} for k in distances}, ac.probe_pool, probe.chance
+    )
+    return {
+        "chance": probe.chance,
+        "elimination": probe.elimination,
+        "lengths": probe.lengths,
+        "learn_gate": ac.learn_gate,
+        "per": ac.probe_pool,
+        "cell_trials": errors["trials"],
+        "cells": errors["cells"],
+        "good": GOOD,
+        "error_rates": {n: errors[n] for n in THRESHOLDS},
+    }
 
 
 def n_windows(batches):
@@ -352,9 +453,11 @@ def tokens_per_run(gcfg, tc):
 
 # ----------------------------------------------------------------------------- plan, estimate, main
 
+
 @dataclass
 class Plan(SweepPlan):
     """lab/sweep.py's plan, with the ablation's grid: a job is (scheme, learning-rate scale, seed), an arm a scheme."""
+
     grid: dict  # {scheme: its GPTConfig}
     drops: dict  # {scheme: its DroPE, or None}
     lengths: list
@@ -377,16 +480,34 @@ class Plan(SweepPlan):
         if ac.sample_tokens:
             tokenizer_from_meta(common["meta"]).encode(ac.sample_prompt)  # an unknown character fails now
         grid, drops = make_grid(ac, common["gcfg"])
-        probe = (Probe(common["meta"], gcfg.block_size, ac, ac.probe_pairs, tc.batch_size * gcfg.block_size,
-                       common["rt"].device) if bc.recall_share else None)
+        probe = (
+            Probe(
+                common["meta"],
+                gcfg.block_size,
+                ac,
+                ac.probe_pairs,
+                tc.batch_size * gcfg.block_size,
+                common["rt"].device,
+            )
+            if bc.recall_share
+            else None
+        )
         for name, drop in drops.items():
             try:
                 if drop:
                     drop.check(tc)  # a bad training change fails now, not after other runs trained
             except ValueError as e:
                 raise ValueError(f"scheme {name!r}: {e}") from None
-        return cls(**common, grid=grid, drops=drops, lengths=lengths, scalings=rope_scalings(ac),
-                   params=param_counts(grid), scales=scales, probe=probe)
+        return cls(
+            **common,
+            grid=grid,
+            drops=drops,
+            lengths=lengths,
+            scalings=rope_scalings(ac),
+            params=param_counts(grid),
+            scales=scales,
+            probe=probe,
+        )
 
     @property
     def sweeping(self):
@@ -400,8 +521,11 @@ class Plan(SweepPlan):
     def run_tc(self, name, seed, scale=1):
         """The TrainConfig of scheme name's run with seed, its learning rates scaled by scale, and its rate's decay
         fixed to the whole run, which it trains in stages (staged_training)."""
-        rates = {"learning_rate": self.tc.learning_rate * scale, "muon_lr": self.tc.muon_lr * scale,
-                 "min_lr": None if self.tc.min_lr is None else self.tc.min_lr * scale}
+        rates = {
+            "learning_rate": self.tc.learning_rate * scale,
+            "muon_lr": self.tc.muon_lr * scale,
+            "min_lr": None if self.tc.min_lr is None else self.tc.min_lr * scale,
+        }
         return replace(self.tc, seed=seed, lr_decay_iters=self.tc.lr_decay_iters or self.tc.max_iters, **rates)
 
     def schedule(self, name, tc):
@@ -425,8 +549,11 @@ class Plan(SweepPlan):
         by stage (its lr_decay_iters, the whole run's length, is checked)."""
         name, scale, seed = job
         tc = self.run_tc(name, seed, scale)
-        check_run(self.folder(job), train_settings(self.grid[name], tc, self.bc, self.schedule(name, tc)),
-                  grown=("train.max_iters",))
+        check_run(
+            self.folder(job),
+            train_settings(self.grid[name], tc, self.bc, self.schedule(name, tc)),
+            grown=("train.max_iters",),
+        )
 
     def label(self, job):
         name, scale, seed = job
@@ -482,19 +609,30 @@ def status(plan, job):
 def print_plan(plan, statuses):
     g, tc = plan.gcfg, plan.tc
     counts = {k: list(statuses.values()).count(k) for k in ("finished", "resume", "new")}
-    sweep = (f", each scheme's {len(plan.scales)} learning-rate scales on selection seed {plan.settings.selection_seed}"
-             if plan.sweeping else "")
-    print(f"grid: {len(plan.grid)} schemes x {len(plan.seeds)} test seeds{sweep}: {len(statuses)} runs to start with "
-          f"into {tc.out_dir}: {counts['finished']} finished, {counts['resume']} to resume, {counts['new']} to train")
+    sweep = (
+        f", each scheme's {len(plan.scales)} learning-rate scales on selection seed {plan.settings.selection_seed}"
+        if plan.sweeping
+        else ""
+    )
+    print(
+        f"grid: {len(plan.grid)} schemes x {len(plan.seeds)} test seeds{sweep}: {len(statuses)} runs to start with "
+        f"into {tc.out_dir}: {counts['finished']} finished, {counts['resume']} to resume, {counts['new']} to train"
+    )
     print(f"  {'scheme':<16}{'pos_emb':<12}{'params':>10}  changes")
     for name, cfg in plan.grid.items():
-        print(f"  {name:<16}{cfg.pos_emb:<12}{plan.params[name]:>10,}  "
-              + ", ".join(f"{k}={v}" for k, v in changes(plan, name).items()))
-    print(f"test seeds {', '.join(map(str, plan.seeds))}; each run {tc.max_iters} steps, {tokens_per_run(g, tc):,} tokens "
-          f"(model {g.n_layer}x{g.n_embd}, {g.n_head} heads, L0 = {g.block_size})")
+        print(
+            f"  {name:<16}{cfg.pos_emb:<12}{plan.params[name]:>10,}  "
+            + ", ".join(f"{k}={v}" for k, v in changes(plan, name).items())
+        )
+    print(
+        f"test seeds {', '.join(map(str, plan.seeds))}; each run {tc.max_iters} steps, {tokens_per_run(g, tc):,} tokens "
+        f"(model {g.n_layer}x{g.n_embd}, {g.n_head} heads, L0 = {g.block_size})"
+    )
     windows = ", ".join(str(n_windows(b)) for b in plan.windows.values())
-    print(f"evaluation: lengths {', '.join(map(str, plan.lengths))} with {windows} windows; "
-          f"RoPE also with {', '.join(plan.scalings) or 'no scaling'} beyond L0")
+    print(
+        f"evaluation: lengths {', '.join(map(str, plan.lengths))} with {windows} windows; "
+        f"RoPE also with {', '.join(plan.scalings) or 'no scaling'} beyond L0"
+    )
 
 
 def print_estimate(plan, statuses):
@@ -503,10 +641,12 @@ def print_estimate(plan, statuses):
     flops = {name: run_flops(cfg, plan) for name, cfg in plan.grid.items()}
     left = [flops[name] for (name, _, _), st in statuses.items() if st != "finished"]  # resumed runs counted whole
     train_min, eval_min = (sum(f[i] for f in left) / rate / 60 for i in (0, 1))
-    print(f"estimated time: {train_min + eval_min:.1f} min for the {len(left)} runs left (training {train_min:.1f}, "
-          f"evaluation and probes {eval_min:.1f}), about {(train_min + eval_min) / plan.settings.workers:.0f} min "
-          f"wall at {plan.settings.workers} run(s) at a time, from their FLOPs at the {rate / 1e9:.1f} GFLOP/s a "
-          f"training step reached here just now (resumed runs counted whole)")
+    print(
+        f"estimated time: {train_min + eval_min:.1f} min for the {len(left)} runs left (training {train_min:.1f}, "
+        f"evaluation and probes {eval_min:.1f}), about {(train_min + eval_min) / plan.settings.workers:.0f} min "
+        f"wall at {plan.settings.workers} run(s) at a time, from their FLOPs at the {rate / 1e9:.1f} GFLOP/s a "
+        f"training step reached here just now (resumed runs counted whole)"
+    )
 
 
 def ablate(plan):

@@ -14,11 +14,11 @@ import numpy as np
 from files import atomic_write
 from lab.report import Plots, dress, md_regime, md_table, palette, pm
 from lab.retrieval import BANDS, THRESHOLDS, distance_plots, interval, readout, shares
-from lab.stats import (ALPHA, equivalence_can_pass, equivalence_spread, holm, mean_std, sign_p, smallest_effect,
-                        verdicts)
+from lab.stats import ALPHA, equivalence_can_pass, equivalence_spread, holm, mean_std, sign_p, smallest_effect, verdicts
 from rope import NO_SCALING as AS_TRAINED  # the loss tables' key of a model scored as it was trained
 
 # ----------------------------------------------------------------------------- figures over seeds
+
 
 def scheme_figures(runs, evals, L0, gate, per, chance):
     """One scheme's figures over its seeds at one learning rate: runs and evals are its runs' summaries and
@@ -29,18 +29,30 @@ def scheme_figures(runs, evals, L0, gate, per, chance):
     per_seed = [seed_figures(r, e, L0, gate, per, chance) for r, e in zip(runs, evals)]
     threads = sorted({r.get("threads") for r in runs}, key=str)
     return {
-        "seeds": [r["seed"] for r in runs], "threads": threads,
+        "seeds": [r["seed"] for r in runs],
+        "threads": threads,
         **{key: mean_std(r[key] for r in runs) for key in ("final_val_loss", "val_bpb", "tokens_per_s")},
-        "train_s": sum(r["train_s"] for r in runs), "eval_s": sum(e["eval_s"] for e in evals),
-        "val_curve": {"iters": [it for it, _ in runs[0]["val_curve"]], "mean": curves.mean(0).tolist(),
-                      "min": curves.min(0).tolist(), "max": curves.max(0).tolist()},
-        "loss_by_length": {sc: {L: None if by_len[L] is None else mean_std(e["loss"][sc][L] for e in evals)
-                                for L in by_len} for sc, by_len in evals[0]["loss"].items()},
-        "loss_by_position": {sc: np.mean([e["position"][sc] for e in evals], axis=0).tolist()
-                             for sc in evals[0]["position"]},
+        "train_s": sum(r["train_s"] for r in runs),
+        "eval_s": sum(e["eval_s"] for e in evals),
+        "val_curve": {
+            "iters": [it for it, _ in runs[0]["val_curve"]],
+            "mean": curves.mean(0).tolist(),
+            "min": curves.min(0).tolist(),
+            "max": curves.max(0).tolist(),
+        },
+        "loss_by_length": {
+            sc: {L: None if by_len[L] is None else mean_std(e["loss"][sc][L] for e in evals) for L in by_len}
+            for sc, by_len in evals[0]["loss"].items()
+        },
+        "loss_by_position": {
+            sc: np.mean([e["position"][sc] for e in evals], axis=0).tolist() for sc in evals[0]["position"]
+        },
         "learning": learning_share(per_seed) if per_seed[0]["learning"] else None,
         "retrieval": retrieval_summary(per_seed, L0) if per_seed[0]["windows"] else None,
-        "per_seed": per_seed, "attention": evals[0].get("attention"), "biases": evals[0].get("biases")}
+        "per_seed": per_seed,
+        "attention": evals[0].get("attention"),
+        "biases": evals[0].get("biases"),
+    }
 
 
 def seed_figures(run, ev, L0, gate, per, chance):
@@ -49,15 +61,20 @@ def seed_figures(run, ev, L0, gate, per, chance):
     be recomputed from them), its bands, k_max at each threshold with `per` distances pooled, and its effective
     length (None past the scheme's reach)."""
     slots = run.get("slots") or {}
-    windows = (ev.get("retrieval") or {})
+    windows = ev.get("retrieval") or {}
     longest = max(map(int, windows), default=0)
     s = longest / (2 * L0)  # the bands inside L0, L0 to s L0 and s L0 to 2s L0 = the longest window
 
     def read(counts):
         return {**counts, **readout(counts["cells"], L0, s, chance, per)}
-    return {"seed": run["seed"], "final_val_loss": run["final_val_loss"], "slots": slots,
-            "learning": steps_to_learn(slots, gate) if slots else None,
-            "windows": {W: None if c is None else read(c) for W, c in windows.items()}}
+
+    return {
+        "seed": run["seed"],
+        "final_val_loss": run["final_val_loss"],
+        "slots": slots,
+        "learning": steps_to_learn(slots, gate) if slots else None,
+        "windows": {W: None if c is None else read(c) for W, c in windows.items()},
+    }
 
 
 def steps_to_learn(slots, gate):
@@ -72,8 +89,12 @@ def learning_share(per_seed):
     """Steps-to-learn over the seeds: each seed's, and the share that learned by the ceiling with its 95%
     (Clopper-Pearson) interval."""
     learned = sum(f["learning"]["learned"] for f in per_seed)
-    return {"steps": [f["learning"]["step"] for f in per_seed], "learned": [f["learning"]["learned"] for f in per_seed],
-            "share": learned / len(per_seed), "ci": list(interval(learned, len(per_seed)))}
+    return {
+        "steps": [f["learning"]["step"] for f in per_seed],
+        "learned": [f["learning"]["learned"] for f in per_seed],
+        "share": learned / len(per_seed),
+        "ci": list(interval(learned, len(per_seed))),
+    }
 
 
 def retrieval_summary(per_seed, L0):
@@ -95,12 +116,15 @@ def retrieval_summary(per_seed, L0):
     def length(f):
         e = f["windows"][longest]["effective_length"]
         return None if e is None else e["length"]
-    figures = {"longest": longest,
-               "worst_slot": over(lambda f: min(f["slots"][max(f["slots"], key=int)].values())),
-               "bands": {"inside L0": over(lambda f: accuracy(f, at_L0, "inside L0"))}
-               | {b: over(lambda f: accuracy(f, longest, b)) for b in BEYOND},
-               "reach": {n: over(lambda f: f["windows"][longest]["reach"][n]) for n in THRESHOLDS},
-               "effective_length": over(length)}
+
+    figures = {
+        "longest": longest,
+        "worst_slot": over(lambda f: min(f["slots"][max(f["slots"], key=int)].values())),
+        "bands": {"inside L0": over(lambda f: accuracy(f, at_L0, "inside L0"))}
+        | {b: over(lambda f: accuracy(f, longest, b)) for b in BEYOND},
+        "reach": {n: over(lambda f: f["windows"][longest]["reach"][n]) for n in THRESHOLDS},
+        "effective_length": over(length),
+    }
     # each window's shares over the seeds, their hits pooled (every seed has the same trials in a cell)
     grid = {W: None if w is None else shares([f["windows"][W]["cells"] for f in per_seed]) for W, w in windows.items()}
     return figures | {"grid": grid}
@@ -133,14 +157,18 @@ def verdicts_against(schemes, reference, ranking, margin):
             common = sorted(mine.keys() & ref_loss.keys())
             claims.append({"scheme": name, "diffs": [mine[s] - ref_loss[s] for s in common], "expect": "lower"})
     for c in claims:
-        if len(c["diffs"]) > 1 and equivalence_can_pass(len(c["diffs"]), statistics.stdev(c["diffs"]), margin,
-                                                        2 * len(claims)):
+        if len(c["diffs"]) > 1 and equivalence_can_pass(
+            len(c["diffs"]), statistics.stdev(c["diffs"]), margin, 2 * len(claims)
+        ):
             c["margin"] = margin
     out = verdicts(claims)
     for c in out:
         n, sd = len(c["diffs"]), statistics.stdev(c["diffs"]) if len(c["diffs"]) > 1 else 0.0
-        c |= {"equivalence": "margin" in c, "margin": margin,
-              "detectable_80": smallest_effect(n, sd, c["family"]) if sd > 0 else None}
+        c |= {
+            "equivalence": "margin" in c,
+            "margin": margin,
+            "detectable_80": smallest_effect(n, sd, c["family"]) if sd > 0 else None,
+        }
     return out
 
 
@@ -163,15 +191,26 @@ def learning_order(schemes, reference, ranking, alpha=ALPHA):
             common = sorted(mine.keys() & ref_first.keys())
             signs = [(mine[s] > ref_first[s]) - (mine[s] < ref_first[s]) for s in common]  # +1: the reference first
             untied = sum(d != 0 for d in signs)
-            claims.append({"scheme": name, "earlier": signs.count(-1), "later": signs.count(1),
-                           "ties": signs.count(0), "p": sign_p(signs) if untied else None,
-                           "smallest_p": 2 * 0.5 ** untied if untied else None})
+            claims.append(
+                {
+                    "scheme": name,
+                    "earlier": signs.count(-1),
+                    "later": signs.count(1),
+                    "ties": signs.count(0),
+                    "p": sign_p(signs) if untied else None,
+                    "smallest_p": 2 * 0.5**untied if untied else None,
+                }
+            )
     adjusted = holm([c["p"] for c in claims])
     family = sum(p is not None for p in adjusted)
     for c, p in zip(claims, adjusted):
         side = "earlier" if c["earlier"] > c["later"] else "later"
-        c |= {"p_holm": p, "family": family, "can_settle": c["p"] is not None and c["smallest_p"] < alpha / family,
-              "verdict": None if p is None else side if p < alpha else "inconclusive"}
+        c |= {
+            "p_holm": p,
+            "family": family,
+            "can_settle": c["p"] is not None and c["smallest_p"] < alpha / family,
+            "verdict": None if p is None else side if p < alpha else "inconclusive",
+        }
     return claims
 
 
@@ -179,8 +218,10 @@ def first_learned(figures):
     """{seed: the step it learned at, infinity where censored}: a seed that never learned comes after every one
     that did, and ties with another that never did."""
     learning = figures["learning"]
-    return {seed: step if learned else math.inf
-            for seed, step, learned in zip(figures["seeds"], learning["steps"], learning["learned"])}
+    return {
+        seed: step if learned else math.inf
+        for seed, step, learned in zip(figures["seeds"], learning["steps"], learning["learned"])
+    }
 
 
 def verdict_words(claim, reference):
@@ -195,36 +236,74 @@ def verdict_words(claim, reference):
 
 # ----------------------------------------------------------------------------- outputs
 
+
 def write_csv(path, plan, done):
     """One row per run: its figures and its loss at every length and scaling (empty where N/A). plan is ablate's
     (its grid, params, lengths and scalings); done maps (scheme, scale, seed) to that run's (summary, eval)."""
+
     def column(scaling, L):
         return f"loss_{L}" + ("" if scaling == AS_TRAINED else f"_{scaling}")
 
     columns = [column(sc, L) for sc in [AS_TRAINED, *plan.scalings] for L in plan.lengths]
     text = io.StringIO()
     w = csv.writer(text)
-    w.writerow(["scheme", "pos_emb", "lr_scale", "seed", "params", "final_val_loss", "val_bpb", "tokens_per_s",
-                "train_s", "eval_s", *columns])
+    w.writerow(
+        [
+            "scheme",
+            "pos_emb",
+            "lr_scale",
+            "seed",
+            "params",
+            "final_val_loss",
+            "val_bpb",
+            "tokens_per_s",
+            "train_s",
+            "eval_s",
+            *columns,
+        ]
+    )
     for (name, scale, seed), (r, e) in done.items():
         losses = {column(sc, L): v for sc, by_len in e["loss"].items() for L, v in by_len.items()}
-        w.writerow([name, plan.grid[name].pos_emb, scale, seed, plan.params[name], r["final_val_loss"], r["val_bpb"],
-                    r["tokens_per_s"], r["train_s"], e["eval_s"],
-                    *("" if losses.get(c) is None else losses[c] for c in columns)])
+        w.writerow(
+            [
+                name,
+                plan.grid[name].pos_emb,
+                scale,
+                seed,
+                plan.params[name],
+                r["final_val_loss"],
+                r["val_bpb"],
+                r["tokens_per_s"],
+                r["train_s"],
+                e["eval_s"],
+                *("" if losses.get(c) is None else losses[c] for c in columns),
+            ]
+        )
     atomic_write(path, lambda f: f.write(text.getvalue().encode()))
 
 
 def segments(curve, L0):
     """Mean of the curve over each L0-long stretch of positions: [(first, last, mean)]."""
-    return [(a, min(a + L0, len(curve)) - 1, statistics.fmean(curve[a:a + L0])) for a in range(0, len(curve), L0)]
+    return [(a, min(a + L0, len(curve)) - 1, statistics.fmean(curve[a : a + L0])) for a in range(0, len(curve), L0)]
 
 
 def markdown(results, plots):
     """results.md: how the grid was run, then one section per table, the plots and the samples."""
-    parts = [md_setup(results), md_regime(results["regime"]) if results["regime"] else "", md_rates(results),
-             md_ranking(results, "tuned"), md_ranking(results, "shared"), md_learning(results), md_retrieval(results),
-             md_speed(results),
-             md_lengths(results), md_positions(results), md_attention(results), plots.section(), md_samples(results)]
+    parts = [
+        md_setup(results),
+        md_regime(results["regime"]) if results["regime"] else "",
+        md_rates(results),
+        md_ranking(results, "tuned"),
+        md_ranking(results, "shared"),
+        md_learning(results),
+        md_retrieval(results),
+        md_speed(results),
+        md_lengths(results),
+        md_positions(results),
+        md_attention(results),
+        plots.section(),
+        md_samples(results),
+    ]
     return "\n\n".join(p for p in parts if p) + "\n"
 
 
@@ -234,33 +313,47 @@ def md_setup(r):
     train_min, eval_min = (sum(f[k] for f in ranked) / 60 for k in ("train_s", "eval_s"))
     b, a = r["settings"]["batches"], r["settings"]["ablate"]
     task = f", the recall task in {b['recall_share']:.0%} of the sequences" if b["recall_share"] else ""
-    sweep = (f"; each scheme's learning rate chosen on seed {r['selection_seed']}, which is in no test"
-             if r["selection_seed"] is not None else "")
-    return (f"# Positional-scheme ablation\n\n{len(schemes)} schemes on `{t['dataset']}`, test seeds "
-            f"{', '.join(map(str, r['seeds']))} (fixed before the run){sweep}: {m['n_layer']} layers, "
-            f"{m['n_head']} heads, width {m['n_embd']}, trained at context L0 = {r['block_size']}. Each run: "
-            f"{t['max_iters']} steps, {r['tokens_per_run']:,} tokens, {t['optimizer']}{task}; every scheme of a seed "
-            f"sees the same batches in the same order.\n\n"
-            f"Compute: {train_min:.1f} min training + {eval_min:.1f} min evaluation, summed over the ranked runs, "
-            f"{a['workers']} run(s) at a time; this command's wall time {r['wall_s'] / 60:.1f} min (runs finished "
-            f"earlier are reused). Device {r['device']}, {t['dtype']}, {env['cpu_threads']} CPU threads, torch "
-            f"{env['torch']}, code {env['code_version']}.")
+    sweep = (
+        f"; each scheme's learning rate chosen on seed {r['selection_seed']}, which is in no test"
+        if r["selection_seed"] is not None
+        else ""
+    )
+    return (
+        f"# Positional-scheme ablation\n\n{len(schemes)} schemes on `{t['dataset']}`, test seeds "
+        f"{', '.join(map(str, r['seeds']))} (fixed before the run){sweep}: {m['n_layer']} layers, "
+        f"{m['n_head']} heads, width {m['n_embd']}, trained at context L0 = {r['block_size']}. Each run: "
+        f"{t['max_iters']} steps, {r['tokens_per_run']:,} tokens, {t['optimizer']}{task}; every scheme of a seed "
+        f"sees the same batches in the same order.\n\n"
+        f"Compute: {train_min:.1f} min training + {eval_min:.1f} min evaluation, summed over the ranked runs, "
+        f"{a['workers']} run(s) at a time; this command's wall time {r['wall_s'] / 60:.1f} min (runs finished "
+        f"earlier are reused). Device {r['device']}, {t['dtype']}, {env['cpu_threads']} CPU threads, torch "
+        f"{env['torch']}, code {env['code_version']}."
+    )
 
 
 def md_rates(r):
     if r["selection_seed"] is None:
         return ""
     lr = r["learning_rates"]
-    rates = f"learning_rate {lr['learning_rate']:g}" + (f", muon_lr {lr['muon_lr']:g}" if lr["optimizer"] == "muon"
-                                                       else "")
+    rates = f"learning_rate {lr['learning_rate']:g}" + (
+        f", muon_lr {lr['muon_lr']:g}" if lr["optimizer"] == "muon" else ""
+    )
     scales = sorted({float(k) for x in r["schemes"].values() for k in x["sweep"]})
-    rows = [[name, *(f"{x['sweep'][k]:.4f}" if (k := f"{s:g}") in x["sweep"] else "—" for s in scales),
-             f"x{x['best_scale']:g}"] for name, x in r["schemes"].items()]
-    return (f"## Each scheme's learning rate\n\nFinal val loss of the selection seed ({r['selection_seed']}, in no "
-            f"test) at each multiple of the learning rates ({rates} at x1), widened by one more multiple where the "
-            f"best lay at an edge; the lowest is the scheme's own rate, at which it trains every test seed (—: not "
-            f"tried; DroPE's variants keep the shared rate, their recalibration rate being their axis).\n\n"
-            + md_table(["scheme", *(f"x{s:g}" for s in scales), "chosen"], rows))
+    rows = [
+        [
+            name,
+            *(f"{x['sweep'][k]:.4f}" if (k := f"{s:g}") in x["sweep"] else "—" for s in scales),
+            f"x{x['best_scale']:g}",
+        ]
+        for name, x in r["schemes"].items()
+    ]
+    return (
+        f"## Each scheme's learning rate\n\nFinal val loss of the selection seed ({r['selection_seed']}, in no "
+        f"test) at each multiple of the learning rates ({rates} at x1), widened by one more multiple where the "
+        f"best lay at an edge; the lowest is the scheme's own rate, at which it trains every test seed (—: not "
+        f"tried; DroPE's variants keep the shared rate, their recalibration rate being their axis).\n\n"
+        + md_table(["scheme", *(f"x{s:g}" for s in scales), "chosen"], rows)
+    )
 
 
 def md_ranking(r, ranking):
@@ -272,31 +365,65 @@ def md_ranking(r, ranking):
     for name, x in sorted(schemes.items(), key=lambda kv: kv[1][ranking]["final_val_loss"]["mean"]):
         f, c = x[ranking], by.get(name)
         test = None if c is None else c["test"]
-        diff = "—" if test is None or test["ci"] is None else \
-            f"{test['mean']:+.4f} [{test['ci'][0]:+.4f}, {test['ci'][1]:+.4f}]"
+        diff = (
+            "—"
+            if test is None or test["ci"] is None
+            else f"{test['mean']:+.4f} [{test['ci'][0]:+.4f}, {test['ci'][1]:+.4f}]"
+        )
         p = "—" if test is None or test["p"] is None else f"{test['p']:.2g}"
         holm = "—" if c is None or c["p_holm"] is None else f"{c['p_holm']:.2g}"
         eq = "—" if c is None else equivalence_cell(c)
         settled = "—" if c is None or c["detectable_80"] is None else f"{c['detectable_80']:.3f}"
-        rows.append([name, f"x{f['scale']:g}", pm(f["final_val_loss"]), diff, p, holm, eq,
-                     "reference" if c is None else verdict_words(c, ref), settled, len(f["seeds"])])
+        rows.append(
+            [
+                name,
+                f"x{f['scale']:g}",
+                pm(f["final_val_loss"]),
+                diff,
+                p,
+                holm,
+                eq,
+                "reference" if c is None else verdict_words(c, ref),
+                settled,
+                len(f["seeds"]),
+            ]
+        )
     title = "each scheme at its own learning rate" if ranking == "tuned" else "every scheme at the shared learning rate"
     a, family, n = r["settings"]["ablate"], next(iter(by.values()))["family"] if by else 0, len(r["seeds"])
-    spread = (f": with {n} seeds, where the differences' spread lies below "
-              f"{equivalence_spread(n, a['equivalence_margin'], 2 * len(by)):.4f} nats" if by and n > 1 else "")
-    return (f"## Ranking: {title}\n\nFinal val loss at step {r['settings']['train']['max_iters']} (every scheme at the "
-            f"same step), mean ± std over the test seeds; against {ref}, per seed (same batches), the mean difference "
-            f"with its 95% CI (unadjusted), the paired t-test's p, and p Holm-adjusted over one family of {family} "
-            f"tests: each scheme's difference test, and its equivalence test (two one-sided tests within "
-            f"±{a['equivalence_margin']:g} nats) only where these seeds and their spread let it pass at all "
-            f"(stats.equivalence_can_pass, in the largest family the table could have{spread}); "
-            f"elsewhere the CI is read "
-            f"against the margin and no verdict \"no difference\" is given. \"lower\" or \"higher\" needs the "
-            f"difference's p (Holm) < 0.05, \"no difference\" the equivalence's. Detectable: the smallest mean "
-            f"difference these seeds detect with 80% power at Holm's strictest step (0.05 / {family}), given the "
-            f"spread seen (stats.smallest_effect).\n\n"
-            + md_table(["scheme", "lr", "val loss", f"Δ vs {ref} [95% CI]", "p", "p (Holm)", "equivalence",
-                        "verdict", "detectable (80%)", "seeds"], rows))
+    spread = (
+        f": with {n} seeds, where the differences' spread lies below "
+        f"{equivalence_spread(n, a['equivalence_margin'], 2 * len(by)):.4f} nats"
+        if by and n > 1
+        else ""
+    )
+    return (
+        f"## Ranking: {title}\n\nFinal val loss at step {r['settings']['train']['max_iters']} (every scheme at the "
+        f"same step), mean ± std over the test seeds; against {ref}, per seed (same batches), the mean difference "
+        f"with its 95% CI (unadjusted), the paired t-test's p, and p Holm-adjusted over one family of {family} "
+        f"tests: each scheme's difference test, and its equivalence test (two one-sided tests within "
+        f"±{a['equivalence_margin']:g} nats) only where these seeds and their spread let it pass at all "
+        f"(stats.equivalence_can_pass, in the largest family the table could have{spread}); "
+        f"elsewhere the CI is read "
+        f'against the margin and no verdict "no difference" is given. "lower" or "higher" needs the '
+        f"difference's p (Holm) < 0.05, \"no difference\" the equivalence's. Detectable: the smallest mean "
+        f"difference these seeds detect with 80% power at Holm's strictest step (0.05 / {family}), given the "
+        f"spread seen (stats.smallest_effect).\n\n"
+        + md_table(
+            [
+                "scheme",
+                "lr",
+                "val loss",
+                f"Δ vs {ref} [95% CI]",
+                "p",
+                "p (Holm)",
+                "equivalence",
+                "verdict",
+                "detectable (80%)",
+                "seeds",
+            ],
+            rows,
+        )
+    )
 
 
 def equivalence_cell(claim):
@@ -318,35 +445,50 @@ def md_retrieval(r):
     longest = max(int(f["longest"]) for f in figures.values())
     s = longest / (2 * L0)
     names = {"inside L0": "inside L0", "L0 to sL0": f"L0 to {s:g} L0", "sL0 to 2sL0": f"{s:g} L0 to {2 * s:g} L0"}
-    rows = [[name, pm(f["worst_slot"], ".2f"), *(pm(v, ".2f") for v in f["bands"].values()),
-             *(pm(f["reach"][n], ".0f") for n in THRESHOLDS), pm(f["effective_length"], ".0f")]
-            for name, f in figures.items()]
-    seeds = [[name, f["seed"], *(band_cell(w, b) for w, b in seed_bands(f, L0))]
-             for name, x in r["schemes"].items() if own(x)["retrieval"] for f in own(x)["per_seed"]]
+    rows = [
+        [
+            name,
+            pm(f["worst_slot"], ".2f"),
+            *(pm(v, ".2f") for v in f["bands"].values()),
+            *(pm(f["reach"][n], ".0f") for n in THRESHOLDS),
+            pm(f["effective_length"], ".0f"),
+        ]
+        for name, f in figures.items()
+    ]
+    seeds = [
+        [name, f["seed"], *(band_cell(w, b) for w, b in seed_bands(f, L0))]
+        for name, x in r["schemes"].items()
+        if own(x)["retrieval"]
+        for f in own(x)["per_seed"]
+    ]
     elim = ", ".join(f"{v:.2f}" for v in probe["elimination"].values())
-    errors = "; ".join(f"at {th:.0%}: a reader at chance passes a cell with probability {e['false_pass']:.2g}, a "
-                       f"{probe['good']:.0%} reader misses the whole window with probability {e['false_fail']:.2g}"
-                       for th, e in zip(THRESHOLDS.values(), probe["error_rates"].values()))
-    return (f"## Retrieval by distance at step {r['settings']['train']['max_iters']}\n\n"
-            f"Each seed's probe: {a['probe_trials']} windows at each of {a['probe_distances']} needle-to-query "
-            f"distances in windows of {', '.join(map(str, probe['lengths']))} tokens, one query among "
-            f"{round(1 / probe['chance'])} needles, scored as whole answers; copying some needle without reading the "
-            f"key scores {probe['chance']:.0%}. Distances whose layout forces the answer (no room for another needle "
-            f"between the asked one and the query) are kept apart in results.json and left out of every figure. "
-            f"Bands: whole answers over the distances inside L0 (from the {L0}-token windows, where most of them "
-            f"lie), from L0 to {s:g} L0 and from {s:g} L0 to {2 * s:g} L0 (from the {longest}-token windows). k_max "
-            f"is the PI paper's effective window (section 3.3: every distance up to k retrieved at "
-            f"{THRESHOLDS['pi']:.0%} at least), beside it our {THRESHOLDS['strict']:.0%}, in the longest window, read so that no single "
-            f"distance decides it: {probe['per']} consecutive distances pooled into a cell of {probe['cell_trials']} "
-            f"trials, a cell failing only when its 95% Clopper-Pearson interval lies wholly below the threshold. "
-            f"Error rates at these trials ({probe['cells']} cells): {errors}. Effective length: RULER's reading, k_max "
-            f"at the model's own accuracy inside L0. Worst slot: the worst query slot's whole answers at L0 when "
-            f"every needle is queried once in a random order (elimination would score {elim} at slots 1 onwards). "
-            f"Each scheme at its own rate, mean ± std over the test seeds; below, each seed's bands with their 95% "
-            f"intervals.\n\n"
-            + md_table(["scheme", "worst slot at L0", *names.values(), "k_max 20%", "k_max 90%", "effective length"],
-                       rows)
-            + "\n\n" + md_table(["scheme", "seed", *names.values()], seeds))
+    errors = "; ".join(
+        f"at {th:.0%}: a reader at chance passes a cell with probability {e['false_pass']:.2g}, a "
+        f"{probe['good']:.0%} reader misses the whole window with probability {e['false_fail']:.2g}"
+        for th, e in zip(THRESHOLDS.values(), probe["error_rates"].values())
+    )
+    return (
+        f"## Retrieval by distance at step {r['settings']['train']['max_iters']}\n\n"
+        f"Each seed's probe: {a['probe_trials']} windows at each of {a['probe_distances']} needle-to-query "
+        f"distances in windows of {', '.join(map(str, probe['lengths']))} tokens, one query among "
+        f"{round(1 / probe['chance'])} needles, scored as whole answers; copying some needle without reading the "
+        f"key scores {probe['chance']:.0%}. Distances whose layout forces the answer (no room for another needle "
+        f"between the asked one and the query) are kept apart in results.json and left out of every figure. "
+        f"Bands: whole answers over the distances inside L0 (from the {L0}-token windows, where most of them "
+        f"lie), from L0 to {s:g} L0 and from {s:g} L0 to {2 * s:g} L0 (from the {longest}-token windows). k_max "
+        f"is the PI paper's effective window (section 3.3: every distance up to k retrieved at "
+        f"{THRESHOLDS['pi']:.0%} at least), beside it our {THRESHOLDS['strict']:.0%}, in the longest window, read so that no single "
+        f"distance decides it: {probe['per']} consecutive distances pooled into a cell of {probe['cell_trials']} "
+        f"trials, a cell failing only when its 95% Clopper-Pearson interval lies wholly below the threshold. "
+        f"Error rates at these trials ({probe['cells']} cells): {errors}. Effective length: RULER's reading, k_max "
+        f"at the model's own accuracy inside L0. Worst slot: the worst query slot's whole answers at L0 when "
+        f"every needle is queried once in a random order (elimination would score {elim} at slots 1 onwards). "
+        f"Each scheme at its own rate, mean ± std over the test seeds; below, each seed's bands with their 95% "
+        f"intervals.\n\n"
+        + md_table(["scheme", "worst slot at L0", *names.values(), "k_max 20%", "k_max 90%", "effective length"], rows)
+        + "\n\n"
+        + md_table(["scheme", "seed", *names.values()], seeds)
+    )
 
 
 def seed_bands(f, L0):
@@ -368,39 +510,69 @@ def md_learning(r):
         return ""
     t, probe, ref, n = r["settings"]["train"], r["probe"], r["reference"], len(r["seeds"])
     a = r["settings"]["ablate"]
-    parts = [f"## Learning retrieval: steps to learn\n\nEvery {t['eval_interval']} steps each run's query slots "
-             f"are probed at L0 ({a['probe_trials'] * a['probe_distances']} "
-             f"windows, every needle queried once); a run has learned retrieval at the first evaluation at which every "
-             f"slot answers at least {probe['learn_gate']:.0%} whole, the extension lab's gate. No gate decides who "
-             f"is compared here: learning is an outcome of the scheme. \">{t['max_iters']}\": not by the ceiling "
-             f"(max_iters), censored there. Learned by the ceiling: the share of seeds, with its 95% Clopper-Pearson "
-             f"interval."]
+    parts = [
+        f"## Learning retrieval: steps to learn\n\nEvery {t['eval_interval']} steps each run's query slots "
+        f"are probed at L0 ({a['probe_trials'] * a['probe_distances']} "
+        f"windows, every needle queried once); a run has learned retrieval at the first evaluation at which every "
+        f"slot answers at least {probe['learn_gate']:.0%} whole, the extension lab's gate. No gate decides who "
+        f'is compared here: learning is an outcome of the scheme. ">{t["max_iters"]}": not by the ceiling '
+        f"(max_iters), censored there. Learned by the ceiling: the share of seeds, with its 95% Clopper-Pearson "
+        f"interval."
+    ]
     for ranking in rankings:
-        rows = [[name, ", ".join(str(st) if ok else f">{t['max_iters']}" for st, ok in zip(lg["steps"], lg["learned"])),
-                 f"{sum(lg['learned'])} of {len(lg['learned'])} [{lg['ci'][0]:.2f}, {lg['ci'][1]:.2f}]"]
-                for name, x in r["schemes"].items() if (lg := x[ranking]["learning"])]
+        rows = [
+            [
+                name,
+                ", ".join(str(st) if ok else f">{t['max_iters']}" for st, ok in zip(lg["steps"], lg["learned"])),
+                f"{sum(lg['learned'])} of {len(lg['learned'])} [{lg['ci'][0]:.2f}, {lg['ci'][1]:.2f}]",
+            ]
+            for name, x in r["schemes"].items()
+            if (lg := x[ranking]["learning"])
+        ]
         order = r["learning_order"][ranking]
         family = order[0]["family"] if order else 0
-        words = {"earlier": f"learns before {ref}", "later": f"learns after {ref}", "inconclusive": "inconclusive",
-                 None: "no test: every seed tied"}
-        tests = [[c["scheme"], f"{c['earlier']} / {c['later']} / {c['ties']}", fmt(c["p"]), fmt(c["p_holm"]),
-                  fmt(c["smallest_p"]), "yes" if c["can_settle"] else "no", words[c["verdict"]]] for c in order]
+        words = {
+            "earlier": f"learns before {ref}",
+            "later": f"learns after {ref}",
+            "inconclusive": "inconclusive",
+            None: "no test: every seed tied",
+        }
+        tests = [
+            [
+                c["scheme"],
+                f"{c['earlier']} / {c['later']} / {c['ties']}",
+                fmt(c["p"]),
+                fmt(c["p_holm"]),
+                fmt(c["smallest_p"]),
+                "yes" if c["can_settle"] else "no",
+                words[c["verdict"]],
+            ]
+            for c in order
+        ]
         where = "each scheme at its own learning rate" if ranking == "tuned" else "every scheme at the shared rate"
-        parts.append(f"### {where.capitalize()}\n\n" + md_table(["scheme", "steps to learn, by seed",
-                                                                  f"learned by {t['max_iters']}"], rows))
+        parts.append(
+            f"### {where.capitalize()}\n\n"
+            + md_table(["scheme", "steps to learn, by seed", f"learned by {t['max_iters']}"], rows)
+        )
         if order:
             parts.append(
                 f"Which learns first, each scheme or {ref}, seed by seed: an exact two-sided sign test of the seeds "
                 f"on which each learned first (a seed where both learned at the same evaluation, or neither, is a "
                 f"tie and dropped; where one alone learned, it learned first, both being censored at the same "
                 f"ceiling), p Holm-adjusted over one family of {family} tests (those with an untied seed). With "
-                f"{n} seeds the smallest p a sign test reaches is 2 x 0.5^{n} = {2 * 0.5 ** n:.2g}, where every seed "
-                f"agrees; smallest p below is that of the untied seeds, and \"can settle\" says whether it passes "
-                + (f"Holm's strictest step, 0.05 / {family} = {0.05 / family:.2g}" if family
-                   else "Holm's strictest step (here no comparison has an untied seed)")
+                f"{n} seeds the smallest p a sign test reaches is 2 x 0.5^{n} = {2 * 0.5**n:.2g}, where every seed "
+                f'agrees; smallest p below is that of the untied seeds, and "can settle" says whether it passes '
+                + (
+                    f"Holm's strictest step, 0.05 / {family} = {0.05 / family:.2g}"
+                    if family
+                    else "Holm's strictest step (here no comparison has an untied seed)"
+                )
                 + ". A difference is a finding only where p (Holm) < 0.05.\n\n"
-                + md_table(["scheme", f"first: scheme / {ref} / tie", "p", "p (Holm)", "smallest p", "can settle",
-                            "verdict"], tests))
+                + md_table(
+                    ["scheme", f"first: scheme / {ref} / tie", "p", "p (Holm)", "smallest p", "can settle", "verdict"],
+                    tests,
+                )
+            )
     return "\n\n".join(parts)
 
 
@@ -409,40 +581,56 @@ def fmt(p):
 
 
 def md_speed(r):
-    rows = [[name, pm(own(x)["tokens_per_s"], ",.0f"), ", ".join(map(str, own(x)["threads"]))]
-            for name, x in r["schemes"].items()]
+    rows = [
+        [name, pm(own(x)["tokens_per_s"], ",.0f"), ", ".join(map(str, own(x)["threads"]))]
+        for name, x in r["schemes"].items()
+    ]
     threads = {t for x in r["schemes"].values() for t in own(x)["threads"]}
-    note = ("every run on the same thread count, so the figures compare" if len(threads) == 1 else
-            "the runs' thread counts differ: compare tokens/s only between rows of the same thread count")
-    return ("## Training speed\n\nTokens per second during training, median over the run's logging windows, mean ± "
-            f"std over the test seeds, each scheme at its own rate; {note}.\n\n"
-            + md_table(["scheme", "tokens/s", "CPU threads"], rows))
+    note = (
+        "every run on the same thread count, so the figures compare"
+        if len(threads) == 1
+        else "the runs' thread counts differ: compare tokens/s only between rows of the same thread count"
+    )
+    return (
+        "## Training speed\n\nTokens per second during training, median over the run's logging windows, mean ± "
+        f"std over the test seeds, each scheme at its own rate; {note}.\n\n"
+        + md_table(["scheme", "tokens/s", "CPU threads"], rows)
+    )
 
 
 def md_attention(r):
     inside = {n: own(x)["attention"] for n, x in r["schemes"].items() if own(x)["attention"]}
     if not inside:
         return ""
-    rows = [[name, *(f"{sum(d) / len(d):.1f} / {sum(e) / len(e):.2f}" for d, e in zip(a["distance"], a["entropy"]))]
-            for name, a in inside.items()]
+    rows = [
+        [name, *(f"{sum(d) / len(d):.1f} / {sum(e) / len(e):.2f}" for d, e in zip(a["distance"], a["entropy"]))]
+        for name, a in inside.items()
+    ]
     uniform = next(iter(inside.values()))["uniform_entropy"]
-    return (f"## Inside: attention distance and entropy\n\nPer layer, the mean over heads of the attention-weighted "
-            f"distance (tokens) / the attention's entropy (nats; a uniform causal head has about {uniform:.2f}), over "
-            f"fixed validation windows at L0, first seed, each scheme at its own rate; attention.png shows every "
-            f"head.\n\n" + md_table(["scheme", *(f"layer {i}" for i in range(len(rows[0]) - 1))], rows))
+    return (
+        f"## Inside: attention distance and entropy\n\nPer layer, the mean over heads of the attention-weighted "
+        f"distance (tokens) / the attention's entropy (nats; a uniform causal head has about {uniform:.2f}), over "
+        f"fixed validation windows at L0, first seed, each scheme at its own rate; attention.png shows every "
+        f"head.\n\n" + md_table(["scheme", *(f"layer {i}" for i in range(len(rows[0]) - 1))], rows)
+    )
 
 
 def md_lengths(r):
     L0, lengths = r["block_size"], r["lengths"]
-    rows = [(name, sc, *(pm(by_len[str(L)]) if str(L) in by_len else "—" for L in lengths))
-            for name, x in r["schemes"].items() for sc, by_len in own(x)["loss_by_length"].items()]
+    rows = [
+        (name, sc, *(pm(by_len[str(L)]) if str(L) in by_len else "—" for L in lengths))
+        for name, x in r["schemes"].items()
+        for sc, by_len in own(x)["loss_by_length"].items()
+    ]
     windows = ", ".join(f"{w} of {L}" for L, w in r["windows"].items())
-    return (f"## Length extrapolation\n\nValidation loss averaged over every position of fixed windows, the same "
-            f"for every model ({windows} tokens), mean ± std over seeds, each scheme at its own rate. RoPE models are "
-            f"also scored with "
-            f"inference-time scaling by the factor L/L0 beyond L0 (—: at or below L0 the factor would be 1). N/A: "
-            f"learned positions have no embedding past L0.\n\n"
-            + md_table(["scheme", "scaling", *(f"{L} ({L / L0:g}x)" for L in lengths)], rows, text_columns=2))
+    return (
+        f"## Length extrapolation\n\nValidation loss averaged over every position of fixed windows, the same "
+        f"for every model ({windows} tokens), mean ± std over seeds, each scheme at its own rate. RoPE models are "
+        f"also scored with "
+        f"inference-time scaling by the factor L/L0 beyond L0 (—: at or below L0 the factor would be 1). N/A: "
+        f"learned positions have no embedding past L0.\n\n"
+        + md_table(["scheme", "scaling", *(f"{L} ({L / L0:g}x)" for L in lengths)], rows, text_columns=2)
+    )
 
 
 def md_positions(r):
@@ -451,12 +639,17 @@ def md_positions(r):
     if longest <= L0 or not curves:
         return ""
     missing = [name for name, x in r["schemes"].items() if not own(x)["loss_by_position"]]
-    return (f"## Loss by position within the {longest}-token windows\n\nMean loss over each L0-long stretch of "
-            f"positions, mean over seeds; positions from {L0} on were never seen in training"
-            + (f" ({', '.join(missing)}: N/A past L0)" if missing else "") + ".\n\n"
-            + md_table(["scheme", "scaling", *(f"{a}–{b}" for a, b, _ in segments(curves[0][2], L0))],
-                       [(name, sc, *(f"{v:.3f}" for _, _, v in segments(c, L0))) for name, sc, c in curves],
-                       text_columns=2))
+    return (
+        f"## Loss by position within the {longest}-token windows\n\nMean loss over each L0-long stretch of "
+        f"positions, mean over seeds; positions from {L0} on were never seen in training"
+        + (f" ({', '.join(missing)}: N/A past L0)" if missing else "")
+        + ".\n\n"
+        + md_table(
+            ["scheme", "scaling", *(f"{a}–{b}" for a, b, _ in segments(curves[0][2], L0))],
+            [(name, sc, *(f"{v:.3f}" for _, _, v in segments(c, L0))) for name, sc, c in curves],
+            text_columns=2,
+        )
+    )
 
 
 def md_samples(r):
@@ -464,9 +657,11 @@ def md_samples(r):
     samples = [(name, x["sample"]) for name, x in r["schemes"].items() if x["sample"] is not None]
     if not samples:
         return ""
-    return (f"## Samples\n\nPrompt {a['sample_prompt']!r}, {a['sample_tokens']} tokens at temperature "
-            f"{a['sample_temperature']}, generator seed {seed}, from each scheme's seed-{seed} run.\n\n"
-            + "\n\n".join(f"**{name}**\n\n```text\n{text}\n```" for name, text in samples))
+    return (
+        f"## Samples\n\nPrompt {a['sample_prompt']!r}, {a['sample_tokens']} tokens at temperature "
+        f"{a['sample_temperature']}, generator seed {seed}, from each scheme's seed-{seed} run.\n\n"
+        + "\n\n".join(f"**{name}**\n\n```text\n{text}\n```" for name, text in samples)
+    )
 
 
 def write_plots(results, out):
@@ -476,8 +671,12 @@ def write_plots(results, out):
         return plots
     L0, schemes = results["block_size"], results["schemes"]
     colors = palette(plt, schemes)
-    dashes = dict(zip([AS_TRAINED, *results["settings"]["ablate"]["rope_scalings"].split(",")],
-                      ["-", "--", ":", "-.", (0, (5, 1)), (0, (1, 3))]))
+    dashes = dict(
+        zip(
+            [AS_TRAINED, *results["settings"]["ablate"]["rope_scalings"].split(",")],
+            ["-", "--", ":", "-.", (0, (5, 1)), (0, (1, 3))],
+        )
+    )
 
     def save(fig, ax, file, title, xlabel, ylabel):
         dress(ax, title, xlabel, ylabel)
@@ -499,13 +698,28 @@ def write_plots(results, out):
             pts = [(int(L), v["mean"], v["std"] or 0.0) for L, v in by_len.items() if v is not None]
             if pts:
                 Ls, means, stds = zip(*pts)
-                ax.errorbar(Ls, means, yerr=stds, color=colors[name], linestyle=dashes.get(sc, "-"), marker="o",
-                            markersize=3, capsize=2, label=name if sc == AS_TRAINED else f"{name} + {sc}")
+                ax.errorbar(
+                    Ls,
+                    means,
+                    yerr=stds,
+                    color=colors[name],
+                    linestyle=dashes.get(sc, "-"),
+                    marker="o",
+                    markersize=3,
+                    capsize=2,
+                    label=name if sc == AS_TRAINED else f"{name} + {sc}",
+                )
     ax.axvline(L0, color="grey", linewidth=0.8)
     ax.set_xscale("log", base=2)
     ax.set_xticks(results["lengths"], [str(L) for L in results["lengths"]])
-    save(fig, ax, "loss_vs_length.png", f"Loss vs evaluation context (trained at L0 = {L0})", "context length (tokens)",
-         "val loss")
+    save(
+        fig,
+        ax,
+        "loss_vs_length.png",
+        f"Loss vs evaluation context (trained at L0 = {L0})",
+        "context length (tokens)",
+        "val loss",
+    )
 
     fig, ax = plt.subplots(figsize=(8.5, 4.5))
     longest = max(results["lengths"])
@@ -513,24 +727,48 @@ def write_plots(results, out):
     for name, x in schemes.items():
         for sc, curve in own(x)["loss_by_position"].items():
             buckets = np.array(curve[: len(curve) // width * width]).reshape(-1, width).mean(1)  # (n_buckets,)
-            ax.plot((np.arange(len(buckets)) + 0.5) * width, buckets, color=colors[name],
-                    linestyle=dashes.get(sc, "-"), label=name if sc == AS_TRAINED else f"{name} + {sc}")
+            ax.plot(
+                (np.arange(len(buckets)) + 0.5) * width,
+                buckets,
+                color=colors[name],
+                linestyle=dashes.get(sc, "-"),
+                label=name if sc == AS_TRAINED else f"{name} + {sc}",
+            )
     ax.axvline(L0, color="grey", linewidth=0.8)
-    save(fig, ax, "loss_vs_position.png", f"Loss by position in {longest}-token windows ({width}-position means)",
-         "position in window", "val loss")
+    save(
+        fig,
+        ax,
+        "loss_vs_position.png",
+        f"Loss by position in {longest}-token windows ({width}-position means)",
+        "position in window",
+        "val loss",
+    )
 
     grids = [(name, own(x)["retrieval"]["grid"]) for name, x in schemes.items() if own(x)["retrieval"]]
     if grids:
-        distance_plots(plots, grids, L0, results["probe"]["chance"], "retrieval.png",
-                       f"Whole answers by needle-to-query distance, each window length (L0 = {L0}; mean over seeds)")
+        distance_plots(
+            plots,
+            grids,
+            L0,
+            results["probe"]["chance"],
+            "retrieval.png",
+            f"Whole answers by needle-to-query distance, each window length (L0 = {L0}; mean over seeds)",
+        )
     inside = [(name, own(x)["attention"]) for name, x in schemes.items() if own(x)["attention"]]
     if inside:
         fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
         for ax, key, label in zip(axes, ("distance", "entropy"), ("attention distance (tokens)", "entropy (nats)")):
             for name, a in inside:
                 heads = np.array(a[key])  # (layers, heads)
-                ax.plot(np.arange(heads.size) / heads.shape[1], heads.flatten(), marker="o", markersize=3,
-                        linestyle="", color=colors[name], label=name)
+                ax.plot(
+                    np.arange(heads.size) / heads.shape[1],
+                    heads.flatten(),
+                    marker="o",
+                    markersize=3,
+                    linestyle="",
+                    color=colors[name],
+                    label=name,
+                )
             dress(ax, f"{label} of every head", "layer (its heads side by side)", label, legend=None)
         axes[1].legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1))
         plots.save(fig, "attention.png", "Attention distance and entropy per layer and head, first seed")
@@ -544,7 +782,9 @@ def write_plots(results, out):
                     ax.plot(curve, color=color, alpha=0.7, label=f"layer {layer}" if h == 0 else None)
             ax.axvline(L0, color="grey", linewidth=0.8)
             dress(ax, name, "distance (tokens; the line: L0)", "score bias", legend="inside")
-        plots.save(fig, "biases.png", f"Score biases against distance, each head, from a query at "
-                                      f"{max(results['lengths']) - 1}")
+        plots.save(
+            fig,
+            "biases.png",
+            f"Score biases against distance, each head, from a query at {max(results['lengths']) - 1}",
+        )
     return plots
-

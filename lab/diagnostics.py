@@ -28,6 +28,7 @@ def recorded_attention():
     def recording(q, k, v, mask, dropout_p=0.0, is_causal=False, scale=None):
         seen.append(weights(q, k, mask, is_causal, scale))
         return original(q, k, v, mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
+
     model_module.attention = recording
     try:
         yield seen
@@ -62,5 +63,7 @@ def bias_curves(model, reach):
     if type(pos).bias is positions.Scheme.bias:
         return None
     span = positions.Span(reach - 1, 1, reach, model.wte.weight.device)
-    return {layer: pos.bias(span, layer)[:, 0].flip(-1).tolist()  # (nh, reach): distance 0 first
-            for layer in range(model.config.n_layer)}
+    return {
+        layer: pos.bias(span, layer)[:, 0].flip(-1).tolist()  # (nh, reach): distance 0 first
+        for layer in range(model.config.n_layer)
+    }

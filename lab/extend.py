@@ -50,8 +50,7 @@ from data.batches import make_batches
 from files import RunLock
 from lab import extend_report
 from lab.evaluation import checked_model, position_losses
-from lab.grid import (check_records, check_run, evaluated, number_list, numbers, split_list, train_run,
-                      train_settings)
+from lab.grid import check_records, check_run, evaluated, number_list, numbers, split_list, train_run, train_settings
 from lab.launch import launch_plan
 from lab.retrieval import Probe, ProbeSettings
 from lab.sweep import Plan, SweepSettings, tool_main
@@ -59,52 +58,97 @@ from model import GPT
 from runtime import run_record
 
 # method -> (the RoPE scaling it fine-tunes with, whether its rows are PoSE's, whether PoSE keeps PI's tokens)
-METHODS = {"none": (rope.NO_SCALING, False, False), "linear": ("linear", False, False), "ntk": ("ntk", False, False),
-           "yarn": ("yarn", False, False), "pose": ("linear", True, False), "pose-tokens": ("linear", True, True)}
+METHODS = {
+    "none": (rope.NO_SCALING, False, False),
+    "linear": ("linear", False, False),
+    "ntk": ("ntk", False, False),
+    "yarn": ("yarn", False, False),
+    "pose": ("linear", True, False),
+    "pose-tokens": ("linear", True, True),
+}
 ROLES = ("selection", "test")  # the seeds screened: the one that chooses the rates, those the claims test
 
 
 @dataclass
 class ExtendConfig(ProbeSettings, SweepSettings):
-    rope_bases: str = opt("200", "RoPE's bases: base models and fine-tunes for each (200 puts L0 = 64 at LLaMA-2's "
-                                 "longest-wavelength-to-context ratio with head size 32)",
-                          check=number_list(float, 1.0, "200,10000"))
-    methods: str = opt("none,linear,ntk,yarn", "fine-tuning methods: " + ", ".join(METHODS) + " (none: direct "
-                                               "fine-tuning; linear: PI)")
-    factors: str = opt("2,4", "extension factors s: fine-tune at s x block_size, comma-separated",
-                       check=number_list(float, 1.0, "2,4"))
-    base_check: int = opt(250, "base models are probed at L0 every this many steps (their learning curve and the "
-                               "gate), the rate held constant until the gate", check=POSITIVE)
-    base_gate: float = opt(0.9, "a base model passes once every query slot retrieves at least this share of whole "
-                                "answers at L0, by max_iters", check=config.SHARE)
-    base_decay: int = opt(500, "steps of the rate's decay after the gate (cosine to min_lr); 0: the base model "
-                               "stops at the gate, its rate constant to the end", check=NON_NEGATIVE)
-    screen_most: int = opt(12, "seeds screened at the most for the test seeds, and for the selection seed: the lab "
-                               "refuses once they are reached with fewer base models passing than it needs",
-                           check=POSITIVE)
-    finetune_lrs: str = opt("3e-4,1e-3,3e-3", "fine-tuning peak rates swept on the selection seed (Muon's, where "
-                                              "it trains, scaled alike from its pre-training peak)",
-                             check=number_list(float, 1e-12, "3e-4,1e-3,3e-3"))
-    finetune_warmup: int = opt(20, "fine-tuning's linear warmup steps (the PI paper's 20); the rate then stays "
-                                   "constant", check=NON_NEGATIVE)
-    finetune_steps: str = opt("100,200,400", "the fine-tuning steps every method is scored at (PI's Table 4 reads "
-                                             "200 to 1,000, YaRN 400); every fine-tune runs to the last, which the "
-                                             "claims and the rate sweep read", check=number_list(int, 1, "100,200,400"))
-    finetune_eval: int = opt(50, "a fine-tune's L0 loss is measured every this many steps (where it levelled off: "
-                                 "a secondary reading)", check=POSITIVE)
-    plateau_span: int = opt(100, "a fine-tune's L0 loss has levelled off where it fell by less than plateau_tol over "
-                                 "the last this many steps", check=POSITIVE)
+    rope_bases: str = opt(
+        "200",
+        "RoPE's bases: base models and fine-tunes for each (200 puts L0 = 64 at LLaMA-2's "
+        "longest-wavelength-to-context ratio with head size 32)",
+        check=number_list(float, 1.0, "200,10000"),
+    )
+    methods: str = opt(
+        "none,linear,ntk,yarn", "fine-tuning methods: " + ", ".join(METHODS) + " (none: direct fine-tuning; linear: PI)"
+    )
+    factors: str = opt(
+        "2,4", "extension factors s: fine-tune at s x block_size, comma-separated", check=number_list(float, 1.0, "2,4")
+    )
+    base_check: int = opt(
+        250,
+        "base models are probed at L0 every this many steps (their learning curve and the "
+        "gate), the rate held constant until the gate",
+        check=POSITIVE,
+    )
+    base_gate: float = opt(
+        0.9,
+        "a base model passes once every query slot retrieves at least this share of whole answers at L0, by max_iters",
+        check=config.SHARE,
+    )
+    base_decay: int = opt(
+        500,
+        "steps of the rate's decay after the gate (cosine to min_lr); 0: the base model "
+        "stops at the gate, its rate constant to the end",
+        check=NON_NEGATIVE,
+    )
+    screen_most: int = opt(
+        12,
+        "seeds screened at the most for the test seeds, and for the selection seed: the lab "
+        "refuses once they are reached with fewer base models passing than it needs",
+        check=POSITIVE,
+    )
+    finetune_lrs: str = opt(
+        "3e-4,1e-3,3e-3",
+        "fine-tuning peak rates swept on the selection seed (Muon's, where "
+        "it trains, scaled alike from its pre-training peak)",
+        check=number_list(float, 1e-12, "3e-4,1e-3,3e-3"),
+    )
+    finetune_warmup: int = opt(
+        20, "fine-tuning's linear warmup steps (the PI paper's 20); the rate then stays constant", check=NON_NEGATIVE
+    )
+    finetune_steps: str = opt(
+        "100,200,400",
+        "the fine-tuning steps every method is scored at (PI's Table 4 reads "
+        "200 to 1,000, YaRN 400); every fine-tune runs to the last, which the "
+        "claims and the rate sweep read",
+        check=number_list(int, 1, "100,200,400"),
+    )
+    finetune_eval: int = opt(
+        50,
+        "a fine-tune's L0 loss is measured every this many steps (where it levelled off: a secondary reading)",
+        check=POSITIVE,
+    )
+    plateau_span: int = opt(
+        100,
+        "a fine-tune's L0 loss has levelled off where it fell by less than plateau_tol over the last this many steps",
+        check=POSITIVE,
+    )
     plateau_tol: float = opt(0.01, "see plateau_span (nats)", check=RATE)
-    probe_per: int = opt(4, "consecutive probed distances pooled into one cell of k_max's and the effective "
-                            "length's reading, so that one unlucky cell decides nothing", check=POSITIVE)
+    probe_per: int = opt(
+        4,
+        "consecutive probed distances pooled into one cell of k_max's and the effective "
+        "length's reading, so that one unlucky cell decides nothing",
+        check=POSITIVE,
+    )
 
     def __post_init__(self):
         ProbeSettings.__post_init__(self)
         config.validate(self)
         steps = numbers("finetune_steps", self.finetune_steps, int, 1, "100,200,400")
         if self.plateau_span % self.finetune_eval or any(st % self.finetune_eval for st in steps):
-            raise ValueError(f"plateau_span={self.plateau_span} and finetune_steps={self.finetune_steps!r} must be "
-                             f"multiples of finetune_eval={self.finetune_eval}, the steps the L0 loss is measured at")
+            raise ValueError(
+                f"plateau_span={self.plateau_span} and finetune_steps={self.finetune_steps!r} must be "
+                f"multiples of finetune_eval={self.finetune_eval}, the steps the L0 loss is measured at"
+            )
 
     def candidates(self, role, tc):
         """The seeds screened for role, in order: screen_most from the role's first."""
@@ -131,14 +175,20 @@ class GateSchedule(train.Schedule):
         return train.warmup_cosine(it - self.decay_from, peak, 0, self.decay_iters, floor)
 
     def settings(self):
-        return {"held": "to the gate", "gate": self.gate, "check_every": self.check_every,
-                "decay_iters": self.decay_iters, "decay_from": self.decay_from}
+        return {
+            "held": "to the gate",
+            "gate": self.gate,
+            "check_every": self.check_every,
+            "decay_iters": self.decay_iters,
+            "decay_from": self.decay_from,
+        }
 
 
 @dataclass
 class Lab(Plan):
     """lab/sweep.py's plan, with the context-extension lab's: a job is ("base", b, seed) or ("finetune", b, method,
     s, seed, lr), an arm (b, method, s)."""
+
     bases: list
     methods: list
     factors: list
@@ -157,22 +207,38 @@ class Lab(Plan):
             if m not in METHODS:
                 raise ValueError(f"methods: {m!r} is unknown; choose from {', '.join(METHODS)}")
         if not bc.recall_share:
-            raise ValueError("recall_share=0: the lab's retrieval probe needs the task in training; set recall_share, "
-                             "e.g. 0.75")
+            raise ValueError(
+                "recall_share=0: the lab's retrieval probe needs the task in training; set recall_share, e.g. 0.75"
+            )
         selection, test = (ec.candidates(role, tc) for role in ROLES)
         if set(selection) & set(test):
-            raise ValueError(f"selection_seed={ec.selection_seed} and seed={tc.seed}: the {ec.screen_most} seeds "
-                             f"screened from each (screen_most) overlap; a rate chosen on a seed must not be tested "
-                             f"on it")
+            raise ValueError(
+                f"selection_seed={ec.selection_seed} and seed={tc.seed}: the {ec.screen_most} seeds "
+                f"screened from each (screen_most) overlap; a rate chosen on a seed must not be tested "
+                f"on it"
+            )
         if ec.seeds > ec.screen_most:
             raise ValueError(f"seeds={ec.seeds} must be <= screen_most={ec.screen_most}, the seeds screened for them")
         factors, L0 = numbers("factors", ec.factors, float, 1.0, "2,4"), gcfg.block_size
         common = cls.common(ec, gcfg, tc, bc, sorted({L0} | {round(m * L0) for s in factors for m in (s, 2 * s)}))
-        probe = Probe(common["meta"], L0, ec, ec.probe_pairs, tc.batch_size * L0, common["rt"].device,
-                      lengths=[L0] + [round(m * s * L0) for s in factors for m in (1, 2)])
-        lab = cls(**common, bases=numbers("rope_bases", ec.rope_bases, float, 1.0, "200,10000"), methods=methods,
-                  factors=factors, lrs=numbers("finetune_lrs", ec.finetune_lrs, float, 1e-12, "3e-4,1e-3,3e-3"),
-                  steps=numbers("finetune_steps", ec.finetune_steps, int, 1, "100,200,400"), probe=probe)
+        probe = Probe(
+            common["meta"],
+            L0,
+            ec,
+            ec.probe_pairs,
+            tc.batch_size * L0,
+            common["rt"].device,
+            lengths=[L0] + [round(m * s * L0) for s in factors for m in (1, 2)],
+        )
+        lab = cls(
+            **common,
+            bases=numbers("rope_bases", ec.rope_bases, float, 1.0, "200,10000"),
+            methods=methods,
+            factors=factors,
+            lrs=numbers("finetune_lrs", ec.finetune_lrs, float, 1e-12, "3e-4,1e-3,3e-3"),
+            steps=numbers("finetune_steps", ec.finetune_steps, int, 1, "100,200,400"),
+            probe=probe,
+        )
         for method in methods:  # a bad setting fails now, not after the base models trained
             lab.finetune(lab.bases[0], method, factors[0], tc.seed, lab.lrs[0])
         return lab
@@ -202,13 +268,27 @@ class Lab(Plan):
         scaling, pose, pose_tokens = METHODS[method]
         base_out, base_cfg, _ = self.base(b, seed)
         L0 = self.L0
-        gcfg = replace(base_cfg, block_size=L0 if pose else round(s * L0), rope_scaling=scaling,
-                       rope_scaling_factor=float(s) if scaling != rope.NO_SCALING else 1.0, original_len=L0)
+        gcfg = replace(
+            base_cfg,
+            block_size=L0 if pose else round(s * L0),
+            rope_scaling=scaling,
+            rope_scaling_factor=float(s) if scaling != rope.NO_SCALING else 1.0,
+            original_len=L0,
+        )
         rows = self.tc.batch_size if pose_tokens else max(1, round(self.tc.batch_size / s))
-        tc = replace(self.tc, seed=seed, init_from=str(base_out), learning_rate=lr, min_lr=lr,
-                     muon_lr=self.tc.muon_lr * lr / self.tc.learning_rate, warmup_iters=self.settings.finetune_warmup,
-                     max_iters=steps or self.steps[-1], lr_decay_iters=None,
-                     eval_interval=self.settings.finetune_eval, batch_size=rows)
+        tc = replace(
+            self.tc,
+            seed=seed,
+            init_from=str(base_out),
+            learning_rate=lr,
+            min_lr=lr,
+            muon_lr=self.tc.muon_lr * lr / self.tc.learning_rate,
+            warmup_iters=self.settings.finetune_warmup,
+            max_iters=steps or self.steps[-1],
+            lr_decay_iters=None,
+            eval_interval=self.settings.finetune_eval,
+            batch_size=rows,
+        )
         bc = replace(self.bc, pose_factor=float(s)) if pose else self.bc
         kind = "sweep" if self.sweeping(seed) else "finetune"
         return self.out / kind / f"rope-b{b:g}-{method}-x{s:g}-lr{lr:g}-seed{seed}", gcfg, tc, bc
@@ -230,8 +310,11 @@ class Lab(Plan):
         again), is refused, what grows stage by stage aside: max_iters, and a base run's gate step."""
         if job[0] == "base":
             out, gcfg, tc = self.base(*job[1:])
-            check_run(out, train_settings(gcfg, tc, self.bc, self.schedule(tc)),
-                      grown=("train.max_iters", "schedule.decay_from"))
+            check_run(
+                out,
+                train_settings(gcfg, tc, self.bc, self.schedule(tc)),
+                grown=("train.max_iters", "schedule.decay_from"),
+            )
         else:
             out, gcfg, tc, bc = self.finetune(*job[1:])
             check_run(out, train_settings(gcfg, tc, bc), grown=("train.max_iters",))
@@ -257,6 +340,7 @@ class Lab(Plan):
 
 # ----------------------------------------------------------------------------- evaluation
 
+
 def loss_at(model, lab, L):
     return position_losses(model, lab.windows[L], lab.rt).mean().item()
 
@@ -266,13 +350,15 @@ def activation_bytes(gcfg, tc, bc, lab):
     measure PoSE's claim is about (it keeps L0-long rows), the same on any device."""
     torch.manual_seed(0)
     model = GPT(replace(gcfg, dropout=0.0)).to(lab.rt.device)
-    batches = make_batches(bc, Path(tc.data_dir) / tc.dataset, lab.meta, gcfg.block_size, tc.batch_size, 0,
-                           lab.rt.device, 1)
+    batches = make_batches(
+        bc, Path(tc.data_dir) / tc.dataset, lab.meta, gcfg.block_size, tc.batch_size, 0, lab.rt.device, 1
+    )
     saved = {}
 
     def pack(t):
         saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()  # each storage once
         return t
+
     batch = batches.train(0, 0)
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         model(batch.x, batch.y, position_ids=batch.position_ids)[1].backward()
@@ -280,6 +366,7 @@ def activation_bytes(gcfg, tc, bc, lab):
 
 
 # ----------------------------------------------------------------------------- runs
+
 
 def base_run(lab, b, seed):
     """Train a base model in stages of base_check steps at a constant rate, probed at L0 after each, until every
@@ -293,19 +380,28 @@ def base_run(lab, b, seed):
         train_run("base", gcfg, replace(tc, max_iters=step), out, lab.bc, schedule)
         curve[str(step)] = evaluated(out / f"curve{step}.json", lambda: probed(lab, out, step))
         return min(curve[str(step)]["slot"].values()) >= ec.base_gate
+
     while gate is None and stage < tc.max_iters:
         stage = min(stage + ec.base_check, tc.max_iters)
         gate = stage if probe_after(stage, lab.schedule(tc)) else None
     passed = gate is not None and (not ec.base_decay or probe_after(gate + ec.base_decay, lab.schedule(tc, gate)))
-    return {"curve": curve, "gate": gate, "steps": max(map(int, curve)), "passed": passed,
-            "train_s": trained_seconds(out)}
+    return {
+        "curve": curve,
+        "gate": gate,
+        "steps": max(map(int, curve)),
+        "passed": passed,
+        "train_s": trained_seconds(out),
+    }
 
 
 def probed(lab, out, step):
     """A base model's scores at L0 after step: retrieval by query slot, the probe's counts by distance, its loss."""
     model = checked_model(out, lab.rt, step)
-    return {"slot": lab.probe.by_slot(model, lab.L0, lab.rt), "counts": lab.probe.counts(model, lab.L0, lab.rt),
-            "loss": loss_at(model, lab, lab.L0)}
+    return {
+        "slot": lab.probe.by_slot(model, lab.L0, lab.rt),
+        "counts": lab.probe.counts(model, lab.L0, lab.rt),
+        "loss": loss_at(model, lab, lab.L0),
+    }
 
 
 def trained_seconds(out):
@@ -329,9 +425,13 @@ def finetune_run(lab, b, method, s, seed, lr):
         dearest windows, which only claims read)."""
         model = checked_model(where, lab.rt, step, **changes)
         windows = {"target": lengths[1]} | ({"past": lengths[2]} if step == lab.steps[-1] else {})
-        found = {} if lab.sweeping(seed) else {"retrieval": {name: lab.probe.counts(model, W, lab.rt)
-                                                             for name, W in windows.items()}}
+        found = (
+            {}
+            if lab.sweeping(seed)
+            else {"retrieval": {name: lab.probe.counts(model, W, lab.rt) for name, W in windows.items()}}
+        )
         return {"loss": {str(L): loss_at(model, lab, L) for L in lengths}} | found
+
     scaled = {"rope_scaling": gcfg.rope_scaling, "rope_scaling_factor": gcfg.rope_scaling_factor}
     done = {"0": evaluated(out / "step0.json", lambda: scores(base_out, **scaled))}
     l0_curve = {"0": done["0"]["loss"][str(L0)]}
@@ -341,20 +441,34 @@ def finetune_run(lab, b, method, s, seed, lr):
             done[str(step)] = evaluated(out / f"step{step}.json", lambda: scores(out, step))
             l0_curve[str(step)] = done[str(step)]["loss"][str(L0)]
         else:
-            l0_curve[str(step)] = evaluated(out / f"l0-{step}.json", lambda: {
-                "loss": loss_at(checked_model(out, lab.rt, step), lab, L0)})["loss"]
-    return {"l0_curve": l0_curve, "plateau": plateau(l0_curve, ec), "scores": done, "lr": lr,
-            "train_s": trained_seconds(out), "tokens": lab.steps[-1] * tc.batch_size * gcfg.block_size}
+            l0_curve[str(step)] = evaluated(
+                out / f"l0-{step}.json", lambda: {"loss": loss_at(checked_model(out, lab.rt, step), lab, L0)}
+            )["loss"]
+    return {
+        "l0_curve": l0_curve,
+        "plateau": plateau(l0_curve, ec),
+        "scores": done,
+        "lr": lr,
+        "train_s": trained_seconds(out),
+        "tokens": lab.steps[-1] * tc.batch_size * gcfg.block_size,
+    }
 
 
 def plateau(l0_curve, ec):
     """The first step where the L0 loss had fallen by less than plateau_tol over the last plateau_span steps; None
     where it never had."""
-    return next((int(st) for st in l0_curve if int(st) >= ec.plateau_span
-                 and l0_curve[str(int(st) - ec.plateau_span)] - l0_curve[st] < ec.plateau_tol), None)
+    return next(
+        (
+            int(st)
+            for st in l0_curve
+            if int(st) >= ec.plateau_span and l0_curve[str(int(st) - ec.plateau_span)] - l0_curve[st] < ec.plateau_tol
+        ),
+        None,
+    )
 
 
 # ----------------------------------------------------------------------------- the lab
+
 
 def screening(lab, done):
     """Which seeds the base models in done decide, by the rule fixed in the settings: for each role, {"screened": the
@@ -380,7 +494,8 @@ def screening(lab, done):
             raise ValueError(
                 f"{len(passed)} of the {ec.screen_most} {role} seeds screened (screen_most) passed the gate "
                 f"({', '.join(map(str, screened))}); {wanted} needed: raise screen_most, or max_iters for the base "
-                f"models to learn in")
+                f"models to learn in"
+            )
         found[role] = {"screened": screened, "passed": passed, "included": included}
     return found
 
@@ -399,20 +514,29 @@ def run_lab(lab):
     sweeps = {arm: list(lab.lrs) for arm in arms}
     if lab.settings.dry_run:
         bases = screened_jobs(lab, {})[0]
-        print("dry run, screening: " + launch_plan(bases, lab.settings, lab.needs, lab.pending, lab.label, lab.desc)
-              + f"; then, as each base model fails the gate, the next seed's, up to {lab.settings.screen_most} "
-                "seeds a role (launch 1 joins them once the selection seed passed)")
+        print(
+            "dry run, screening: "
+            + launch_plan(bases, lab.settings, lab.needs, lab.pending, lab.label, lab.desc)
+            + f"; then, as each base model fails the gate, the next seed's, up to {lab.settings.screen_most} "
+            "seeds a role (launch 1 joins them once the selection seed passed)"
+        )
         lab.dry_run(sweeps)
     with RunLock(lab.out, "context-extension lab"):
         done, sweeps, rates = lab.sweep_and_test(arms, sweeps, screen=lambda done: screened_jobs(lab, done))
         found = screening(lab, done)
         chosen = lab.included(found["selection"]["included"][0], found["test"]["included"])
         sel = chosen.settings.selection_seed
-        memory = {f"{m} x{s:g}": activation_bytes(*lab.finetune(lab.bases[0], m, s, sel, lab.lrs[0])[1:], lab)
-                  for s in lab.factors for m in lab.methods}
+        memory = {
+            f"{m} x{s:g}": activation_bytes(*lab.finetune(lab.bases[0], m, s, sel, lab.lrs[0])[1:], lab)
+            for s in lab.factors
+            for m in lab.methods
+        }
         results = extend_report.lab_results(chosen, done, sweeps, rates, found) | {
-            "memory": memory, "settings": {"extend": asdict(lab.settings), **train_settings(lab.gcfg, lab.tc, lab.bc)},
-            "device": lab.rt.device, "environment": run_record()}
+            "memory": memory,
+            "settings": {"extend": asdict(lab.settings), **train_settings(lab.gcfg, lab.tc, lab.bc)},
+            "device": lab.rt.device,
+            "environment": run_record(),
+        }
         lab.write_results(results, extend_report.write_plots(results, lab.out), extend_report.markdown, t0)
 
 

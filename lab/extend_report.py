@@ -7,15 +7,27 @@ import statistics
 
 from lab.report import Plots, dress, md_regime, md_table, pm, regime_rows
 from lab.retrieval import BANDS, THRESHOLDS, distance_plots, readout as read_cells, readout_errors as errors, shares
-from lab.stats import (ALPHA, POWER, equivalence_can_pass, equivalence_spread, mean_std, paired_test, smallest_effect,
-                       verdicts)
+from lab.stats import (
+    ALPHA,
+    POWER,
+    equivalence_can_pass,
+    equivalence_spread,
+    mean_std,
+    paired_test,
+    smallest_effect,
+    verdicts,
+)
 
 # nats: a "same" claim's margin, the largest change of loss at the original window the PI paper reports: Table 2,
 # Proof-pile, 7B extended to 32,768, perplexity 2.77 -> 2.82 at 2,048 tokens (ln 2.82/2.77 = 0.018)
 SAME_MARGIN = 0.02
 # PI's Table 4, LLaMA 7B extended from 2,048 to 8,192: k_max (passkey, 20%) after each fine-tuning step, in L0
-PI_TABLE4 = {"steps": [200, 400, 600, 800, 1000, 10000], "FT": [1792, 2048, 2048, 2048, 2304, 2560],
-             "PI": [8192, 8192, 8192, 8192, 8192, None], "L0": 2048}
+PI_TABLE4 = {
+    "steps": [200, 400, 600, 800, 1000, 10000],
+    "FT": [1792, 2048, 2048, 2048, 2304, 2560],
+    "PI": [8192, 8192, 8192, 8192, 8192, None],
+    "L0": 2048,
+}
 UNTESTED = "CI against the margin"  # a "same" claim whose equivalence test cannot pass at these seeds
 
 
@@ -26,28 +38,59 @@ def key(b, method, s):
 def lab_results(lab, done, sweeps, rates, screening):
     """results.json's figures and claims; done maps each job (lab/extend.py's) to that run's figures, screening
     each role's seeds screened, passed and included."""
-    L0, sel, per, read, chance = (lab.L0, lab.settings.selection_seed, lab.settings.probe_per, lab.steps[-1],
-                                  lab.probe.chance)
+    L0, sel, per, read, chance = (
+        lab.L0,
+        lab.settings.selection_seed,
+        lab.settings.probe_per,
+        lab.steps[-1],
+        lab.probe.chance,
+    )
     screened = [seed for role in screening.values() for seed in role["screened"]]
-    base = {f"rope-b{b:g}": {str(seed): base_readout(done["base", b, seed], L0, per, chance) for seed in screened}
-            for b in lab.bases}
+    base = {
+        f"rope-b{b:g}": {str(seed): base_readout(done["base", b, seed], L0, per, chance) for seed in screened}
+        for b in lab.bases
+    }
     finetune = {}
     for b in lab.bases:
         for s in lab.factors:
             for m in lab.methods:
                 arm, at = (b, m, s), str(round(s * L0))
-                runs = {str(seed): readout(done["finetune", *arm, seed, rates[arm]], L0, s, per, chance)
-                        for seed in lab.seeds}
-                sweep = {f"{lr:g}": done["finetune", *arm, sel, lr]["scores"][str(read)]["loss"][at]
-                         for lr in sweeps[arm]}
-                finetune[key(*arm)] = {"base": b, "method": m, "factor": s, "lr": rates[arm], "sweep": sweep,
-                                       "runs": runs, "by_step": by_step(runs, [0, *lab.steps], s, L0)}
-    results = {"block_size": L0, "seeds": lab.seeds, "selection_seed": sel, "screening": screening,
-               "bases": lab.bases, "factors": lab.factors, "methods": lab.methods, "steps": lab.steps,
-               "read_step": read, "reads": THRESHOLDS, "per": per, "chance": lab.probe.chance,
-               "elimination": lab.probe.elimination, "base_gate": lab.settings.base_gate,
-               "regime": regime_rows([(f"this config (base {b:g})", lab.gcfg.head_dim, b, L0) for b in lab.bases]),
-               "base": base, "finetune": finetune, "train_s": sum(r["train_s"] for r in done.values())}
+                runs = {
+                    str(seed): readout(done["finetune", *arm, seed, rates[arm]], L0, s, per, chance)
+                    for seed in lab.seeds
+                }
+                sweep = {
+                    f"{lr:g}": done["finetune", *arm, sel, lr]["scores"][str(read)]["loss"][at] for lr in sweeps[arm]
+                }
+                finetune[key(*arm)] = {
+                    "base": b,
+                    "method": m,
+                    "factor": s,
+                    "lr": rates[arm],
+                    "sweep": sweep,
+                    "runs": runs,
+                    "by_step": by_step(runs, [0, *lab.steps], s, L0),
+                }
+    results = {
+        "block_size": L0,
+        "seeds": lab.seeds,
+        "selection_seed": sel,
+        "screening": screening,
+        "bases": lab.bases,
+        "factors": lab.factors,
+        "methods": lab.methods,
+        "steps": lab.steps,
+        "read_step": read,
+        "reads": THRESHOLDS,
+        "per": per,
+        "chance": lab.probe.chance,
+        "elimination": lab.probe.elimination,
+        "base_gate": lab.settings.base_gate,
+        "regime": regime_rows([(f"this config (base {b:g})", lab.gcfg.head_dim, b, L0) for b in lab.bases]),
+        "base": base,
+        "finetune": finetune,
+        "train_s": sum(r["train_s"] for r in done.values()),
+    }
     results["error_rates"] = readout_errors(results)
     results["claims"] = judge(claims(results))
     return results
@@ -55,9 +98,11 @@ def lab_results(lab, done, sweeps, rates, screening):
 
 def base_readout(run, L0, per, chance):
     """A base run's result with each probe's readout at L0: the band inside it, k_max at each of THRESHOLDS."""
+
     def at_L0(cells):
         got = read_cells(cells, L0, 1, chance, per)  # s = 1: of the bands only the one inside L0 is read
         return {"inside L0": got["bands"]["inside L0"], "kmax": got["reach"]}
+
     return run | {"curve": {st: c | at_L0(c["counts"]["cells"]) for st, c in run["curve"].items()}}
 
 
@@ -70,9 +115,15 @@ def readout(run, L0, s, per, chance):
         target, past = (sc["retrieval"].get(w, {}).get("cells") for w in ("target", "past"))
         near = read_cells(target, L0, s, chance, per)
         far = None if past is None else read_cells(past, L0, s, chance, per)
-        out[st] = sc | {"bands": {"inside L0": near["bands"]["inside L0"], "L0 to sL0": near["bands"]["L0 to sL0"],
-                                  "sL0 to 2sL0": None if far is None else far["bands"]["sL0 to 2sL0"]},
-                        "kmax": near["reach"], "effective": None if far is None else far["effective_length"]}
+        out[st] = sc | {
+            "bands": {
+                "inside L0": near["bands"]["inside L0"],
+                "L0 to sL0": near["bands"]["L0 to sL0"],
+                "sL0 to 2sL0": None if far is None else far["bands"]["sL0 to 2sL0"],
+            },
+            "kmax": near["reach"],
+            "effective": None if far is None else far["effective_length"],
+        }
     return run | {"scores": out}
 
 
@@ -85,12 +136,16 @@ def by_step(runs, steps, s, L0):
     def over(st, get):
         values = [v for r in runs.values() if (v := get(r["scores"][str(st)])) is not None]
         return mean_std(values) if values else None
-    return {str(st): {"loss": {L: over(st, lambda sc: sc["loss"][L]) for L in lengths},
-                      "bands": {name: over(st, lambda sc: sc["bands"][name] and sc["bands"][name]["accuracy"])
-                                for name in BANDS},
-                      "kmax": {name: over(st, lambda sc: sc["kmax"][name]) for name in THRESHOLDS},
-                      "effective": over(st, lambda sc: sc["effective"] and sc["effective"]["length"])}
-            for st in steps}
+
+    return {
+        str(st): {
+            "loss": {L: over(st, lambda sc: sc["loss"][L]) for L in lengths},
+            "bands": {name: over(st, lambda sc: sc["bands"][name] and sc["bands"][name]["accuracy"]) for name in BANDS},
+            "kmax": {name: over(st, lambda sc: sc["kmax"][name]) for name in THRESHOLDS},
+            "effective": over(st, lambda sc: sc["effective"] and sc["effective"]["length"]),
+        }
+        for st in steps
+    }
 
 
 def readout_errors(r):
@@ -100,12 +155,14 @@ def readout_errors(r):
     windows = {str(r["block_size"]): next(iter(first["curve"].values()))["counts"]["cells"]}
     for x in r["finetune"].values():
         scores = next(iter(x["runs"].values()))["scores"][str(r["read_step"])]["retrieval"]
-        windows |= {str(round(m * x["factor"] * r["block_size"])): scores[w]["cells"]
-                    for m, w in ((1, "target"), (2, "past"))}
+        windows |= {
+            str(round(m * x["factor"] * r["block_size"])): scores[w]["cells"] for m, w in ((1, "target"), (2, "past"))
+        }
     return {W: errors(cells, r["per"], r["chance"]) for W, cells in windows.items() if cells}
 
 
 # ----------------------------------------------------------------------------- the papers' claims at this scale
+
 
 def claims(r):
     """The papers' claims for every base and factor, each once, as per-seed differences A - B with the side
@@ -130,26 +187,64 @@ def claims(r):
 
             def accuracy(m, name):
                 return values(b, m, s, read, lambda sc: sc["bands"][name] and sc["bands"][name]["accuracy"])
+
             for m, name in (("ntk", "NTK"), ("yarn", "YaRN")):
-                claim(f"(a) without fine-tuning, {name} has a lower loss than PI at {near} tokens {at}",
-                      loss(m, "0"), loss("linear", "0"), "lower")
-            claim(f"(b) after {read} steps, PI has a lower loss than direct fine-tuning at {near} tokens {at}",
-                  loss("linear", read), loss("none", read), "lower")
-            claim(f"(c) after {read} steps, YaRN has a lower loss than PI at {near} tokens {at}",
-                  loss("yarn", read), loss("linear", read), "lower")
-            claim(f"(d) after {read} steps, YaRN has a lower loss than PI at {far} tokens, past the fine-tuned length "
-                  f"{at}", loss("yarn", read, far), loss("linear", read, far), "lower")
-            claim(f"(e) after {read} steps, PI's loss at L0 = {L0} is within {SAME_MARGIN} nats of direct "
-                  f"fine-tuning's {at}", loss("linear", read, str(L0)), loss("none", read, str(L0)), "same",
-                  SAME_MARGIN)
-            claim(f"(f) after {read} steps, PI retrieves more than direct fine-tuning from L0 to s L0 (band accuracy) "
-                  f"{at}", accuracy("linear", "L0 to sL0"), accuracy("none", "L0 to sL0"), "higher")
-            claim(f"(g) after {read} steps, YaRN retrieves more than PI from s L0 to 2s L0, past the fine-tuned length "
-                  f"(band accuracy) {at}", accuracy("yarn", "sL0 to 2sL0"), accuracy("linear", "sL0 to 2sL0"),
-                  "higher")
+                claim(
+                    f"(a) without fine-tuning, {name} has a lower loss than PI at {near} tokens {at}",
+                    loss(m, "0"),
+                    loss("linear", "0"),
+                    "lower",
+                )
+            claim(
+                f"(b) after {read} steps, PI has a lower loss than direct fine-tuning at {near} tokens {at}",
+                loss("linear", read),
+                loss("none", read),
+                "lower",
+            )
+            claim(
+                f"(c) after {read} steps, YaRN has a lower loss than PI at {near} tokens {at}",
+                loss("yarn", read),
+                loss("linear", read),
+                "lower",
+            )
+            claim(
+                f"(d) after {read} steps, YaRN has a lower loss than PI at {far} tokens, past the fine-tuned length "
+                f"{at}",
+                loss("yarn", read, far),
+                loss("linear", read, far),
+                "lower",
+            )
+            claim(
+                f"(e) after {read} steps, PI's loss at L0 = {L0} is within {SAME_MARGIN} nats of direct "
+                f"fine-tuning's {at}",
+                loss("linear", read, str(L0)),
+                loss("none", read, str(L0)),
+                "same",
+                SAME_MARGIN,
+            )
+            claim(
+                f"(f) after {read} steps, PI retrieves more than direct fine-tuning from L0 to s L0 (band accuracy) "
+                f"{at}",
+                accuracy("linear", "L0 to sL0"),
+                accuracy("none", "L0 to sL0"),
+                "higher",
+            )
+            claim(
+                f"(g) after {read} steps, YaRN retrieves more than PI from s L0 to 2s L0, past the fine-tuned length "
+                f"(band accuracy) {at}",
+                accuracy("yarn", "sL0 to 2sL0"),
+                accuracy("linear", "sL0 to 2sL0"),
+                "higher",
+            )
             for m, how in (("pose", "at PI's steps and rows"), ("pose-tokens", "at PI's tokens")):
-                claim(f"(h) after {read} steps, PoSE {how} has a loss at {near} tokens within {SAME_MARGIN} nats of "
-                      f"PI's {at}", loss(m, read), loss("linear", read), "same", SAME_MARGIN)
+                claim(
+                    f"(h) after {read} steps, PoSE {how} has a loss at {near} tokens within {SAME_MARGIN} nats of "
+                    f"PI's {at}",
+                    loss(m, read),
+                    loss("linear", read),
+                    "same",
+                    SAME_MARGIN,
+                )
     return out
 
 
@@ -160,7 +255,7 @@ def can_pass(c, family):
     if n < 2:
         return False
     sd = statistics.stdev(c["diffs"])
-    return 0.5 ** n < ALPHA / family if sd == 0 else equivalence_can_pass(n, sd, c["margin"], family)
+    return 0.5**n < ALPHA / family if sd == 0 else equivalence_can_pass(n, sd, c["margin"], family)
 
 
 def judge(claims):
@@ -177,13 +272,23 @@ def judge(claims):
     judged = verdicts([c for i, c in enumerate(claims) if i not in same or i in tested])
     family = judged[0]["family"] if judged else 0
     out = iter(judged)
-    return [annotated(next(out) if i not in same or i in tested else untested(c, family), family)
-            for i, c in enumerate(claims)]
+    return [
+        annotated(next(out) if i not in same or i in tested else untested(c, family), family)
+        for i, c in enumerate(claims)
+    ]
 
 
 def untested(c, family):
-    return dict(c, test=paired_test(c["diffs"]), equivalence_p=None, p_holm=None, equivalence_p_holm=None,
-                family=family, verdict=UNTESTED, detectable=None)
+    return dict(
+        c,
+        test=paired_test(c["diffs"]),
+        equivalence_p=None,
+        p_holm=None,
+        equivalence_p_holm=None,
+        family=family,
+        verdict=UNTESTED,
+        detectable=None,
+    )
 
 
 def annotated(c, family):
@@ -196,41 +301,70 @@ def annotated(c, family):
 
 # ----------------------------------------------------------------------------- results.md
 
+
 def markdown(r, plots):
     L0, ex = r["block_size"], r["settings"]["extend"]
-    parts = [f"# Context extension\n\nRoPE trained at L0 = {L0} tokens; test seeds {', '.join(map(str, r['seeds']))} "
-             f"and selection seed {r['selection_seed']} (rates chosen on it, in no test), admitted by the rule below. "
-             f"Every arm fine-tuned {', '.join(map(str, r['steps']))} steps and read there; the claims read step "
-             f"{r['read_step']}. Mean ± std over the test seeds. Compute: {r['train_s'] / 60:.1f} min of training "
-             f"summed over the runs ({ex['workers']} at a time), evaluation besides; this command's wall time "
-             f"{r['wall_s'] / 60:.1f} min (runs finished earlier are reused). Device {r['device']} "
-             f"({r['settings']['train']['dtype']}), torch {r['environment']['torch']}, code "
-             f"{r['environment']['code_version']}.",
-             md_regime(r["regime"]), md_probe(r), md_screening(r), md_base(r), md_rates(r), md_bands(r),
-             md_seeds(r), md_kmax(r), md_loss(r), md_plateaus(r, ex), md_claims(r), plots.section()]
+    parts = [
+        f"# Context extension\n\nRoPE trained at L0 = {L0} tokens; test seeds {', '.join(map(str, r['seeds']))} "
+        f"and selection seed {r['selection_seed']} (rates chosen on it, in no test), admitted by the rule below. "
+        f"Every arm fine-tuned {', '.join(map(str, r['steps']))} steps and read there; the claims read step "
+        f"{r['read_step']}. Mean ± std over the test seeds. Compute: {r['train_s'] / 60:.1f} min of training "
+        f"summed over the runs ({ex['workers']} at a time), evaluation besides; this command's wall time "
+        f"{r['wall_s'] / 60:.1f} min (runs finished earlier are reused). Device {r['device']} "
+        f"({r['settings']['train']['dtype']}), torch {r['environment']['torch']}, code "
+        f"{r['environment']['code_version']}.",
+        md_regime(r["regime"]),
+        md_probe(r),
+        md_screening(r),
+        md_base(r),
+        md_rates(r),
+        md_bands(r),
+        md_seeds(r),
+        md_kmax(r),
+        md_loss(r),
+        md_plateaus(r, ex),
+        md_claims(r),
+        plots.section(),
+    ]
     return "\n\n".join(parts) + "\n"
 
 
 def md_probe(r):
-    rows = [[W, e["cells"], e["trials"], *(f"{e[name]['false_pass']:.2g} / {e[name]['false_fail']:.2g}"
-                                             for name in THRESHOLDS)] for W, e in r["error_rates"].items()]
-    return (f"## The probe and its readout\n\nWhole answers (both capitals of the asked needle's answer, the argmax "
-            f"given the tokens before) to one query at the end of a window, its needle k tokens before it, among "
-            f"{round(1 / r['chance'])} needles: a model that copies some needle without reading the key scores "
-            f"{r['chance']:.0%} (chance). Distances whose layout forces the answer (no other needle can stand between "
-            f"the asked one and its query) are kept apart in results.json (`forced`) and left out of every figure "
-            f"here. Per seed and scored step, results.json keeps each distance's trials and hits (`cells`), so every "
-            f"band, interval and k_max below can be recomputed.\n\n- **Bands**: the accuracy over the distances "
-            f"inside L0, from L0 to s L0 (windows of s L0) and from s L0 to 2s L0 (windows of 2s L0), with its 95% "
-            f"Clopper-Pearson interval; the retrieval claims test these.\n- **k_max** (PI's effective window, its "
-            f"section 3.3, kept for the side-by-side with its Table 4): the longest distance up to which no cell of "
-            f"{r['per']} pooled distances fails, a cell failing only when its interval lies wholly below the "
-            f"threshold (PI's 20%, our 90%).\n- **Effective length** (RULER's reading): k_max at the model's own "
-            f"accuracy inside L0, in windows of 2s L0.\n\nWhat k_max gets wrong at the trials used: false pass "
-            f"(a reader at chance reaches any distance) / false fail (a reader right 97% of the time misses the "
-            f"window).\n\n" + md_table(["window", "cells", "trials a cell", *(f"k_max {th:.0%}: false pass / false "
-                                                                               f"fail" for th in THRESHOLDS.values())],
-                                          rows))
+    rows = [
+        [
+            W,
+            e["cells"],
+            e["trials"],
+            *(f"{e[name]['false_pass']:.2g} / {e[name]['false_fail']:.2g}" for name in THRESHOLDS),
+        ]
+        for W, e in r["error_rates"].items()
+    ]
+    return (
+        f"## The probe and its readout\n\nWhole answers (both capitals of the asked needle's answer, the argmax "
+        f"given the tokens before) to one query at the end of a window, its needle k tokens before it, among "
+        f"{round(1 / r['chance'])} needles: a model that copies some needle without reading the key scores "
+        f"{r['chance']:.0%} (chance). Distances whose layout forces the answer (no other needle can stand between "
+        f"the asked one and its query) are kept apart in results.json (`forced`) and left out of every figure "
+        f"here. Per seed and scored step, results.json keeps each distance's trials and hits (`cells`), so every "
+        f"band, interval and k_max below can be recomputed.\n\n- **Bands**: the accuracy over the distances "
+        f"inside L0, from L0 to s L0 (windows of s L0) and from s L0 to 2s L0 (windows of 2s L0), with its 95% "
+        f"Clopper-Pearson interval; the retrieval claims test these.\n- **k_max** (PI's effective window, its "
+        f"section 3.3, kept for the side-by-side with its Table 4): the longest distance up to which no cell of "
+        f"{r['per']} pooled distances fails, a cell failing only when its interval lies wholly below the "
+        f"threshold (PI's 20%, our 90%).\n- **Effective length** (RULER's reading): k_max at the model's own "
+        f"accuracy inside L0, in windows of 2s L0.\n\nWhat k_max gets wrong at the trials used: false pass "
+        f"(a reader at chance reaches any distance) / false fail (a reader right 97% of the time misses the "
+        f"window).\n\n"
+        + md_table(
+            [
+                "window",
+                "cells",
+                "trials a cell",
+                *(f"k_max {th:.0%}: false pass / false fail" for th in THRESHOLDS.values()),
+            ],
+            rows,
+        )
+    )
 
 
 def md_screening(r):
@@ -240,24 +374,49 @@ def md_screening(r):
             for name, seeds in r["base"].items():
                 run = seeds[str(seed)]
                 final = run["curve"][str(run["steps"])]
-                rows.append([role, seed, name, run["gate"] or "not by the ceiling", run["steps"],
-                             pct(min(final["slot"].values())), "yes" if run["passed"] else "no",
-                             "yes" if seed in x["included"] else "no"])
-    counts = "; ".join(f"{role}: {len(x['screened'])} screened, {len(x['passed'])} passed, {len(x['included'])} "
-                       f"included" for role, x in r["screening"].items())
+                rows.append(
+                    [
+                        role,
+                        seed,
+                        name,
+                        run["gate"] or "not by the ceiling",
+                        run["steps"],
+                        pct(min(final["slot"].values())),
+                        "yes" if run["passed"] else "no",
+                        "yes" if seed in x["included"] else "no",
+                    ]
+                )
+    counts = "; ".join(
+        f"{role}: {len(x['screened'])} screened, {len(x['passed'])} passed, {len(x['included'])} included"
+        for role, x in r["screening"].items()
+    )
     ex = r["settings"]["extend"]
-    return (f"## Who enters the comparisons: the gate\n\nA rule fixed in the config before the run: the test seeds are "
-            f"the first {len(r['seeds'])} seeds from {r['settings']['train']['seed']} on, in order, whose base model "
-            f"passes the gate, the selection seed the first that passes from {ex['selection_seed']} on. A base model "
-            f"passes when every query slot retrieves at least {gate:.0%} of whole answers at L0 (probed every "
-            f"{ex['base_check']} steps at a constant rate, by step {r['settings']['train']['max_iters']}) and still "
-            f"does after its rate's decay over {ex['base_decay']} steps. Bases are launched in order, only as far as "
-            f"still needed, and a seed is included once it passed and every earlier seed is decided. Inclusion "
-            f"depends on the base model alone, before any method touches it: every method is fine-tuned from the "
-            f"same included bases, so the paired comparisons of methods stay unbiased (a seed is never kept or dropped "
-            f"for what a method did on it). {counts}.\n\n"
-            + md_table(["role", "seed", "model", "gate passed at step", "steps trained", "worst slot, last probe",
-                        "passed", "included"], rows, text_columns=3))
+    return (
+        f"## Who enters the comparisons: the gate\n\nA rule fixed in the config before the run: the test seeds are "
+        f"the first {len(r['seeds'])} seeds from {r['settings']['train']['seed']} on, in order, whose base model "
+        f"passes the gate, the selection seed the first that passes from {ex['selection_seed']} on. A base model "
+        f"passes when every query slot retrieves at least {gate:.0%} of whole answers at L0 (probed every "
+        f"{ex['base_check']} steps at a constant rate, by step {r['settings']['train']['max_iters']}) and still "
+        f"does after its rate's decay over {ex['base_decay']} steps. Bases are launched in order, only as far as "
+        f"still needed, and a seed is included once it passed and every earlier seed is decided. Inclusion "
+        f"depends on the base model alone, before any method touches it: every method is fine-tuned from the "
+        f"same included bases, so the paired comparisons of methods stay unbiased (a seed is never kept or dropped "
+        f"for what a method did on it). {counts}.\n\n"
+        + md_table(
+            [
+                "role",
+                "seed",
+                "model",
+                "gate passed at step",
+                "steps trained",
+                "worst slot, last probe",
+                "passed",
+                "included",
+            ],
+            rows,
+            text_columns=3,
+        )
+    )
 
 
 def md_base(r):
@@ -265,24 +424,59 @@ def md_base(r):
     for name, seeds in r["base"].items():
         for seed, run in seeds.items():
             for st, c in run["curve"].items():
-                rows.append([name, seed, st, pct(min(c["slot"].values())), pct(max(c["slot"].values())),
-                             md_band(c["inside L0"]), c["kmax"]["pi"], c["kmax"]["strict"], f"{c['loss']:.3f}"])
+                rows.append(
+                    [
+                        name,
+                        seed,
+                        st,
+                        pct(min(c["slot"].values())),
+                        pct(max(c["slot"].values())),
+                        md_band(c["inside L0"]),
+                        c["kmax"]["pi"],
+                        c["kmax"]["strict"],
+                        f"{c['loss']:.3f}",
+                    ]
+                )
     elim = ", ".join(f"{pct(v)}" for v in r["elimination"].values())
-    return (f"## The base models' learning curves at L0\n\nThe slot probe queries every needle once in a random order, "
-            f"earlier answers shown: elimination would score {elim} at slots 1 to {len(r['elimination'])}, a model "
-            f"that reads the key the same at every slot.\n\n"
-            + md_table(["model", "seed", "step", "worst slot", "best slot", "inside L0 [95% CI]", "k_max 20%",
-                        "k_max 90%", "val loss at L0"], rows, text_columns=2))
+    return (
+        f"## The base models' learning curves at L0\n\nThe slot probe queries every needle once in a random order, "
+        f"earlier answers shown: elimination would score {elim} at slots 1 to {len(r['elimination'])}, a model "
+        f"that reads the key the same at every slot.\n\n"
+        + md_table(
+            [
+                "model",
+                "seed",
+                "step",
+                "worst slot",
+                "best slot",
+                "inside L0 [95% CI]",
+                "k_max 20%",
+                "k_max 90%",
+                "val loss at L0",
+            ],
+            rows,
+            text_columns=2,
+        )
+    )
 
 
 def md_rates(r):
-    rows = [[f"{x['base']:g}", f"{x['factor']:g}", x["method"],
-             ", ".join(f"{lr}: {loss:.4f}" for lr, loss in x["sweep"].items()), f"{x['lr']:g}"]
-            for x in r["finetune"].values()]
-    return (f"## Fine-tuning rates, chosen on seed {r['selection_seed']}\n\nLoss at s L0 after {r['read_step']} steps "
-            f"of the selection seed's fine-tune at each rate (the sweep widened where its best lay at an edge); the "
-            f"lowest sets every test seed's rate.\n\n"
-            + md_table(["base", "s", "method", "rate: loss at s L0", "chosen"], rows, text_columns=4))
+    rows = [
+        [
+            f"{x['base']:g}",
+            f"{x['factor']:g}",
+            x["method"],
+            ", ".join(f"{lr}: {loss:.4f}" for lr, loss in x["sweep"].items()),
+            f"{x['lr']:g}",
+        ]
+        for x in r["finetune"].values()
+    ]
+    return (
+        f"## Fine-tuning rates, chosen on seed {r['selection_seed']}\n\nLoss at s L0 after {r['read_step']} steps "
+        f"of the selection seed's fine-tune at each rate (the sweep widened where its best lay at an edge); the "
+        f"lowest sets every test seed's rate.\n\n"
+        + md_table(["base", "s", "method", "rate: loss at s L0", "chosen"], rows, text_columns=4)
+    )
 
 
 def steps_of(r):
@@ -290,11 +484,16 @@ def steps_of(r):
 
 
 def md_bands(r):
-    rows = [[f"{x['factor']:g}", x["method"], name, *(pm(x["by_step"][st]["bands"][name], ".2f") for st in steps_of(r))]
-            for x in r["finetune"].values() for name in BANDS]
-    return ("## Retrieval in distance bands against fine-tuning steps\n\nWhole answers over the distances of each band "
-            "(the statistic the retrieval claims test), mean ± std over the test seeds.\n\n"
-            + md_table(["s", "method", "band", *(f"step {st}" for st in steps_of(r))], rows, text_columns=3))
+    rows = [
+        [f"{x['factor']:g}", x["method"], name, *(pm(x["by_step"][st]["bands"][name], ".2f") for st in steps_of(r))]
+        for x in r["finetune"].values()
+        for name in BANDS
+    ]
+    return (
+        "## Retrieval in distance bands against fine-tuning steps\n\nWhole answers over the distances of each band "
+        "(the statistic the retrieval claims test), mean ± std over the test seeds.\n\n"
+        + md_table(["s", "method", "band", *(f"step {st}" for st in steps_of(r))], rows, text_columns=3)
+    )
 
 
 def md_seeds(r):
@@ -302,13 +501,22 @@ def md_seeds(r):
     for x in r["finetune"].values():
         for seed, run in x["runs"].items():
             sc = run["scores"][read]
-            rows.append([f"{x['factor']:g}", x["method"], seed, *(md_band(sc["bands"][name]) for name in BANDS),
-                         sc["kmax"]["pi"], sc["kmax"]["strict"],
-                         sc["effective"]["length"] if sc["effective"] else "—"])
-    return (f"## Each seed after {read} steps\n\nBand accuracies with their 95% intervals, k_max (20%, 90%) in windows "
-            f"of s L0 and the effective length in windows of 2s L0, in tokens.\n\n"
-            + md_table(["s", "method", "seed", *BANDS, "k_max 20%", "k_max 90%", "effective length"], rows,
-                       text_columns=3))
+            rows.append(
+                [
+                    f"{x['factor']:g}",
+                    x["method"],
+                    seed,
+                    *(md_band(sc["bands"][name]) for name in BANDS),
+                    sc["kmax"]["pi"],
+                    sc["kmax"]["strict"],
+                    sc["effective"]["length"] if sc["effective"] else "—",
+                ]
+            )
+    return (
+        f"## Each seed after {read} steps\n\nBand accuracies with their 95% intervals, k_max (20%, 90%) in windows "
+        f"of s L0 and the effective length in windows of 2s L0, in tokens.\n\n"
+        + md_table(["s", "method", "seed", *BANDS, "k_max 20%", "k_max 90%", "effective length"], rows, text_columns=3)
+    )
 
 
 def md_band(b):
@@ -320,27 +528,42 @@ def md_kmax(r):
 
     def cell(k):
         return f"{pm(k['pi'], '.0f')} / {pm(k['strict'], '.0f')}"
-    rows = [[f"{x['factor']:g}", x["method"], round(x["factor"] * L0), *(cell(x["by_step"][st]["kmax"])
-                                                                          for st in steps_of(r)),
-             pm(x["by_step"][str(r["read_step"])]["effective"], ".0f")] for x in r["finetune"].values()]
+
+    rows = [
+        [
+            f"{x['factor']:g}",
+            x["method"],
+            round(x["factor"] * L0),
+            *(cell(x["by_step"][st]["kmax"]) for st in steps_of(r)),
+            pm(x["by_step"][str(r["read_step"])]["effective"], ".0f"),
+        ]
+        for x in r["finetune"].values()
+    ]
     t4 = PI_TABLE4
-    paper = [[name, *("–" if v is None else f"{v:,} ({v / t4['L0']:g} L0)" for v in t4[name])]
-             for name in ("FT", "PI")]
-    return ("## k_max beside PI's Table 4\n\nk_max at 20% (PI's) / at 90% (ours), in tokens, in windows of the target "
-            "s L0 (as the PI paper spreads its distances over the target window), mean ± std over the test seeds; "
-            "last, "
-            f"the effective length after {r['read_step']} steps. Beside it, PI's Table 4 (LLaMA 7B, 2,048 → 8,192; "
-            "FT is direct fine-tuning), which reads k_max at equal steps as here.\n\n"
-            + md_table(["s", "method", "s L0", *(f"step {st}" for st in steps_of(r)), "effective length"], rows,
-                       text_columns=2)
-            + "\n\n" + md_table(["PI's Table 4, 7B at 8,192", *(f"step {st:,}" for st in t4["steps"])], paper))
+    paper = [[name, *("–" if v is None else f"{v:,} ({v / t4['L0']:g} L0)" for v in t4[name])] for name in ("FT", "PI")]
+    return (
+        "## k_max beside PI's Table 4\n\nk_max at 20% (PI's) / at 90% (ours), in tokens, in windows of the target "
+        "s L0 (as the PI paper spreads its distances over the target window), mean ± std over the test seeds; "
+        "last, "
+        f"the effective length after {r['read_step']} steps. Beside it, PI's Table 4 (LLaMA 7B, 2,048 → 8,192; "
+        "FT is direct fine-tuning), which reads k_max at equal steps as here.\n\n"
+        + md_table(
+            ["s", "method", "s L0", *(f"step {st}" for st in steps_of(r)), "effective length"], rows, text_columns=2
+        )
+        + "\n\n"
+        + md_table(["PI's Table 4, 7B at 8,192", *(f"step {st:,}" for st in t4["steps"])], paper)
+    )
 
 
 def md_loss(r):
-    rows = [[f"{x['factor']:g}", x["method"], L, *(pm(x["by_step"][st]["loss"][L], ".3f") for st in steps_of(r))]
-            for x in r["finetune"].values() for L in x["by_step"]["0"]["loss"]]
-    return ("## Val loss against fine-tuning steps at L0, s L0 and 2s L0\n\n"
-            + md_table(["s", "method", "length", *(f"step {st}" for st in steps_of(r))], rows, text_columns=3))
+    rows = [
+        [f"{x['factor']:g}", x["method"], L, *(pm(x["by_step"][st]["loss"][L], ".3f") for st in steps_of(r))]
+        for x in r["finetune"].values()
+        for L in x["by_step"]["0"]["loss"]
+    ]
+    return "## Val loss against fine-tuning steps at L0, s L0 and 2s L0\n\n" + md_table(
+        ["s", "method", "length", *(f"step {st}" for st in steps_of(r))], rows, text_columns=3
+    )
 
 
 def md_plateaus(r, ex):
@@ -349,17 +572,31 @@ def md_plateaus(r, ex):
         runs = list(x["runs"].values())
         levelled = [run["plateau"] for run in runs if run["plateau"] is not None]
         memory = r["memory"][f"{x['method']} x{x['factor']:g}"]
-        rows.append([f"{x['factor']:g}", x["method"], f"{len(levelled)} of {len(runs)}",
-                     pm(mean_std(levelled), ".0f") if levelled else "—", f"{runs[0]['tokens']:,}",
-                     pm(mean_std(run["train_s"] for run in runs), ".0f"), f"{memory / 2 ** 20:.1f}"])
-    return (f"## Where the L0 loss levelled off (a secondary reading)\n\nThe first step where the loss at L0 fell by "
-            f"less "
-            f"than {ex['plateau_tol']} nats over the last {ex['plateau_span']} steps (measured every "
-            f"{ex['finetune_eval']}), within the {r['read_step']} steps every arm runs; no verdict reads it. The rate "
-            f"warms up over {ex['finetune_warmup']} steps and stays constant (the PI paper states a 20-step warmup and "
-            f"no schedule after it). Memory: the bytes autograd saves for backward in one micro-batch of the run's "
-            f"shape.\n\n" + md_table(["s", "method", "levelled off", "at step", "tokens", "training seconds",
-                                       "activation MiB"], rows, text_columns=2))
+        rows.append(
+            [
+                f"{x['factor']:g}",
+                x["method"],
+                f"{len(levelled)} of {len(runs)}",
+                pm(mean_std(levelled), ".0f") if levelled else "—",
+                f"{runs[0]['tokens']:,}",
+                pm(mean_std(run["train_s"] for run in runs), ".0f"),
+                f"{memory / 2**20:.1f}",
+            ]
+        )
+    return (
+        f"## Where the L0 loss levelled off (a secondary reading)\n\nThe first step where the loss at L0 fell by "
+        f"less "
+        f"than {ex['plateau_tol']} nats over the last {ex['plateau_span']} steps (measured every "
+        f"{ex['finetune_eval']}), within the {r['read_step']} steps every arm runs; no verdict reads it. The rate "
+        f"warms up over {ex['finetune_warmup']} steps and stays constant (the PI paper states a 20-step warmup and "
+        f"no schedule after it). Memory: the bytes autograd saves for backward in one micro-batch of the run's "
+        f"shape.\n\n"
+        + md_table(
+            ["s", "method", "levelled off", "at step", "tokens", "training seconds", "activation MiB"],
+            rows,
+            text_columns=2,
+        )
+    )
 
 
 def pct(x):
@@ -378,28 +615,57 @@ def md_claims(r):
         else:
             test, p, holm = t["test"] or "—", t["p"], c["p_holm"]
         power = ("—" if c["power"] is None else f"{c['power']:.3g}") + (
-            f" (TOST can pass below sd {c['equivalence_spread']:.3g})" if same and c["equivalence_spread"] else "")
-        rows.append([c["claim"], f"{t['mean']:+.3f}", ci, test, "—" if p is None else f"{p:.2g}",
-                     "—" if holm is None else f"{holm:.2g}", f"**{c['verdict']}**", len(c["diffs"]),
-                     "—" if c["sd"] is None else f"{c['sd']:.3g}", power])
+            f" (TOST can pass below sd {c['equivalence_spread']:.3g})" if same and c["equivalence_spread"] else ""
+        )
+        rows.append(
+            [
+                c["claim"],
+                f"{t['mean']:+.3f}",
+                ci,
+                test,
+                "—" if p is None else f"{p:.2g}",
+                "—" if holm is None else f"{holm:.2g}",
+                f"**{c['verdict']}**",
+                len(c["diffs"]),
+                "—" if c["sd"] is None else f"{c['sd']:.3g}",
+                power,
+            ]
+        )
     family = claims[0]["family"] if claims else 0
-    return ("## The papers' claims at this scale\n\nEach claim once, as per-seed differences A − B (loss in nats, "
-            "band "
-            "accuracy as a share), read after the same steps for every arm (step 0 for the claims about no "
-            "fine-tuning): their mean, the 95% CI (unadjusted), the test (the paired t-test; the exact sign test "
-            "where every seed gives the same difference; for a \"same\" claim its equivalence test, TOST within "
-            f"±{SAME_MARGIN} nats) and its p, and p Holm-adjusted over one family of {family} tests. \"holds\" needs "
-            "p (Holm) < 0.05 on the expected side, \"does not hold\" on the other; a \"same\" claim holds when "
-            "equivalence is shown. A \"same\" claim's equivalence test runs only where it could pass with these "
-            "seeds and the spread they show (stats.equivalence_can_pass, in this family); elsewhere its CI is shown "
-            f"against the margin (\"{UNTESTED}\"), and no verdict says \"no difference\". The last columns: the spread "
-            f"of the per-seed differences, and the smallest mean difference these seeds detect with {POWER:.0%} power "
-            f"after Holm (at its strictest level, {ALPHA:g} / {family}), at that spread (stats.smallest_effect).\n\n"
-            + md_table(["claim", "mean A − B", "95% CI (unadjusted)", "test", "p", "p (Holm)", "verdict", "seeds",
-                        "sd", f"detectable at {POWER:.0%} power"], rows, text_columns=1))
+    return (
+        "## The papers' claims at this scale\n\nEach claim once, as per-seed differences A − B (loss in nats, "
+        "band "
+        "accuracy as a share), read after the same steps for every arm (step 0 for the claims about no "
+        "fine-tuning): their mean, the 95% CI (unadjusted), the test (the paired t-test; the exact sign test "
+        'where every seed gives the same difference; for a "same" claim its equivalence test, TOST within '
+        f'±{SAME_MARGIN} nats) and its p, and p Holm-adjusted over one family of {family} tests. "holds" needs '
+        'p (Holm) < 0.05 on the expected side, "does not hold" on the other; a "same" claim holds when '
+        'equivalence is shown. A "same" claim\'s equivalence test runs only where it could pass with these '
+        "seeds and the spread they show (stats.equivalence_can_pass, in this family); elsewhere its CI is shown "
+        f'against the margin ("{UNTESTED}"), and no verdict says "no difference". The last columns: the spread '
+        f"of the per-seed differences, and the smallest mean difference these seeds detect with {POWER:.0%} power "
+        f"after Holm (at its strictest level, {ALPHA:g} / {family}), at that spread (stats.smallest_effect).\n\n"
+        + md_table(
+            [
+                "claim",
+                "mean A − B",
+                "95% CI (unadjusted)",
+                "test",
+                "p",
+                "p (Holm)",
+                "verdict",
+                "seeds",
+                "sd",
+                f"detectable at {POWER:.0%} power",
+            ],
+            rows,
+            text_columns=1,
+        )
+    )
 
 
 # ----------------------------------------------------------------------------- plots
+
 
 def write_plots(r, out):
     """The PNG plots in out (report.Plots: none without matplotlib): the band accuracies and the L0 loss against
@@ -415,41 +681,80 @@ def write_plots(r, out):
         for col, s in enumerate(r["factors"]):
             for x in (x for x in arms if x["factor"] == s):
                 for name, style in zip(BANDS, ("o:", "o-", "x--")):
-                    axes[0, col].plot([max(st, 1) for st in steps],
-                                      [mean(x["by_step"][str(st)]["bands"][name]) for st in steps], style,
-                                      color=color[x["method"]], label=f"{x['method']}, {name}")
+                    axes[0, col].plot(
+                        [max(st, 1) for st in steps],
+                        [mean(x["by_step"][str(st)]["bands"][name]) for st in steps],
+                        style,
+                        color=color[x["method"]],
+                        label=f"{x['method']}, {name}",
+                    )
                 for seed, run in x["runs"].items():
                     curve = sorted((int(st), v) for st, v in run["l0_curve"].items())
-                    axes[1, col].plot([max(st, 1) for st, _ in curve], [v for _, v in curve], lw=0.8,
-                                      color=color[x["method"]],
-                                      label=x["method"] if seed == next(iter(x["runs"])) else None)
+                    axes[1, col].plot(
+                        [max(st, 1) for st, _ in curve],
+                        [v for _, v in curve],
+                        lw=0.8,
+                        color=color[x["method"]],
+                        label=x["method"] if seed == next(iter(x["runs"])) else None,
+                    )
             axes[0, col].axhline(r["chance"], color="gray", linestyle=":")
             for ax in axes[:, col]:
                 ax.set(xscale="log")
-            dress(axes[0, col], f"s = {s:g}: whole answers by band (dotted: chance)", "fine-tuning step (0 drawn at 1)",
-                  "band accuracy, mean over seeds", legend="inside")
-            dress(axes[1, col], f"s = {s:g}: loss at L0 = {L0} while fine-tuning (each seed)", "fine-tuning step",
-                  "val loss at L0", legend="inside")
+            dress(
+                axes[0, col],
+                f"s = {s:g}: whole answers by band (dotted: chance)",
+                "fine-tuning step (0 drawn at 1)",
+                "band accuracy, mean over seeds",
+                legend="inside",
+            )
+            dress(
+                axes[1, col],
+                f"s = {s:g}: loss at L0 = {L0} while fine-tuning (each seed)",
+                "fine-tuning step",
+                "val loss at L0",
+                legend="inside",
+            )
         title = f"RoPE base {b:g}: retrieval by band and the L0 loss against fine-tuning steps"
         fig.suptitle(title)
         plots.save(fig, f"window_b{b:g}.png", title)
-        panels = [(f"{x['method']} x{x['factor']:g}, step {read}",
-                   {str(round(m * x["factor"] * L0)): shares([run["scores"][read]["retrieval"][where]["cells"]
-                                                              for run in x["runs"].values()])
-                    for m, where in ((1, "target"), (2, "past"))}) for x in arms]
-        distance_plots(plots, panels, L0, r["chance"], f"retrieval_b{b:g}.png",
-                       f"RoPE base {b:g}: whole answers by distance after {read} steps (mean over seeds)")
+        panels = [
+            (
+                f"{x['method']} x{x['factor']:g}, step {read}",
+                {
+                    str(round(m * x["factor"] * L0)): shares(
+                        [run["scores"][read]["retrieval"][where]["cells"] for run in x["runs"].values()]
+                    )
+                    for m, where in ((1, "target"), (2, "past"))
+                },
+            )
+            for x in arms
+        ]
+        distance_plots(
+            plots,
+            panels,
+            L0,
+            r["chance"],
+            f"retrieval_b{b:g}.png",
+            f"RoPE base {b:g}: whole answers by distance after {read} steps (mean over seeds)",
+        )
         # a panel a seed, at the probe that decided it (every probe's figures are in results.md's table): one per
         # probe made the figure grow with the screening, 70 panels and 1.1 MB for 10 seeds
-        curve = [(f"seed {seed}, step {st}", {str(L0): shares([run["curve"][st]["counts"]["cells"]])})
-                 for seed, run in r["base"][f"rope-b{b:g}"].items() for st in [str(run["gate"] or run["steps"])]]
-        distance_plots(plots, curve, L0, r["chance"], f"learning_b{b:g}.png",
-                       f"RoPE base {b:g}: whole answers by distance at L0 where each base passed the gate (or its "
-                       "last probe)")
+        curve = [
+            (f"seed {seed}, step {st}", {str(L0): shares([run["curve"][st]["counts"]["cells"]])})
+            for seed, run in r["base"][f"rope-b{b:g}"].items()
+            for st in [str(run["gate"] or run["steps"])]
+        ]
+        distance_plots(
+            plots,
+            curve,
+            L0,
+            r["chance"],
+            f"learning_b{b:g}.png",
+            f"RoPE base {b:g}: whole answers by distance at L0 where each base passed the gate (or its last probe)",
+        )
     return plots
 
 
 def mean(stat):
     """A mean_std's mean, nan (not drawn) for None."""
     return math.nan if stat is None else stat["mean"]
-

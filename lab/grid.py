@@ -32,8 +32,10 @@ NOT_SETTINGS = config.weightless(train.TrainConfig)  # train fields declared to 
 @dataclass
 class SeedSettings:
     """The seeds every run of a grid trains on; each lab tool's settings class inherits it."""
-    seeds: int = opt(3, "test seeds: seed, seed+1, ..., fixed before the run; every comparison pairs them",
-                     check=config.POSITIVE)
+
+    seeds: int = opt(
+        3, "test seeds: seed, seed+1, ..., fixed before the run; every comparison pairs them", check=config.POSITIVE
+    )
 
     def __post_init__(self):
         config.validate(self)
@@ -43,6 +45,7 @@ class SeedSettings:
 
 
 # ----------------------------------------------------------------------------- settings text
+
 
 def split_list(text):
     return [s.strip() for s in text.split(",") if s.strip()]
@@ -61,14 +64,15 @@ def parse_changes(text, types, what="variant"):
     for part in filter(str.strip, text.split(";")):
         name, colon, body = (s.strip() for s in part.partition(":"))
         if not colon or not name.replace("-", "").replace("_", "").replace(".", "").isalnum():
-            raise ValueError(f"{what} {part.strip()!r} should look like 'name: key=value, ...', the name made of "
-                             f"letters, digits, '-', '_' and '.'")
+            raise ValueError(
+                f"{what} {part.strip()!r} should look like 'name: key=value, ...', the name made of "
+                f"letters, digits, '-', '_' and '.'"
+            )
         overrides = {}
         for item in split_list(body):
             key, eq, value = (s.strip() for s in item.partition("="))
             if key not in types or not eq:
-                raise ValueError(f"{what} {name!r}: {item!r} should be key=value, the key one of "
-                                 f"{', '.join(types)}")
+                raise ValueError(f"{what} {name!r}: {item!r} should be key=value, the key one of {', '.join(types)}")
             overrides[key] = config.coerce(key, value, types[key])
         if not overrides:
             raise ValueError(f"{what} {name!r} changes nothing; give at least one key=value")
@@ -86,15 +90,18 @@ def numbers(key, text, kind, low, example):
 
 def number_list(kind, low, example):
     """The check of a setting that lists numbers (see numbers), for opt: it is checked where it is declared."""
+
     def ok(text):
         try:
             return bool(numbers("", text, kind, low, example))
         except ValueError:
             return False
+
     return f"list finite numbers >= {low}, e.g. {example}", ok
 
 
 # ----------------------------------------------------------------------------- runs and their folders
+
 
 def run_dir(tc, name, seed):
     return Path(tc.out_dir) / "runs" / f"{name}-seed{seed}"
@@ -102,8 +109,12 @@ def run_dir(tc, name, seed):
 
 def train_settings(gcfg, tc, bc=None, schedule=None):
     """What determines a run's result: the resolved model, training and batch settings and the schedule's."""
-    return {"model": gcfg.asdict(), "train": {k: v for k, v in asdict(tc).items() if k not in NOT_SETTINGS},
-            "batches": asdict(bc or BatchConfig()), "schedule": schedule.settings() if schedule else {}}
+    return {
+        "model": gcfg.asdict(),
+        "train": {k: v for k, v in asdict(tc).items() if k not in NOT_SETTINGS},
+        "batches": asdict(bc or BatchConfig()),
+        "schedule": schedule.settings() if schedule else {},
+    }
 
 
 def check_run(out, settings, grown=()):
@@ -122,11 +133,17 @@ def check_same_settings(path, settings, saved):
     # a setting newer than the run folder was there at its default (how every option starts)
     defaults = train_settings(GPTConfig(), train.TrainConfig())
     saved = {group: defaults[group] | saved.get(group, {}) for group in settings}
-    diff = [f"{group}.{k}: {saved[group].get(k)!r} there, {v!r} now" for group in settings
-            for k, v in settings[group].items() if saved[group].get(k) != v]
+    diff = [
+        f"{group}.{k}: {saved[group].get(k)!r} there, {v!r} now"
+        for group in settings
+        for k, v in settings[group].items()
+        if saved[group].get(k) != v
+    ]
     if diff:
-        raise ValueError(f"{path} was made with other settings ({'; '.join(diff[:4])}); use another out_dir, "
-                         f"or delete that run folder to redo it")
+        raise ValueError(
+            f"{path} was made with other settings ({'; '.join(diff[:4])}); use another out_dir, "
+            f"or delete that run folder to redo it"
+        )
 
 
 def check_records(out, rebuilt=()):
@@ -154,18 +171,30 @@ def train_run(name, gcfg, tc, out, bc=None, schedule=None):
         # a resumed run's log was trimmed back to its checkpoint and its elapsed_s continues: one line per iteration
         metrics = {m["iter"]: m for m in read_log(out / "metrics.jsonl")}
         final = metrics[tc.max_iters]
-        return {"scheme": name, "seed": tc.seed, "settings": train_settings(gcfg, tc, bc, schedule),
-                "final_val_loss": final["val_loss"], "val_bpb": final["val_bpb"], "train_s": final["elapsed_s"],
-                "tokens_per_s": statistics.median(m["tokens_per_s"] for m in metrics.values()),
-                # the scheduled evaluations only: a stop and its resume add one at the stop
-                "val_curve": [[it, m["val_loss"]] for it, m in sorted(metrics.items())
-                              if it % tc.eval_interval == 0 or it == tc.max_iters]}
+        return {
+            "scheme": name,
+            "seed": tc.seed,
+            "settings": train_settings(gcfg, tc, bc, schedule),
+            "final_val_loss": final["val_loss"],
+            "val_bpb": final["val_bpb"],
+            "train_s": final["elapsed_s"],
+            "tokens_per_s": statistics.median(m["tokens_per_s"] for m in metrics.values()),
+            # the scheduled evaluations only: a stop and its resume add one at the stop
+            "val_curve": [
+                [it, m["val_loss"]]
+                for it, m in sorted(metrics.items())
+                if it % tc.eval_interval == 0 or it == tc.max_iters
+            ],
+        }
     except (KeyError, TypeError) as e:  # a line edited or lost: the log is not one this run wrote
-        raise Failed(f"{out / 'metrics.jsonl'} is damaged (no {e} where iteration {tc.max_iters}'s evaluation should "
-                     f"be); delete {out} and rerun the same command to redo that run") from None
+        raise Failed(
+            f"{out / 'metrics.jsonl'} is damaged (no {e} where iteration {tc.max_iters}'s evaluation should "
+            f"be); delete {out} and rerun the same command to redo that run"
+        ) from None
 
 
 # ----------------------------------------------------------------------------- JSON records
+
 
 def write_json(path, obj):
     """Write atomically: these files mark a finished step, so a half-written one must never exist."""
@@ -179,8 +208,9 @@ def read_json(path, delete=None):
         return json.loads(Path(path).read_text())
     except (OSError, ValueError) as e:  # ValueError: JSONDecodeError, UnicodeDecodeError
         why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
-        raise Failed(f"{path} cannot be read ({why}); delete {delete or 'it'} and rerun the same command to redo "
-                     f"that run") from None
+        raise Failed(
+            f"{path} cannot be read ({why}); delete {delete or 'it'} and rerun the same command to redo that run"
+        ) from None
 
 
 def evaluated(path, compute):

@@ -25,30 +25,54 @@ class DryRun(Exception):
 @dataclass
 class LaunchSettings:
     """Where a grid's runs train; every lab tool's settings class inherits these (as --key=value and TOML keys)."""
-    launcher: str = opt("local", "local: on this machine, `workers` at a time; slurm: each run not yet finished as "
-                                 "a Slurm job, in job arrays submitted through submitit (the slurm_* settings)",
-                        check=config.one_of(LAUNCHERS))
-    workers: int = opt(1, "runs trained at a time by the local launcher, each in a process with an equal share of the "
-                          "CPU threads (2 on 2 CPU cores, which one small model's run leaves partly idle; 1 on a GPU)",
-                       check=config.POSITIVE)
-    dry_run: bool = opt(False, "print every launch the command would make (with slurm: the job arrays and their "
-                               "resources); train nothing")
+
+    launcher: str = opt(
+        "local",
+        "local: on this machine, `workers` at a time; slurm: each run not yet finished as "
+        "a Slurm job, in job arrays submitted through submitit (the slurm_* settings)",
+        check=config.one_of(LAUNCHERS),
+    )
+    workers: int = opt(
+        1,
+        "runs trained at a time by the local launcher, each in a process with an equal share of the "
+        "CPU threads (2 on 2 CPU cores, which one small model's run leaves partly idle; 1 on a GPU)",
+        check=config.POSITIVE,
+    )
+    dry_run: bool = opt(
+        False,
+        "print every launch the command would make (with slurm: the job arrays and their resources); train nothing",
+    )
     slurm_partition: str = opt("", "Slurm partition of the jobs (empty: the cluster's default)")
     slurm_gpus: int = opt(1, "GPUs per Slurm job (one run each)", check=config.NON_NEGATIVE)
     slurm_cpus: int = opt(8, "CPUs per Slurm job, which torch's threads use", check=config.POSITIVE)
-    slurm_time: int = opt(240, "time limit of a Slurm job in minutes; a run that needs longer stops at a checkpoint "
-                               "before it and is requeued, up to 3 times (then rerun the command)",
-                          check=config.POSITIVE)
-    slurm_array_parallelism: int = opt(64, "Slurm jobs of one array that may run at the same time",
-                                       check=config.POSITIVE)
+    slurm_time: int = opt(
+        240,
+        "time limit of a Slurm job in minutes; a run that needs longer stops at a checkpoint "
+        "before it and is requeued, up to 3 times (then rerun the command)",
+        check=config.POSITIVE,
+    )
+    slurm_array_parallelism: int = opt(
+        64, "Slurm jobs of one array that may run at the same time", check=config.POSITIVE
+    )
     slurm_folder: str = opt("slurm_logs", "folder of submitit's job files and the jobs' logs")
 
     def __post_init__(self):
         config.validate(self)
 
 
-def run_jobs(jobs, run, context, rebuild, launch, needs=lambda job: None, pending=lambda job: True, label=str,
-             desc="runs", progress=True, more=None):
+def run_jobs(
+    jobs,
+    run,
+    context,
+    rebuild,
+    launch,
+    needs=lambda job: None,
+    pending=lambda job: True,
+    label=str,
+    desc="runs",
+    progress=True,
+    more=None,
+):
     """{job: run(context, job)} for every job, in list order as far as needs(job) (the job it waits for, earlier in
     jobs; None, or a job outside jobs (finished before): none) allows, where launch (LaunchSettings) says:
     - local with 1 worker: here, one after another;
@@ -86,6 +110,7 @@ def slurm_module():
     or installed but failing to import (a broken install): one line that says which."""
     config.optional_package("submitit", "launcher=slurm")
     from lab import slurm
+
     return slurm
 
 
@@ -98,9 +123,11 @@ def launch_plan(jobs, launch, needs=lambda job: None, pending=lambda job: True, 
     for job in todo:  # needs come earlier in jobs; a need that is finished already waits for nothing
         depth[job] = depth[needs(job)] + 1 if needs(job) in depth else 0
     where = f"partition {launch.slurm_partition}" if launch.slurm_partition else "the default partition"
-    lines = [f"{len(todo)} Slurm jobs named {desc!r} ({len(jobs) - len(todo)} of the {len(jobs)} runs finished "
-             f"already), each {launch.slurm_gpus} GPU(s), {launch.slurm_cpus} CPUs and {launch.slurm_time} min on "
-             f"{where}, at most {launch.slurm_array_parallelism} of an array at once; logs in {launch.slurm_folder}/"]
+    lines = [
+        f"{len(todo)} Slurm jobs named {desc!r} ({len(jobs) - len(todo)} of the {len(jobs)} runs finished "
+        f"already), each {launch.slurm_gpus} GPU(s), {launch.slurm_cpus} CPUs and {launch.slurm_time} min on "
+        f"{where}, at most {launch.slurm_array_parallelism} of an array at once; logs in {launch.slurm_folder}/"
+    ]
     for level in sorted(set(depth.values())):
         group = [label(job) for job in todo if depth[job] == level]
         when = "submitted at once" if level == 0 else "each submitted once the run it needs is done"
@@ -123,7 +150,10 @@ def command(argv, doc, settings, run):
         except Failed as e:
             raise Failed(f"{e}{rerun}") from None
         except (Interrupted, KeyboardInterrupt) as e:
-            print(f"\ninterrupted{': ' + str(e) if str(e) else ''}; rerun the same command to resume{rerun}",
-                  file=sys.stderr)
+            print(
+                f"\ninterrupted{': ' + str(e) if str(e) else ''}; rerun the same command to resume{rerun}",
+                file=sys.stderr,
+            )
             sys.exit(130)
+
     config.main(argv, doc, (settings, GPTConfig, train.TrainConfig, BatchConfig), outcome)

@@ -291,4 +291,3 @@ def shut_down(pool):
             worker.process.kill()
             worker.process.join()
         worker.conn.close()
-

@@ -19,8 +19,18 @@ from tqdm import tqdm
 import train
 from config import opt
 from files import atomic_write, read_log
-from lab.grid import (NOT_SETTINGS, SeedSettings, check_run, evaluated, field_types, parse_changes, run_dir,
-                      train_run, train_settings, write_json)
+from lab.grid import (
+    NOT_SETTINGS,
+    SeedSettings,
+    check_run,
+    evaluated,
+    field_types,
+    parse_changes,
+    run_dir,
+    train_run,
+    train_settings,
+    write_json,
+)
 from lab.launch import command
 from lab.report import Plots, dress, md_table, palette, pm
 from lab.stats import mean_std
@@ -32,8 +42,9 @@ TRAIN_KEYS = tuple(f.name for f in fields(train.TrainConfig) if f.name not in NO
 
 @dataclass
 class RecipeConfig(SeedSettings):
-    recipes: str = opt("", "recipes beside the config's own ('base'): 'name: key=value, ...; name: ...', any "
-                           "model or training setting")
+    recipes: str = opt(
+        "", "recipes beside the config's own ('base'): 'name: key=value, ...; name: ...', any model or training setting"
+    )
     target_loss: float = opt(1.88, "the val loss whose first evaluation at or below it a run is timed to")
 
 
@@ -61,8 +72,10 @@ def run_recipes(rc, gcfg, tc, bc):
         evaluated(out / "summary.json", lambda: train_run(name, g, t, out, bc))
         hit, evals = reached(out, rc.target_loss)
         runs[name].append({"seed": t.seed, "reached": hit, "evals": evals})
-    results = {"settings": {"recipe": asdict(rc), **train_settings(gcfg, tc)}, "recipes": {
-        name: {"changes": recipes[name], "runs": rs, **figures(rs)} for name, rs in runs.items()}}
+    results = {
+        "settings": {"recipe": asdict(rc), **train_settings(gcfg, tc)},
+        "recipes": {name: {"changes": recipes[name], "runs": rs, **figures(rs)} for name, rs in runs.items()},
+    }
     out = Path(tc.out_dir)
     write_json(out / "results.json", results)
     text = markdown(results, write_plot(results, out))
@@ -73,9 +86,12 @@ def run_recipes(rc, gcfg, tc, bc):
 def figures(runs):
     """Steps and seconds to the target (mean_std over the seeds that reached it) and the final val loss."""
     hits = [r["reached"] for r in runs if r["reached"]]
-    return {"reached": len(hits), "steps": mean_std(h[0] for h in hits) if hits else None,
-            "seconds": mean_std(h[1] for h in hits) if hits else None,
-            "final_val_loss": mean_std(r["evals"][-1][2] for r in runs)}
+    return {
+        "reached": len(hits),
+        "steps": mean_std(h[0] for h in hits) if hits else None,
+        "seconds": mean_std(h[1] for h in hits) if hits else None,
+        "final_val_loss": mean_std(r["evals"][-1][2] for r in runs),
+    }
 
 
 def markdown(results, plots):
@@ -83,17 +99,37 @@ def markdown(results, plots):
     rows = []
     for name, x in results["recipes"].items():
         changes = ", ".join(f"{k}={v}" for k, v in x["changes"].items()) or "the config as it is"
-        ratio = (f"{base['seconds']['mean'] / x['seconds']['mean']:.2f}x"
-                 if x["seconds"] and base["seconds"] and x["reached"] == rc["seeds"] else "N/A")
-        rows.append([name, changes, f"{x['reached']}/{rc['seeds']}", pm(x["steps"], ".0f"), pm(x["seconds"], ".1f"),
-                     ratio, pm(x["final_val_loss"])])
-    table = md_table(["recipe", "changes", "reached", "steps", "seconds", "speed-up (seconds)", "final val loss"],
-                     rows, text_columns=2)
-    return (f"# Steps and seconds to val loss <= {rc['target_loss']}\n\n"
-            f"Mean ± std over {rc['seeds']} seeds of the runs that reached it, at the first evaluation (every "
-            f"{results['settings']['train']['eval_interval']} steps) at or below it; seconds are elapsed training "
-            f"time there, evaluations included. The speed-up is base's mean seconds over the recipe's.\n\n"
-            + table + "\n\n" + plots.section() + "\n")
+        ratio = (
+            f"{base['seconds']['mean'] / x['seconds']['mean']:.2f}x"
+            if x["seconds"] and base["seconds"] and x["reached"] == rc["seeds"]
+            else "N/A"
+        )
+        rows.append(
+            [
+                name,
+                changes,
+                f"{x['reached']}/{rc['seeds']}",
+                pm(x["steps"], ".0f"),
+                pm(x["seconds"], ".1f"),
+                ratio,
+                pm(x["final_val_loss"]),
+            ]
+        )
+    table = md_table(
+        ["recipe", "changes", "reached", "steps", "seconds", "speed-up (seconds)", "final val loss"],
+        rows,
+        text_columns=2,
+    )
+    return (
+        f"# Steps and seconds to val loss <= {rc['target_loss']}\n\n"
+        f"Mean ± std over {rc['seeds']} seeds of the runs that reached it, at the first evaluation (every "
+        f"{results['settings']['train']['eval_interval']} steps) at or below it; seconds are elapsed training "
+        f"time there, evaluations included. The speed-up is base's mean seconds over the recipe's.\n\n"
+        + table
+        + "\n\n"
+        + plots.section()
+        + "\n"
+    )
 
 
 def write_plot(results, out):
@@ -105,8 +141,13 @@ def write_plot(results, out):
     colors = palette(plt, list(results["recipes"]))
     for name, x in results["recipes"].items():
         for i, r in enumerate(x["runs"]):
-            ax.plot([e[1] for e in r["evals"]], [e[2] for e in r["evals"]], color=colors[name], alpha=0.8,
-                    label=name if i == 0 else None)
+            ax.plot(
+                [e[1] for e in r["evals"]],
+                [e[2] for e in r["evals"]],
+                color=colors[name],
+                alpha=0.8,
+                label=name if i == 0 else None,
+            )
     ax.axhline(results["settings"]["recipe"]["target_loss"], color="gray", linestyle=":")
     ax.set(ylim=(None, 2.6))
     title = "val loss against training seconds (each seed a line)"

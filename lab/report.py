@@ -16,10 +16,18 @@ def regime(name, head_dim, base, L0):
     pairs (alpha = 1, beta = 32, as deployed) kept (theta), ramped and fully interpolated (theta / s)."""
     ramp = rope.yarn_ramp(head_dim, base, L0)
     pairs = head_dim // 2
-    return {"name": name, "head_dim": head_dim, "pairs": pairs, "base": base, "L0": L0,
-            "longest_over_L0": 2 * math.pi * base ** ((head_dim - 2) / head_dim) / L0,
-            "fastest_turns": L0 / (2 * math.pi), "yarn_kept": int((ramp == 0).sum()) / pairs,
-            "yarn_ramped": int(((ramp > 0) & (ramp < 1)).sum()) / pairs, "yarn_interpolated": int((ramp == 1).sum()) / pairs}
+    return {
+        "name": name,
+        "head_dim": head_dim,
+        "pairs": pairs,
+        "base": base,
+        "L0": L0,
+        "longest_over_L0": 2 * math.pi * base ** ((head_dim - 2) / head_dim) / L0,
+        "fastest_turns": L0 / (2 * math.pi),
+        "yarn_kept": int((ramp == 0).sum()) / pairs,
+        "yarn_ramped": int(((ramp > 0) & (ramp < 1)).sum()) / pairs,
+        "yarn_interpolated": int((ramp == 1).sum()) / pairs,
+    }
 
 
 def regime_rows(configs):
@@ -28,20 +36,42 @@ def regime_rows(configs):
 
 
 def md_regime(rows):
-    return ("## The regime: RoPE's ratios against the papers' model\n\nA small model stands in for a large one only "
-            "with the dimensionless ratios matched: the longest wavelength against the trained context, how often the "
-            "fastest pair turns within it, and which of YaRN's bands its pairs fall in (alpha = 1, beta = 32). The "
-            "shares are those of YaRN as deployed (its authors' code and transformers, which the lab's YaRN follows): "
-            "the band edges, the pairs that turn 32 times and once within L0, rounded to pair indices and clamped to "
-            "the head, the ramp linear in the pair index between. The paper's text defines the bands by turns "
-            "instead: a pair turning more than 32 times in L0 keeps its frequency, one turning less than once is "
-            "interpolated. The two differ where the fastest pair turns 32 times or fewer: there the turns definition "
-            "keeps no pair, while the deployed ramp keeps pair 0, its lower edge clamped to it.\n\n" + md_table(
-                ["model", "head size", "pairs", "base", "L0", "longest wavelength / L0", "fastest pair's turns in L0",
-                 "YaRN as deployed: kept / ramped / interpolated"],
-                [[r["name"], r["head_dim"], r["pairs"], f"{r['base']:,.0f}", f"{r['L0']:,}", f"{r['longest_over_L0']:.1f}",
-                  f"{r['fastest_turns']:.0f}", f"{r['yarn_kept']:.0%} / {r['yarn_ramped']:.0%} / "
-                  f"{r['yarn_interpolated']:.0%}"] for r in rows]))
+    return (
+        "## The regime: RoPE's ratios against the papers' model\n\nA small model stands in for a large one only "
+        "with the dimensionless ratios matched: the longest wavelength against the trained context, how often the "
+        "fastest pair turns within it, and which of YaRN's bands its pairs fall in (alpha = 1, beta = 32). The "
+        "shares are those of YaRN as deployed (its authors' code and transformers, which the lab's YaRN follows): "
+        "the band edges, the pairs that turn 32 times and once within L0, rounded to pair indices and clamped to "
+        "the head, the ramp linear in the pair index between. The paper's text defines the bands by turns "
+        "instead: a pair turning more than 32 times in L0 keeps its frequency, one turning less than once is "
+        "interpolated. The two differ where the fastest pair turns 32 times or fewer: there the turns definition "
+        "keeps no pair, while the deployed ramp keeps pair 0, its lower edge clamped to it.\n\n"
+        + md_table(
+            [
+                "model",
+                "head size",
+                "pairs",
+                "base",
+                "L0",
+                "longest wavelength / L0",
+                "fastest pair's turns in L0",
+                "YaRN as deployed: kept / ramped / interpolated",
+            ],
+            [
+                [
+                    r["name"],
+                    r["head_dim"],
+                    r["pairs"],
+                    f"{r['base']:,.0f}",
+                    f"{r['L0']:,}",
+                    f"{r['longest_over_L0']:.1f}",
+                    f"{r['fastest_turns']:.0f}",
+                    f"{r['yarn_kept']:.0%} / {r['yarn_ramped']:.0%} / {r['yarn_interpolated']:.0%}",
+                ]
+                for r in rows
+            ],
+        )
+    )
 
 
 def pm(stat, spec=".4f"):
@@ -54,8 +84,13 @@ def pm(stat, spec=".4f"):
 def md_table(header, rows, text_columns=1):
     """A markdown table: the first text_columns columns left-aligned, the numbers right-aligned."""
     align = ["---"] * text_columns + ["---:"] * (len(header) - text_columns)
-    return "\n".join(["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|",
-                      *("| " + " | ".join(map(str, r)) + " |" for r in rows)])
+    return "\n".join(
+        [
+            "| " + " | ".join(header) + " |",
+            "|" + "|".join(align) + "|",
+            *("| " + " | ".join(map(str, r)) + " |" for r in rows),
+        ]
+    )
 
 
 NO_PLOTS = "Plots skipped: matplotlib is not installed (`pip install matplotlib` or `pip install -e .[plots]`)."
@@ -65,6 +100,7 @@ def pyplot():
     """matplotlib.pyplot drawing to files, or None when matplotlib (an optional extra) is missing."""
     try:
         import matplotlib
+
         matplotlib.use("Agg")  # files only: no display needed
         import matplotlib.pyplot as plt
     except ImportError:

@@ -50,19 +50,28 @@ DISTANCE, SLOT = 0, 1  # the probe's random streams
 @dataclass
 class ProbeSettings:
     """The probe's settings, which every lab tool that scores retrieval takes (its settings class inherits them)."""
+
     probe_lengths: str = opt("0.5,1,2,4,8", "retrieval probe windows as multiples of L0, the trained length")
-    probe_distances: int = opt(32, "needle-to-query distances probed per window, spread evenly from the shortest to "
-                                   "the window's length (PI's passkey test spreads its distances alike)")
+    probe_distances: int = opt(
+        32,
+        "needle-to-query distances probed per window, spread evenly from the shortest to "
+        "the window's length (PI's passkey test spreads its distances alike)",
+    )
     probe_trials: int = opt(16, "probe windows per length and distance")
-    probe_pairs: int = opt(10, "needles in a probe window, the asked one among them: a whole answer by copying some "
-                               "needle without reading the key is right 1 time in probe_pairs (chance)")
+    probe_pairs: int = opt(
+        10,
+        "needles in a probe window, the asked one among them: a whole answer by copying some "
+        "needle without reading the key is right 1 time in probe_pairs (chance)",
+    )
 
     def __post_init__(self):
         if not 2 <= self.probe_pairs <= 13:  # a needle's two capitals are its own: 26 capitals hold 13 needles
-            raise ValueError(f"probe_pairs={self.probe_pairs} must lie in [2, 13]: chance (1 / probe_pairs) must lie "
-                             f"below the strict threshold {THRESHOLDS['strict']:.0%} for a reading to tell retrieval "
-                             f"from copying (PI's {THRESHOLDS['pi']:.0%} needs at least 6), and 13 needles use every "
-                             "capital")
+            raise ValueError(
+                f"probe_pairs={self.probe_pairs} must lie in [2, 13]: chance (1 / probe_pairs) must lie "
+                f"below the strict threshold {THRESHOLDS['strict']:.0%} for a reading to tell retrieval "
+                f"from copying (PI's {THRESHOLDS['pi']:.0%} needs at least 6), and 13 needles use every "
+                "capital"
+            )
         if self.probe_trials < 1:
             raise ValueError(f"probe_trials={self.probe_trials} must be a positive integer")
         if self.probe_distances < 2:
@@ -90,20 +99,26 @@ class Probe:
         """Windows at each of settings.probe_lengths x L0, or at the given lengths (tokens)."""
         self.recall = Recall(tokenizer_from_meta(meta), pairs)
         self.settings, self.tokens_per_forward, self.device = settings, tokens_per_forward, device
-        self.lengths = sorted(lengths or {round(m * L0) for m in numbers("probe_lengths", settings.probe_lengths,
-                                                                         float, 0, "0.5,1,2,4,8")})
+        self.lengths = sorted(
+            lengths
+            or {round(m * L0) for m in numbers("probe_lengths", settings.probe_lengths, float, 0, "0.5,1,2,4,8")}
+        )
         self.windows = {}  # {W: {k: (trials, W+1) rows}}
         for W in self.lengths:
             try:
-                self.windows[W] = {k: self.recall.distance_windows(W, k, settings.probe_trials,
-                                                                   probe_generator(DISTANCE, W, k))
-                                   for k in distances(W, settings.probe_distances)}
+                self.windows[W] = {
+                    k: self.recall.distance_windows(W, k, settings.probe_trials, probe_generator(DISTANCE, W, k))
+                    for k in distances(W, settings.probe_distances)
+                }
             except ValueError as e:
                 raise ValueError(f"probe length {W} (L0 = {L0}): {e}") from None
         # the slot probe's windows, built once (at L0, too short for the slot check: fails now): every base stage
         # asks for them
-        self.slots = {L0: self.recall.slot_windows(L0, settings.probe_trials * settings.probe_distances,
-                                                   probe_generator(SLOT, L0))}
+        self.slots = {
+            L0: self.recall.slot_windows(
+                L0, settings.probe_trials * settings.probe_distances, probe_generator(SLOT, L0)
+            )
+        }
         self.forced = {W: {k for k in rows if len(self.recall.ranks(W, k)) == 1} for W, rows in self.windows.items()}
 
     @property
@@ -124,8 +139,10 @@ class Probe:
         summary}."""
         out = {"cells": {}, "forced": {}}
         for k, hits in self.hits(model, W, rt).items():
-            out["forced" if k in self.forced[W] else "cells"][str(k)] = {"trials": self.settings.probe_trials,
-                                                                         "hits": hits}
+            out["forced" if k in self.forced[W] else "cells"][str(k)] = {
+                "trials": self.settings.probe_trials,
+                "hits": hits,
+            }
         return out
 
     def hits(self, model, W, rt):
@@ -165,6 +182,7 @@ def interval(hits, trials):
     Wilson: its coverage is at least 95% at every true accuracy, near 0 and 1 too, where the probe's cells lie; so
     an interval wholly below a threshold rejects "accuracy >= threshold" at 2.5% or less."""
     from scipy import stats  # here, not at the top: see the module's docstring (cached, so imported rarely)
+
     ci = stats.binomtest(hits, trials).proportion_ci(CONFIDENCE, method="exact")
     return float(ci.low), float(ci.high)
 
@@ -173,8 +191,10 @@ def pooled(cells, per=1):
     """[(k, trials, hits)] by distance: the cells {str(k): {"trials", "hits"}} pooled `per` consecutive distances
     at a time (the last pool may hold fewer), each keyed by its longest distance."""
     ks = sorted(cells, key=int)
-    return [(int(group[-1]), sum(cells[k]["trials"] for k in group), sum(cells[k]["hits"] for k in group))
-            for group in (ks[i:i + per] for i in range(0, len(ks), per))]
+    return [
+        (int(group[-1]), sum(cells[k]["trials"] for k in group), sum(cells[k]["hits"] for k in group))
+        for group in (ks[i : i + per] for i in range(0, len(ks), per))
+    ]
 
 
 def band(cells, lo, hi):
@@ -183,7 +203,11 @@ def band(cells, lo, hi):
     smaller, so the interval is conservative."""
     inside = [c for k, c in cells.items() if lo < int(k) <= hi]
     trials, hits = sum(c["trials"] for c in inside), sum(c["hits"] for c in inside)
-    return {"trials": trials, "hits": hits, "accuracy": hits / trials, "ci": list(interval(hits, trials))} if trials else None
+    return (
+        {"trials": trials, "hits": hits, "accuracy": hits / trials, "ci": list(interval(hits, trials))}
+        if trials
+        else None
+    )
 
 
 def bands(cells, L0, s):
@@ -222,14 +246,18 @@ def readout(cells, L0, s, chance, per=1):
     """A seed's readout of one window's cells, the one computation every report reads: {"bands": bands at L0 and
     s, "reach": {name: reach at each of THRESHOLDS, `per` distances pooled}, "effective_length"} (chance: the
     probe's)."""
-    return {"bands": bands(cells, L0, s), "reach": {name: reach(cells, th, per) for name, th in THRESHOLDS.items()},
-            "effective_length": effective_length(cells, L0, chance, per=per)}
+    return {
+        "bands": bands(cells, L0, s),
+        "reach": {name: reach(cells, th, per) for name, th in THRESHOLDS.items()},
+        "effective_length": effective_length(cells, L0, chance, per=per),
+    }
 
 
 def pass_rate(accuracy, trials, threshold):
     """The chance that a cell of `trials` trials passes threshold (its interval reaches it) for a reader of true
     accuracy: the binomial tail from the fewest hits that pass."""
     from scipy import stats  # here, not at the top: see the module's docstring
+
     fewest = bisect.bisect_left(range(trials + 1), True, key=lambda h: interval(h, trials)[1] >= threshold)
     return float(stats.binom.sf(fewest - 1, trials, accuracy))
 
@@ -239,8 +267,10 @@ def error_rates(trials, threshold, chance, good=GOOD):
     may hold fewer): "false_fail", the chance that a reader of accuracy good misses the whole window (some cell
     fails), and "false_pass", the chance that a reader at chance reaches any distance (its first cell passes); both
     0 where a window holds no cell."""
-    return {"false_fail": 1 - math.prod(pass_rate(good, n, threshold) for n in trials),
-            "false_pass": pass_rate(chance, trials[0], threshold) if trials else 0.0}
+    return {
+        "false_fail": 1 - math.prod(pass_rate(good, n, threshold) for n in trials),
+        "false_pass": pass_rate(chance, trials[0], threshold) if trials else 0.0,
+    }
 
 
 def readout_errors(cells, per, chance):
@@ -248,7 +278,8 @@ def readout_errors(cells, per, chance):
     pooled: {"trials": a (first) pooled cell's, "cells": how many, name: error_rates at each of THRESHOLDS}."""
     trials = [n for _, n, _ in pooled(cells, per)]
     return {"trials": trials[0] if trials else 0, "cells": len(trials)} | {
-        name: error_rates(trials, th, chance) for name, th in THRESHOLDS.items()}
+        name: error_rates(trials, th, chance) for name, th in THRESHOLDS.items()
+    }
 
 
 def shares(seeds):
@@ -275,7 +306,7 @@ def distance_plots(plots, panels, L0, chance, file, title):
         ax.set(ylim=(0, 1.02), xlabel="needle-to-query distance (tokens)", ylabel="whole answers")
         ax.set_title(sub, fontsize=8)
         ax.legend(fontsize=6, title="window", title_fontsize=6)
-    for ax in list(axes.flat)[len(panels):]:
+    for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")
     fig.suptitle(title)
     plots.save(fig, file, title)

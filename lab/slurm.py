@@ -72,13 +72,21 @@ def executor(launch, desc):
     """submitit's executor for the jobs of launch (LaunchSettings), named desc."""
     missing = [c for c in ("sbatch", "srun") if shutil.which(c) is None] if CLUSTER == "slurm" else []
     if missing:
-        raise ValueError(f"launcher=slurm needs Slurm's {' and '.join(missing)}, not on PATH here; run the command on "
-                         "the cluster's login node, or use launcher=local")
+        raise ValueError(
+            f"launcher=slurm needs Slurm's {' and '.join(missing)}, not on PATH here; run the command on "
+            "the cluster's login node, or use launcher=local"
+        )
     ex = submitit.AutoExecutor(folder=launch.slurm_folder, cluster=CLUSTER)
-    ex.update_parameters(name=desc, timeout_min=launch.slurm_time, nodes=1, tasks_per_node=1,
-                         cpus_per_task=launch.slurm_cpus, gpus_per_node=launch.slurm_gpus,
-                         slurm_partition=launch.slurm_partition or None,
-                         slurm_array_parallelism=launch.slurm_array_parallelism)
+    ex.update_parameters(
+        name=desc,
+        timeout_min=launch.slurm_time,
+        nodes=1,
+        tasks_per_node=1,
+        cpus_per_task=launch.slurm_cpus,
+        gpus_per_node=launch.slurm_gpus,
+        slurm_partition=launch.slurm_partition or None,
+        slurm_array_parallelism=launch.slurm_array_parallelism,
+    )
     return ex
 
 
@@ -116,8 +124,10 @@ def run_jobs(jobs, run, rebuild, launch, needs, label, desc, bar):
             sjob.cancel(check=False)
         if not isinstance(e, (Interrupted, KeyboardInterrupt)):
             raise
-        raise Interrupted(f"{str(e) or 'SIGINT'}: {len(running)} Slurm jobs cancelled, each stopping at a checkpoint "
-                          f"({', '.join(map(label, running.values()))})") from None
+        raise Interrupted(
+            f"{str(e) or 'SIGINT'}: {len(running)} Slurm jobs cancelled, each stopping at a checkpoint "
+            f"({', '.join(map(label, running.values()))})"
+        ) from None
     finally:
         signal.signal(signal.SIGTERM, previous)
     if failed:

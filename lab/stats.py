@@ -39,8 +39,11 @@ EXPECT = ("lower", "higher", "same")
 def mean_std(values):
     """Mean and sample standard deviation (n - 1; None for a single value) of values."""
     values = list(values)
-    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else None,
-            "values": values}
+    return {
+        "mean": statistics.fmean(values),
+        "std": statistics.stdev(values) if len(values) > 1 else None,
+        "values": values,
+    }
 
 
 def paired_test(diffs):
@@ -57,8 +60,12 @@ def paired_test(diffs):
         return out | {"test": "sign (exact)", "p": sign_p(diffs)}
     r = stats.ttest_1samp(diffs, 0.0)
     ci = r.confidence_interval(1 - ALPHA)
-    return out | {"test": "paired t", "ci": [float(ci.low), float(ci.high)], "t": float(r.statistic),
-                  "p": float(r.pvalue)}
+    return out | {
+        "test": "paired t",
+        "ci": [float(ci.low), float(ci.high)],
+        "t": float(r.statistic),
+        "p": float(r.pvalue),
+    }
 
 
 def sign_p(diffs):
@@ -80,7 +87,7 @@ def equivalence_test(diffs, margin):
     if n < 2:
         return None
     if statistics.stdev(diffs) == 0:
-        return 0.5 ** n if abs(diffs[0]) < margin else 1.0
+        return 0.5**n if abs(diffs[0]) < margin else 1.0
     above = stats.ttest_1samp(diffs, -margin, alternative="greater").pvalue
     below = stats.ttest_1samp(diffs, margin, alternative="less").pvalue
     return float(max(above, below))
@@ -115,11 +122,15 @@ def verdicts(claims, alpha=ALPHA):
     differences = [None if c["expect"] == "same" else c["test"]["p"] for c in out]
     adjusted = holm(differences + [c["equivalence_p"] for c in out])
     family = sum(p is not None for p in adjusted)
-    for c, p, q in zip(out, adjusted, adjusted[len(out):]):
+    for c, p, q in zip(out, adjusted, adjusted[len(out) :]):
         differs, same = p is not None and p < alpha, q is not None and q < alpha
-        c |= {"p_holm": p, "equivalence_p_holm": q, "family": family,
-              "verdict": verdict(c["expect"], c["test"]["mean"], differs, same),
-              "detectable": detectable(c["diffs"], family, alpha) if family else None}
+        c |= {
+            "p_holm": p,
+            "equivalence_p_holm": q,
+            "family": family,
+            "verdict": verdict(c["expect"], c["test"]["mean"], differs, same),
+            "detectable": detectable(c["diffs"], family, alpha) if family else None,
+        }
     return out
 
 
@@ -157,9 +168,8 @@ def detectable(diffs, family, alpha=ALPHA):
         return None
     sd, level = statistics.stdev(diffs), alpha / family
     if sd == 0:
-        return 0.0 if 2 * 0.5 ** n < level else None
+        return 0.0 if 2 * 0.5**n < level else None
     return float(stats.t.ppf(1 - level / 2, n - 1)) * sd / math.sqrt(n)
-
 
 
 def power(effect, sd, n, family=1, alpha=ALPHA):

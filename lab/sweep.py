@@ -28,16 +28,23 @@ MORE_RATES = 2  # rates a sweep may add beyond its edges, where its best keeps l
 @dataclass
 class SweepSettings(SeedSettings, LaunchSettings):
     """The seeds and evaluation every sweeping lab tool shares; its settings class inherits them."""
-    selection_seed: int = opt(1000, "the seed each arm's rate sweep runs on, which chooses the rate its test seeds "
-                                    "train at; it is in no test", check=config.NON_NEGATIVE)
-    eval_tokens: int = opt(16384, "validation tokens per context length, in fixed windows of that length",
-                           check=config.POSITIVE)
+
+    selection_seed: int = opt(
+        1000,
+        "the seed each arm's rate sweep runs on, which chooses the rate its test seeds train at; it is in no test",
+        check=config.NON_NEGATIVE,
+    )
+    eval_tokens: int = opt(
+        16384, "validation tokens per context length, in fixed windows of that length", check=config.POSITIVE
+    )
 
     def test_seeds(self, tc, sweeping=True):
         seeds = super().test_seeds(tc)
         if sweeping and self.selection_seed in seeds:
-            raise ValueError(f"selection_seed={self.selection_seed} is one of the test seeds {seeds}; a rate chosen on "
-                             "a seed must not be tested on it")
+            raise ValueError(
+                f"selection_seed={self.selection_seed} is one of the test seeds {seeds}; a rate chosen on "
+                "a seed must not be tested on it"
+            )
         return seeds
 
 
@@ -46,6 +53,7 @@ class Plan:
     """Everything fixed for the whole lab, resolved and checked before anything trains. A tool's plan adds its own
     fields and defines make (its plan from the parsed settings), run, folder, check, label and loss; needs where a
     job waits for another."""
+
     settings: SweepSettings  # the tool's own
     gcfg: GPTConfig
     tc: train.TrainConfig
@@ -68,8 +76,16 @@ class Plan:
         rt = eval_runtime(tc)
         per_forward = tc.batch_size * gcfg.block_size
         windows = eval_sets(dataset_dir, meta, lengths, settings.eval_tokens, per_forward, rt.device)
-        return dict(settings=settings, gcfg=replace(gcfg, vocab_size=meta["vocab_size"]), tc=tc, bc=bc,
-                    seeds=settings.test_seeds(tc, sweeping), meta=meta, rt=rt, windows=windows)
+        return dict(
+            settings=settings,
+            gcfg=replace(gcfg, vocab_size=meta["vocab_size"]),
+            tc=tc,
+            bc=bc,
+            seeds=settings.test_seeds(tc, sweeping),
+            meta=meta,
+            rt=rt,
+            windows=windows,
+        )
 
     @property
     def out(self):
@@ -96,17 +112,29 @@ class Plan:
                     self.check(job)
                     checked.add(job)
             return jobs
-        return run_jobs(todo({}), type(self).run, self, (type(self).make, self.parsed), self.settings,
-                        needs=self.needs, pending=self.pending, label=self.label, desc=self.desc,
-                        progress=self.tc.progress, more=todo)
+
+        return run_jobs(
+            todo({}),
+            type(self).run,
+            self,
+            (type(self).make, self.parsed),
+            self.settings,
+            needs=self.needs,
+            pending=self.pending,
+            label=self.label,
+            desc=self.desc,
+            progress=self.tc.progress,
+            more=todo,
+        )
 
     def pending(self, job):
         return not (self.folder(job) / self.marker).is_file()
 
     def first_launch(self, sweeps, after=()):
         """Each arm's sweep on the selection seed, then the jobs after."""
-        return [self.job(a, rate, self.settings.selection_seed) for a, rates in sweeps.items() for rate in rates
-                ] + [*after]
+        return [self.job(a, rate, self.settings.selection_seed) for a, rates in sweeps.items() for rate in rates] + [
+            *after
+        ]
 
     def sweep_and_test(self, arms, sweeps, after=(), screen=None):
         """Everything in one launch that grows as results come in, so that no worker waits for a round to end: each
@@ -123,7 +151,7 @@ class Plan:
 
         def wanted(done):
             jobs, sel, seeds = screen(done)
-            for a, tried in (sweeps.items() if sel is not None else ()):  # no sweep before its seed passed
+            for a, tried in sweeps.items() if sel is not None else ():  # no sweep before its seed passed
                 runs = {rate: self.job(a, rate, sel) for rate in tried}
                 if a not in rates and all(job in done for job in runs.values()):
                     best = min(tried, key=lambda rate: self.loss(done[runs[rate]], a))
@@ -133,6 +161,7 @@ class Plan:
                         rates[a] = best
                 jobs = [*jobs, *(self.job(a, rate, sel) for rate in tried)]
             return [*jobs, *after, *(self.job(a, rates[a], seed) for a in arms if a in rates for seed in seeds)]
+
         return self.launch(wanted), sweeps, rates
 
     def dry_run(self, sweeps, after=()):
@@ -142,12 +171,16 @@ class Plan:
             self.check(job)
         print("dry run, launch 1: " + launch_plan(jobs, self.settings, self.needs, self.pending, self.label, self.desc))
         if any(len(rates) > 1 for rates in sweeps.values()):
-            print(f"then, as each arm's sweep finishes, up to {MORE_RATES} more rates on selection seed {sel} for each "
-                  f"arm whose best rate lies at an edge of its sweep")
+            print(
+                f"then, as each arm's sweep finishes, up to {MORE_RATES} more rates on selection seed {sel} for each "
+                f"arm whose best rate lies at an edge of its sweep"
+            )
         if sweeps:
-            print(f"then at most {len(sweeps) * len(self.seeds)} jobs, test seeds {', '.join(map(str, self.seeds))} "
-                  f"of {len(sweeps)} arms, each arm's as soon as its sweep chooses its rate (none that launch 1 holds "
-                  f"already)")
+            print(
+                f"then at most {len(sweeps) * len(self.seeds)} jobs, test seeds {', '.join(map(str, self.seeds))} "
+                f"of {len(sweeps)} arms, each arm's as soon as its sweep chooses its rate (none that launch 1 holds "
+                f"already)"
+            )
         raise DryRun
 
     def write_results(self, results, plots, markdown, t0, also=()):
@@ -158,15 +191,19 @@ class Plan:
         atomic_write(self.out / "results.md", lambda f: f.write(markdown(results, plots).encode()))
         if plots.plt is None:
             print(NO_PLOTS)
-        print(f"results: {self.out / 'results.md'}, results.json"
-              + "".join(f", {f}" for f in [*also, *(f for f, _ in plots.written)]))
+        print(
+            f"results: {self.out / 'results.md'}, results.json"
+            + "".join(f", {f}" for f in [*also, *(f for f, _ in plots.written)])
+        )
 
 
 def tool_main(doc, settings, make, conduct):
     """A sweeping tool's main(argv=None): conduct(make(*the parsed settings)), settings being the tool's class, on
     lab/launch.py's command frame."""
+
     def main(argv=None):
         command(argv, doc, settings, lambda *parsed: conduct(make(*parsed)))
+
     return main
 
 

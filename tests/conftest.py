@@ -50,8 +50,17 @@ def data_dir(corpus, tmp_path_factory):
 
 # a model small enough to train a few steps in well under a second; float32, which the exactness
 # tests assume and auto would not give on a CPU with native bf16
-TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=4", "--eval_iters=2",
-        "--progress=false", "--compile=false", "--dtype=float32"]
+TINY = [
+    "--n_layer=2",
+    "--n_head=2",
+    "--n_embd=32",
+    "--block_size=32",
+    "--batch_size=4",
+    "--eval_iters=2",
+    "--progress=false",
+    "--compile=false",
+    "--dtype=float32",
+]
 
 
 def tiny_model(pos_emb, **kw):
@@ -89,8 +98,14 @@ def log(out):
 
 def trainer(args):
     """train.py as a child process, for what only a real process shows: signals, kills, exit codes."""
-    return subprocess.Popen([sys.executable, "train.py", *map(str, args)], cwd=ROOT, env=ONE_THREAD,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "train.py", *map(str, args)],
+        cwd=ROOT,
+        env=ONE_THREAD,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def wait_for(condition, proc, timeout=120):
@@ -132,6 +147,7 @@ class Payload:
 
 
 # ----------------------------------------------------------------------------- failing devices
+
 
 class FullDevice:
     """Stands in for files.open (monkeypatch.setattr(files, "open", FullDevice(...))): opening a file named in

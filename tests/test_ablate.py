@@ -20,9 +20,23 @@ from checkpoint import load_checkpoint, model_from_checkpoint
 from model import GPTConfig
 
 # 2 schemes x 2 seeds of a tiny model, a few steps; L0 = 32, scored at 16, 32 and 64 tokens
-GRID = [*TINY, "--schemes=rope,learned", "--seeds=2", "--max_iters=4", "--eval_interval=2",
-        "--log_interval=2", "--eval_lengths=0.5,1,2", "--eval_tokens=128", "--sample_tokens=8", "--recall_share=0.5",
-        "--recall_pairs=2", "--probe_pairs=2", "--probe_lengths=1,2", "--probe_distances=4", "--probe_trials=2"]
+GRID = [
+    *TINY,
+    "--schemes=rope,learned",
+    "--seeds=2",
+    "--max_iters=4",
+    "--eval_interval=2",
+    "--log_interval=2",
+    "--eval_lengths=0.5,1,2",
+    "--eval_tokens=128",
+    "--sample_tokens=8",
+    "--recall_share=0.5",
+    "--recall_pairs=2",
+    "--probe_pairs=2",
+    "--probe_lengths=1,2",
+    "--probe_distances=4",
+    "--probe_trials=2",
+]
 
 
 def has_matplotlib():
@@ -85,8 +99,9 @@ def test_grid_writes_every_output_and_a_rerun_skips_finished_runs(data_dir, tmp_
     assert [set(f["slots"]) for f in rope["per_seed"]] == [{"2", "4"}] * 2
     for f in rope["per_seed"]:
         learned_at = [int(st) for st in sorted(f["slots"], key=int) if min(f["slots"][st].values()) >= 0.9]
-        assert f["learning"] == ({"step": learned_at[0], "learned": True} if learned_at
-                                 else {"step": 4, "learned": False})
+        assert f["learning"] == (
+            {"step": learned_at[0], "learned": True} if learned_at else {"step": 4, "learned": False}
+        )
     assert res["probe"]["per"] == 4 and set(res["probe"]["error_rates"]) == {"pi", "strict"}
     assert len(res["learning_order"]["shared"]) == 1
     assert len(rope["attention"]["distance"]) == 2 and learned["biases"] is None
@@ -149,8 +164,9 @@ def test_an_interrupted_run_resumes_to_the_uninterrupted_result(data_dir, tmp_pa
     assert code == 0 and "0 finished, 1 to resume, 0 to train" in out
     log = (tmp_path / "cut" / "runs" / "rope-seed1337" / "train.log").read_text()
     assert "resuming from" in log and "at iteration 3" in log
-    straight, cut = (json.loads((tmp_path / d / "results.json").read_text())["schemes"]["rope"]
-                     for d in ("straight", "cut"))
+    straight, cut = (
+        json.loads((tmp_path / d / "results.json").read_text())["schemes"]["rope"] for d in ("straight", "cut")
+    )
     for key in ("final_val_loss", "val_bpb", "val_curve", "loss_by_length", "loss_by_position", "per_seed"):
         assert cut["shared"][key] == straight["shared"][key], key
 
@@ -168,47 +184,71 @@ def learning(steps, learned):
 
 def test_the_sign_test_of_who_learns_first_drops_ties_counts_a_lone_learner_first_and_holm_decides():
     ceiling, n = 1000, 8
-    schemes = {"rope": learning([500] * n, [True] * n),
-               "fast": learning([200] * n, [True] * n),  # first on every seed
-               "never": learning([ceiling] * n, [False] * n),  # after on every seed: the reference alone learned
-               "same": learning([500] * n, [True] * n)}  # every seed a tie: no test
+    schemes = {
+        "rope": learning([500] * n, [True] * n),
+        "fast": learning([200] * n, [True] * n),  # first on every seed
+        "never": learning([ceiling] * n, [False] * n),  # after on every seed: the reference alone learned
+        "same": learning([500] * n, [True] * n),
+    }  # every seed a tie: no test
     order = {c["scheme"]: c for c in ablate_report.learning_order(schemes, "rope", "shared")}
     assert (order["fast"]["earlier"], order["fast"]["later"], order["fast"]["ties"]) == (8, 0, 0)
-    assert order["fast"]["p"] == pytest.approx(2 * 0.5 ** 8) and order["fast"]["verdict"] == "earlier"
+    assert order["fast"]["p"] == pytest.approx(2 * 0.5**8) and order["fast"]["verdict"] == "earlier"
     assert order["never"]["later"] == 8 and order["never"]["verdict"] == "later"
     assert order["same"]["p"] is None and order["same"]["verdict"] is None and order["same"]["ties"] == 8
-    assert {c["family"] for c in order.values()} == {2} and order["fast"]["p_holm"] == pytest.approx(4 * 0.5 ** 8)
+    assert {c["family"] for c in order.values()} == {2} and order["fast"]["p_holm"] == pytest.approx(4 * 0.5**8)
     assert order["fast"]["can_settle"]
     # both censored is a tie; one censored: the other learned first; too few untied seeds cannot settle anything
-    schemes = {"rope": learning([ceiling, ceiling, 300, 400, 500], [False, False, True, True, True]),
-               "x": learning([ceiling, 900, ceiling, 100, 200], [False, True, False, True, True])}
+    schemes = {
+        "rope": learning([ceiling, ceiling, 300, 400, 500], [False, False, True, True, True]),
+        "x": learning([ceiling, 900, ceiling, 100, 200], [False, True, False, True, True]),
+    }
     (c,) = ablate_report.learning_order(schemes, "rope", "shared")
-    assert (c["earlier"], c["later"], c["ties"]) == (3, 1, 1) and c["smallest_p"] == pytest.approx(2 * 0.5 ** 4)
+    assert (c["earlier"], c["later"], c["ties"]) == (3, 1, 1) and c["smallest_p"] == pytest.approx(2 * 0.5**4)
     assert c["p"] == pytest.approx(0.625) and not c["can_settle"] and c["verdict"] == "inconclusive"
 
 
 def test_dry_run_prints_the_grid_and_an_estimate_and_trains_nothing(data_dir, tmp_path, capsys):
-    code, out, _ = ablate_main(capsys, *GRID, f"--data_dir={data_dir}", f"--out_dir={tmp_path}",
-                               "--variants=b500: rope_base=500", "--dry_run=true")
-    assert code == 0 and "3 schemes x 2 test seeds: 6 runs" in out and "dry run, launch 1: 6 runs here, 1 at a time" in out
+    code, out, _ = ablate_main(
+        capsys,
+        *GRID,
+        f"--data_dir={data_dir}",
+        f"--out_dir={tmp_path}",
+        "--variants=b500: rope_base=500",
+        "--dry_run=true",
+    )
+    assert (
+        code == 0 and "3 schemes x 2 test seeds: 6 runs" in out and "dry run, launch 1: 6 runs here, 1 at a time" in out
+    )
     assert "0 finished, 0 to resume, 6 to train" in out
     assert "rope_base=500.0" in out and "estimated time:" in out
     assert not (tmp_path / "runs").exists()
 
 
-@pytest.mark.parametrize("arg, named", [
-    ("--schemes=rope,zpos", "'zpos'"), ("--variants=b: rope_bse=5", "rope_bse"),
-    ("--variants=d: drop_rope_at=5000", "scheme 'd': drop_rope_at=5000 must lie between 0 and max_iters=4"),
-    ("--variants=d: recalibration_lr=1e-3", "variant 'd': DroPE's recalibration_lr needs drop_rope_at"),
-    ("--variants=b: rope_fraction=0.1", "'b': "), ("--schemes=rope,rope", "repeated: rope"), ("--eval_lengths=1,abc", "abc"), ("--rope_scalings=ntk,nope", "'nope'"),
-    ("--eval_lengths=8000", "does not fit"), ("--sample_prompt=ROMEO€", "€"), ("--seeds=0", "seeds=0"),
-    ("--lr_scales=0.5,2", "must include 1"), ("--probe_lengths=0.25", "a probe window of W=8 tokens cannot hold 2"),
-    (("--lr_scales=1,2", "--selection_seed=1338"), "selection_seed=1338 is one of the test seeds [1337, 1338]"),
-    ("--equivalence_margin=inf", "equivalence_margin=inf must be a finite number > 0"),
-    ("--lr_scales=1,inf", "lr_scales='1,inf' must list finite numbers")])
+@pytest.mark.parametrize(
+    "arg, named",
+    [
+        ("--schemes=rope,zpos", "'zpos'"),
+        ("--variants=b: rope_bse=5", "rope_bse"),
+        ("--variants=d: drop_rope_at=5000", "scheme 'd': drop_rope_at=5000 must lie between 0 and max_iters=4"),
+        ("--variants=d: recalibration_lr=1e-3", "variant 'd': DroPE's recalibration_lr needs drop_rope_at"),
+        ("--variants=b: rope_fraction=0.1", "'b': "),
+        ("--schemes=rope,rope", "repeated: rope"),
+        ("--eval_lengths=1,abc", "abc"),
+        ("--rope_scalings=ntk,nope", "'nope'"),
+        ("--eval_lengths=8000", "does not fit"),
+        ("--sample_prompt=ROMEO€", "€"),
+        ("--seeds=0", "seeds=0"),
+        ("--lr_scales=0.5,2", "must include 1"),
+        ("--probe_lengths=0.25", "a probe window of W=8 tokens cannot hold 2"),
+        (("--lr_scales=1,2", "--selection_seed=1338"), "selection_seed=1338 is one of the test seeds [1337, 1338]"),
+        ("--equivalence_margin=inf", "equivalence_margin=inf must be a finite number > 0"),
+        ("--lr_scales=1,inf", "lr_scales='1,inf' must list finite numbers"),
+    ],
+)
 def test_bad_settings_give_one_line_errors(data_dir, tmp_path, capsys, arg, named):
-    code, _, err = ablate_main(capsys, *GRID, f"--data_dir={data_dir}", f"--out_dir={tmp_path}",
-                               *(arg if isinstance(arg, tuple) else (arg,)))
+    code, _, err = ablate_main(
+        capsys, *GRID, f"--data_dir={data_dir}", f"--out_dir={tmp_path}", *(arg if isinstance(arg, tuple) else (arg,))
+    )
     assert code == 1 and err.startswith("error: ") and named in err and err.count("\n") == 1
     assert not any(tmp_path.iterdir())
 
@@ -224,12 +264,23 @@ def test_an_ablation_out_dir_in_use_is_refused_and_so_is_a_run_folder_in_trainin
     assert code == 1 and err.count("\n") == 1 and "rope-seed1337 is in use by another training run" in err
 
 
-def test_each_scheme_sweeps_its_rate_on_the_held_out_seed_widens_an_edge_and_ranks_at_its_best(data_dir, tmp_path,
-                                                                                                 capsys):
+def test_each_scheme_sweeps_its_rate_on_the_held_out_seed_widens_an_edge_and_ranks_at_its_best(
+    data_dir, tmp_path, capsys
+):
     out = tmp_path / "abl"
-    code, said, _ = ablate_main(capsys, *GRID, "--schemes=rope", "--variants=d: drop_rope_at=2", "--seeds=2",
-                                "--lr_scales=0.25,1", "--sample_tokens=0", "--learning_rate=0.004", "--workers=2",
-                                f"--data_dir={data_dir}", f"--out_dir={out}")
+    code, said, _ = ablate_main(
+        capsys,
+        *GRID,
+        "--schemes=rope",
+        "--variants=d: drop_rope_at=2",
+        "--seeds=2",
+        "--lr_scales=0.25,1",
+        "--sample_tokens=0",
+        "--learning_rate=0.004",
+        "--workers=2",
+        f"--data_dir={data_dir}",
+        f"--out_dir={out}",
+    )
     res = json.loads((out / "results.json").read_text())
     schemes, rope = res["schemes"], res["schemes"]["rope"]
     assert code == 0 and res["selection_seed"] == 1000 and {"0.25", "1"} <= set(rope["sweep"])
@@ -240,8 +291,11 @@ def test_each_scheme_sweeps_its_rate_on_the_held_out_seed_widens_an_edge_and_ran
     assert len(scales) == 2 or scales[0] < best < scales[-1] or len(scales) == 2 + MORE_RATES  # widened
     assert rope["tuned"]["seeds"] == rope["shared"]["seeds"] == [1337, 1338]  # the selection seed tests nothing
     runs = sorted(p.name for p in (out / "runs").iterdir())
-    assert all(name.endswith("seed1000") for name in runs if "-lr" in name and name not in (
-        f"rope-lr{best:g}-seed1337", f"rope-lr{best:g}-seed1338"))
+    assert all(
+        name.endswith("seed1000")
+        for name in runs
+        if "-lr" in name and name not in (f"rope-lr{best:g}-seed1337", f"rope-lr{best:g}-seed1338")
+    )
     lr = json.loads((out / "runs" / "rope-lr0.25-seed1000" / "config.json").read_text())["train"]["learning_rate"]
     assert lr == pytest.approx(0.001)
     summary = json.loads((out / "runs" / "rope-seed1337" / "summary.json").read_text())
@@ -257,8 +311,18 @@ def test_a_variants_training_change_goes_to_its_schedule_not_its_model():  # Dro
 
 def test_drope_drops_rope_mid_run_and_resumes_after_the_drop_exactly(data_dir, tmp_path, capsys):
     gcfg = GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=32)
-    tc = train.TrainConfig(data_dir=str(data_dir), batch_size=4, eval_iters=2, progress=False, compile=False,
-                           dtype="float32", max_iters=6, lr_decay_iters=6, eval_interval=2, log_interval=1)
+    tc = train.TrainConfig(
+        data_dir=str(data_dir),
+        batch_size=4,
+        eval_iters=2,
+        progress=False,
+        compile=False,
+        dtype="float32",
+        max_iters=6,
+        lr_decay_iters=6,
+        eval_interval=2,
+        log_interval=1,
+    )
     schedule = ablate.DropSchedule(tc, ablate.DroPE(drop_rope_at=3))
     straight, split = tmp_path / "straight", tmp_path / "split"
     train.train(gcfg, replace(tc, out_dir=str(straight)), schedule=schedule)
@@ -267,13 +331,18 @@ def test_drope_drops_rope_mid_run_and_resumes_after_the_drop_exactly(data_dir, t
     assert ckpt["model_config"]["pos_emb"] == "none"  # the checkpoint after the drop has no rotation
     assert type(model_from_checkpoint(ckpt).pos) is positions.NoPE
     assert json.loads((straight / "config.json").read_text())["schedule"] == {
-        "drop_rope_at": 3, "recalibration_lr": None, "recalibration_warmup": 20}
+        "drop_rope_at": 3,
+        "recalibration_lr": None,
+        "recalibration_warmup": 20,
+    }
     train.train(gcfg, replace(tc, out_dir=str(split), max_iters=4), schedule=schedule)  # stops after the drop
     train.train(gcfg, replace(tc, out_dir=str(split), resume=True), schedule=schedule)  # resumed past the drop
     a, b = load_checkpoint(straight / "ckpt.pt"), load_checkpoint(split / "ckpt.pt")
     assert same_tensors(a["model"], b["model"]) and same_tensors(a["optimizer"], b["optimizer"])
-    logs = [[json.loads(line)["train_loss"] for line in (d / "metrics.jsonl").read_text().splitlines()]
-            for d in (straight, split)]
+    logs = [
+        [json.loads(line)["train_loss"] for line in (d / "metrics.jsonl").read_text().splitlines()]
+        for d in (straight, split)
+    ]
     assert logs[0] == logs[1]
 
 
@@ -284,16 +353,32 @@ def test_drope_recalibrates_on_a_schedule_of_its_own_when_given_a_peak():
     assert lrs[10:13] == pytest.approx([0.125, 0.25, 0.375]) and lrs[13] == pytest.approx(0.5)  # re-warmed to 0.5
     assert lrs[19] == pytest.approx(0.05 + 0.5 * (1 + np.cos(np.pi * 6 / 7)) * 0.45)  # cosine to a tenth of it
     assert [ablate.DropSchedule(tc, ablate.DroPE(10)).lr(it) for it in range(20)] == [
-        train.Schedule(tc).lr(it) for it in range(20)]  # without a peak of its own: the run's schedule goes on
+        train.Schedule(tc).lr(it) for it in range(20)
+    ]  # without a peak of its own: the run's schedule goes on
 
 
 def test_the_gpu_config_runs_shrunk_on_the_cpu(data_dir, tmp_path, capsys):
     """configs/ablate_gpu.toml's own settings, with a tiny model, few steps and float32 on the CPU."""
     out = tmp_path / "abl"
-    code, _, err = ablate_main(capsys, "configs/ablate_gpu.toml", *TINY, "--schemes=rope,learned", "--seeds=2",
-                               "--max_iters=2", "--eval_interval=2", "--eval_tokens=128", "--probe_trials=2",
-                               "--probe_distances=2", "--recall_pairs=2", "--recall_fewest=1", "--probe_pairs=2",
-                               "--sample_tokens=4", "--device=cpu", f"--data_dir={data_dir}", f"--out_dir={out}")
+    code, _, err = ablate_main(
+        capsys,
+        "configs/ablate_gpu.toml",
+        *TINY,
+        "--schemes=rope,learned",
+        "--seeds=2",
+        "--max_iters=2",
+        "--eval_interval=2",
+        "--eval_tokens=128",
+        "--probe_trials=2",
+        "--probe_distances=2",
+        "--recall_pairs=2",
+        "--recall_fewest=1",
+        "--probe_pairs=2",
+        "--sample_tokens=4",
+        "--device=cpu",
+        f"--data_dir={data_dir}",
+        f"--out_dir={out}",
+    )
     assert code == 0, err
     res = json.loads((out / "results.json").read_text())
     assert set(res["schemes"]) == {"rope", "learned"} and res["lengths"] == [32, 64]

@@ -12,8 +12,10 @@ def ranked(seeds, losses):
 
 
 def test_verdicts_pair_the_seeds_both_ran_and_skip_a_missing_reference():
-    schemes = {"rope": ranked([1, 2, 3, 4], [3.0, 3.2, 3.1, 3.0]),
-               "learned": ranked([1, 2, 3], [3.1, 3.4, 3.15])}  # seed 4: the reference's alone
+    schemes = {
+        "rope": ranked([1, 2, 3, 4], [3.0, 3.2, 3.1, 3.0]),
+        "learned": ranked([1, 2, 3], [3.1, 3.4, 3.15]),
+    }  # seed 4: the reference's alone
     (claim,) = ablate_report.verdicts_against(schemes, "rope", "shared", 0.01)
     assert claim["scheme"] == "learned" and claim["diffs"] == pytest.approx([0.1, 0.2, 0.05])
     assert claim["expect"] == "lower" and claim["margin"] == 0.01 and "verdict" in claim

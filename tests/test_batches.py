@@ -31,13 +31,22 @@ def test_pose_without_skips_trains_exactly_as_ordinary_training(data_dir, tmp_pa
     train.main(flags(data_dir, pose, "--max_iters=3", "--log_interval=1", "--pose_factor=1"))  # ids 0..T-1, given
     a, b = (load_checkpoint(d / "ckpt.pt") for d in (plain, pose))
     assert same_tensors(a["model"], b["model"]) and [m["train_loss"] for m in log(plain)] == [
-        m["train_loss"] for m in log(pose)]
+        m["train_loss"] for m in log(pose)
+    ]
 
 
 def test_the_settings_choose_the_batches_and_a_setting_that_does_nothing_is_refused(data_dir):
     meta = load_meta(data_dir / "shakespeare_char")
-    batches = make_batches(BatchConfig(recall_share=0.5, recall_pairs=2, pose_factor=2.0), data_dir / "shakespeare_char",
-                           meta, 32, 4, 0, "cpu", 1)
+    batches = make_batches(
+        BatchConfig(recall_share=0.5, recall_pairs=2, pose_factor=2.0),
+        data_dir / "shakespeare_char",
+        meta,
+        32,
+        4,
+        0,
+        "cpu",
+        1,
+    )
     b = batches.train(0, 0)
     assert b.position_ids.shape == (4, 32) and b.position_ids.max() < 64 and (b.y == -1).any()  # the task's rows
     with pytest.raises(ValueError, match="pose_chunks=3 does nothing without a pose_factor"):
@@ -47,8 +56,9 @@ def test_the_settings_choose_the_batches_and_a_setting_that_does_nothing_is_refu
     with pytest.raises(ValueError, match=r"recall_fewest=5 must lie in \[1, recall_pairs=4\]"):
         BatchConfig(recall_pairs=4, recall_fewest=5)
     with pytest.raises(ValueError, match="pose_chunks=33 exceeds block_size=32: each chunk holds a token"):
-        make_batches(BatchConfig(pose_factor=2.0, pose_chunks=33), data_dir / "shakespeare_char", meta, 32, 4, 0,
-                     "cpu", 1)  # in make_batches, which lab/extend.py calls too, not only in check_model
+        make_batches(
+            BatchConfig(pose_factor=2.0, pose_chunks=33), data_dir / "shakespeare_char", meta, 32, 4, 0, "cpu", 1
+        )  # in make_batches, which lab/extend.py calls too, not only in check_model
 
 
 def test_recall_fewest_reaches_the_task_rows_which_then_hold_from_fewest_to_pairs_needles(data_dir):
@@ -56,24 +66,42 @@ def test_recall_fewest_reaches_the_task_rows_which_then_hold_from_fewest_to_pair
     meta = load_meta(data_dir / "shakespeare_char")
 
     def answers(fewest):  # queries in each task row of a few batches: an answer is two trained capitals
-        batches = make_batches(BatchConfig(recall_share=1.0, recall_pairs=6, recall_fewest=fewest),
-                               data_dir / "shakespeare_char", meta, 64, 8, 0, "cpu", 1)
+        batches = make_batches(
+            BatchConfig(recall_share=1.0, recall_pairs=6, recall_fewest=fewest),
+            data_dir / "shakespeare_char",
+            meta,
+            64,
+            8,
+            0,
+            "cpu",
+            1,
+        )
         return {int(n) // 2 for it in range(4) for n in (batches.train(it, 0).y != -1).sum(-1)}
 
     assert answers(None) == {6}
     assert len(answers(2)) > 1 and min(answers(2)) >= 2
 
 
-@pytest.mark.parametrize("args, expected", [
-    (["--pos_emb=none"], "pose_factor=2 does nothing for pos_emb='none': it reads no position ids"),
-    (["--pos_emb=learned"], "pose_factor=2 puts position ids up to 63, past pos_emb='learned''s table of "
-                            "block_size=32 positions"),
-    (["--pose_factor=1e9"], "pose_factor=1e+09 x block_size=32 asks for 3.2e+10 positions, past 2^24 = 16,777,216, "
-                            "beyond which float32 (the scores' precision) cannot tell a position from its neighbour; "
-                            "use pose_factor <= 524,288"),
-], ids=["nope", "learned table", "huge"])
-def test_pose_where_it_cannot_act_is_refused_naming_itself_before_anything_is_written(data_dir, tmp_path, capsys,
-                                                                                     args, expected):
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--pos_emb=none"], "pose_factor=2 does nothing for pos_emb='none': it reads no position ids"),
+        (
+            ["--pos_emb=learned"],
+            "pose_factor=2 puts position ids up to 63, past pos_emb='learned''s table of block_size=32 positions",
+        ),
+        (
+            ["--pose_factor=1e9"],
+            "pose_factor=1e+09 x block_size=32 asks for 3.2e+10 positions, past 2^24 = 16,777,216, "
+            "beyond which float32 (the scores' precision) cannot tell a position from its neighbour; "
+            "use pose_factor <= 524,288",
+        ),
+    ],
+    ids=["nope", "learned table", "huge"],
+)
+def test_pose_where_it_cannot_act_is_refused_naming_itself_before_anything_is_written(
+    data_dir, tmp_path, capsys, args, expected
+):
     out = tmp_path / "run"
     with pytest.raises(SystemExit) as e:
         train.main(flags(data_dir, out, "--max_iters=2", "--pose_factor=2", *args))

@@ -39,10 +39,18 @@ def test_every_bench_reports_finite_positive_figures_with_their_spread(records):
 def test_variants_cover_the_contract(records):
     assert [r["compiled"] for r in only(records, "train_step")] == [False]  # --quick skips torch.compile
     assert sorted((r["kv_cache"], r["static_cache"], r["compiled"]) for r in only(records, "generate")) == [
-        (False, False, False), (True, False, False), (True, True, False)]
+        (False, False, False),
+        (True, False, False),
+        (True, True, False),
+    ]
     impls = {(r["impl"], r["layout"]) for r in only(records, "rope_apply")}
-    assert impls == {("apply_rope", "interleaved"), ("apply_rope", "half"), ("complex", "interleaved"),
-                     ("rotate_half", "half"), ("clone", None)}
+    assert impls == {
+        ("apply_rope", "interleaved"),
+        ("apply_rope", "half"),
+        ("complex", "interleaved"),
+        ("rotate_half", "half"),
+        ("clone", None),
+    }
 
 
 def test_derived_figures_follow_from_the_measured_times(records):
@@ -84,13 +92,19 @@ def test_reference_formulations_match_the_rotation_matrix(layout):
     torch.testing.assert_close(fn(x).double(), want, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--only", "train_step,nope"], "unknown bench nope; choose from matmul_peak, train_step, generate, rope_apply"),
-    (["--config", "no/such.toml"], "does not exist"),
-    (["--device", "tpu"], "device='tpu' is unknown"),
-    (["--repeats", "0"], "repeats=0 must be a positive integer"),
-    (["--repeat=3"], "unknown config key 'repeat'; did you mean 'repeats'?"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            ["--only", "train_step,nope"],
+            "unknown bench nope; choose from matmul_peak, train_step, generate, rope_apply",
+        ),
+        (["--config", "no/such.toml"], "does not exist"),
+        (["--device", "tpu"], "device='tpu' is unknown"),
+        (["--repeats", "0"], "repeats=0 must be a positive integer"),
+        (["--repeat=3"], "unknown config key 'repeat'; did you mean 'repeats'?"),
+    ],
+)
 def test_bad_flags_give_a_one_line_error(argv, message, capsys):
     with pytest.raises(SystemExit) as exc:
         bench.main(argv)
@@ -103,13 +117,24 @@ def test_to_loss_times_whole_commands_against_nanogpts_and_reads_their_last_val_
     fake = tmp_path / "nanoGPT"
     (fake / "data/shakespeare_char").mkdir(parents=True)
     (fake / "data/shakespeare_char/train.bin").write_bytes(b"")
-    (fake / "train.py").write_text('print("step 0: train loss 4.1000, val loss 4.2000")\n'
-                                   'print("step 2000: train loss 1.7000, val loss 1.8860")\n')
+    (fake / "train.py").write_text(
+        'print("step 0: train loss 4.1000, val loss 4.2000")\nprint("step 2000: train loss 1.7000, val loss 1.8860")\n'
+    )
     tiny = tmp_path / "tiny.toml"
-    tiny.write_text(f'data_dir = "{data_dir}"\nn_layer = 1\nn_head = 2\nn_embd = 16\nblock_size = 16\nbatch_size = 2\n'
-                    'max_iters = 3\neval_interval = 3\neval_iters = 1\ndtype = "auto"\n')
-    proc = run("bench.py", "--json", "--only=to_loss", "--repeats=1", "--threads=1", f"--config={tiny}",
-               f"--nanogpt={fake}", timeout=300)
+    tiny.write_text(
+        f'data_dir = "{data_dir}"\nn_layer = 1\nn_head = 2\nn_embd = 16\nblock_size = 16\nbatch_size = 2\n'
+        'max_iters = 3\neval_interval = 3\neval_iters = 1\ndtype = "auto"\n'
+    )
+    proc = run(
+        "bench.py",
+        "--json",
+        "--only=to_loss",
+        "--repeats=1",
+        "--threads=1",
+        f"--config={tiny}",
+        f"--nanogpt={fake}",
+        timeout=300,
+    )
     rows = {r["command"]: r for r in map(json.loads, proc.stdout.splitlines())}
     assert set(rows) >= {"nanogpt", "nanorope float32"} and len(rows) in (2, 3)  # auto may run as float32 here
     assert rows["nanogpt"]["val_loss"] == 1.886 and rows["nanogpt"]["vs_nanogpt"] == 1.0
@@ -120,13 +145,29 @@ def test_to_loss_times_whole_commands_against_nanogpts_and_reads_their_last_val_
 
 def test_probe_times_the_labs_scoring_at_each_probed_window_in_the_dtype_asked(data_dir, tmp_path):
     tiny = tmp_path / "tiny.toml"
-    tiny.write_text(f'data_dir = "{data_dir}"\nn_layer = 1\nn_head = 2\nn_embd = 16\nblock_size = 32\nbatch_size = 2\n'
-                    'dtype = "auto"\n')
-    proc = run("bench.py", "--json", "--quick", "--only=probe", f"--config={tiny}", "--dtype=float32",
-               "--probe_lengths=1,2", "--probe_pairs=4", "--probe_trials=2", "--probe_distances=8", timeout=300)
+    tiny.write_text(
+        f'data_dir = "{data_dir}"\nn_layer = 1\nn_head = 2\nn_embd = 16\nblock_size = 32\nbatch_size = 2\n'
+        'dtype = "auto"\n'
+    )
+    proc = run(
+        "bench.py",
+        "--json",
+        "--quick",
+        "--only=probe",
+        f"--config={tiny}",
+        "--dtype=float32",
+        "--probe_lengths=1,2",
+        "--probe_pairs=4",
+        "--probe_trials=2",
+        "--probe_distances=8",
+        timeout=300,
+    )
     rows = [json.loads(line) for line in proc.stdout.splitlines()]
     assert [(r["probe"], r["window"], r["windows"]) for r in rows] == [
-        ("distance", 32, 2 * len(distances(32, 8))), ("distance", 64, 2 * 8), ("slot", 32, 2 * 8)]
+        ("distance", 32, 2 * len(distances(32, 8))),
+        ("distance", 64, 2 * 8),
+        ("slot", 32, 2 * 8),
+    ]
     for r in rows:
         assert r["dtype"] == "float32" and r["threads"] == 1 and not r["compiled"] and r["repeats"] == 3, r
         assert r["windows_per_s"] == pytest.approx(r["windows"] / (r["ms_median"] / 1e3))

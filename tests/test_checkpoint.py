@@ -32,11 +32,14 @@ def test_rng_states_round_trip_through_a_weights_only_checkpoint(tmp_path):
 REFUSED = r"refused to load .*: it asks to call \S*open, not just to hold tensors and plain data"
 
 
-@pytest.mark.parametrize("protocol, message", [
-    ("torch.save", REFUSED),
-    (2, REFUSED),  # a bare pickle, as torch's legacy format
-    (4, r"is not a readable checkpoint, it is truncated or corrupt \(UnpicklingError: Unsupported operand"),
-])
+@pytest.mark.parametrize(
+    "protocol, message",
+    [
+        ("torch.save", REFUSED),
+        (2, REFUSED),  # a bare pickle, as torch's legacy format
+        (4, r"is not a readable checkpoint, it is truncated or corrupt \(UnpicklingError: Unsupported operand"),
+    ],
+)
 def test_a_checkpoint_carrying_code_is_refused_and_the_code_never_runs(tmp_path, protocol, message):
     marker, path = tmp_path / "pwned", tmp_path / "ckpt.pt"
     evil = {"model": Payload(marker), "model_config": {}}
@@ -55,8 +58,11 @@ def test_a_checkpoint_carrying_code_is_refused_and_the_code_never_runs(tmp_path,
 
 
 def test_every_torch_load_in_the_repo_is_weights_only():
-    calls = [(p.name, m[0]) for p in [*ROOT.glob("*.py"), *ROOT.glob("data/*.py")]
-             for m in re.finditer(r"torch\.load\([^)]*\)", p.read_text())]
+    calls = [
+        (p.name, m[0])
+        for p in [*ROOT.glob("*.py"), *ROOT.glob("data/*.py")]
+        for m in re.finditer(r"torch\.load\([^)]*\)", p.read_text())
+    ]
     assert calls and all("weights_only=True" in call for _, call in calls), calls
 
 
@@ -82,8 +88,10 @@ def saved_source(tmp_path, pos_emb, **kw):
     for p in model.parameters():
         p.data.add_(torch.randn_like(p), alpha=0.1)
     (tmp_path / "run").mkdir()
-    checkpoint.save_checkpoint({"model": model.state_dict(), "model_config": model.config.asdict(), "tokenizer": META},
-                               tmp_path / "run" / "ckpt.pt")
+    checkpoint.save_checkpoint(
+        {"model": model.state_dict(), "model_config": model.config.asdict(), "tokenizer": META},
+        tmp_path / "run" / "ckpt.pt",
+    )
     return checkpoint.load_source(str(tmp_path / "run"), "init_from")
 
 

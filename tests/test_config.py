@@ -57,33 +57,39 @@ def test_a_bare_flag_sets_a_bool_and_only_a_bool():
         parse("--n")
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--n=ten"], "n='ten' is not a valid int"),
-    (["--n=1.5"], "n='1.5' is not a valid int"),
-    (["--rate=fast"], "rate='fast' is not a valid float"),
-    (["--flag=maybe"], "flag='maybe' is not a valid bool; use true or false"),
-    (["--limit=lots"], "limit='lots' is not a valid int"),
-    (["--nn=3"], "unknown config key 'nn'; did you mean 'n'?"),
-    (["--zzzzzz=3"], "unknown config key 'zzzzzz'; --help lists every key"),
-    (["n=3"], "config file 'n=3' does not exist; settings go as --n=3"),
-    (["--n=1", "extra"], "argument 'extra' should look like --key=value"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--n=ten"], "n='ten' is not a valid int"),
+        (["--n=1.5"], "n='1.5' is not a valid int"),
+        (["--rate=fast"], "rate='fast' is not a valid float"),
+        (["--flag=maybe"], "flag='maybe' is not a valid bool; use true or false"),
+        (["--limit=lots"], "limit='lots' is not a valid int"),
+        (["--nn=3"], "unknown config key 'nn'; did you mean 'n'?"),
+        (["--zzzzzz=3"], "unknown config key 'zzzzzz'; --help lists every key"),
+        (["n=3"], "config file 'n=3' does not exist; settings go as --n=3"),
+        (["--n=1", "extra"], "argument 'extra' should look like --key=value"),
+    ],
+)
 def test_command_line_mistakes_name_the_value_and_what_is_valid(argv, message):
     with pytest.raises(ValueError) as e:
         parse(*argv)
     assert message in str(e.value)
 
 
-@pytest.mark.parametrize("text, message", [
-    ("n = 1.5\n", "n=1.5 is not a valid int"),
-    ("rate = true\n", "rate=True is not a valid float"),
-    ('flag = "yes"\n', "flag='yes' is not a valid bool"),
-    ('n = "5"\n', "n='5' is not a valid int"),  # TOML has numbers; a string is a mistake
-    ('limit = "none"\n', "limit='none' is not a valid int"),
-    ("n = [1]\n", "n=[1] is not a valid int"),
-    ("nme = 'y'\n", "unknown config key 'nme'; did you mean 'name'?"),
-    ("n = = 3\n", "is not valid TOML: "),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("n = 1.5\n", "n=1.5 is not a valid int"),
+        ("rate = true\n", "rate=True is not a valid float"),
+        ('flag = "yes"\n', "flag='yes' is not a valid bool"),
+        ('n = "5"\n', "n='5' is not a valid int"),  # TOML has numbers; a string is a mistake
+        ('limit = "none"\n', "limit='none' is not a valid int"),
+        ("n = [1]\n", "n=[1] is not a valid int"),
+        ("nme = 'y'\n", "unknown config key 'nme'; did you mean 'name'?"),
+        ("n = = 3\n", "is not valid TOML: "),
+    ],
+)
 def test_toml_mistakes_name_the_value(tmp_path, text, message):
     with pytest.raises(ValueError) as e:
         parse(toml(tmp_path, text))
@@ -102,7 +108,10 @@ def test_missing_unreadable_and_binary_config_files(tmp_path):
 
 def test_the_shipped_training_configs_parse_into_the_real_dataclasses():
     from conftest import ROOT
-    configs = [p for p in sorted((ROOT / "configs").glob("*.toml")) if not p.name.startswith(("ablate", "extend", "recipe"))]  # their tools' own
+
+    configs = [
+        p for p in sorted((ROOT / "configs").glob("*.toml")) if not p.name.startswith(("ablate", "extend", "recipe"))
+    ]  # their tools' own
     assert configs
     for path in configs:
         gcfg, tc = config.parse([str(path)], GPTConfig, TrainConfig)
@@ -114,6 +123,7 @@ def test_keys_are_unique_across_classes_and_all_have_help():
     @dataclass
     class Clash:
         n: int = opt(1, "same name as A.n")
+
     with pytest.raises(AssertionError, match="defined twice"):
         config.known_keys([A, Clash])
     text = config.help_text(GPTConfig, TrainConfig)
@@ -123,9 +133,9 @@ def test_keys_are_unique_across_classes_and_all_have_help():
 
 
 def test_a_key_may_take_its_value_as_the_next_argument_and_a_bool_its_word():
-    a, = config.parse(["--n", "7", "--flag", "--name", "x"], A)
+    (a,) = config.parse(["--n", "7", "--flag", "--name", "x"], A)
     assert (a.n, a.flag, a.name) == (7, True, "x")
-    a, = config.parse(["--flag", "false", "--n=-3"], A)
+    (a,) = config.parse(["--flag", "false", "--n=-3"], A)
     assert (a.flag, a.n) == (False, -3)
     with pytest.raises(ValueError, match="argument 'stray' should look like --key=value"):
         config.parse(["--flag", "stray"], A)
@@ -139,6 +149,7 @@ def test_a_declared_check_names_the_setting_and_what_is_valid():
 
         def __post_init__(self):
             config.validate(self)
+
     with pytest.raises(ValueError, match="^k=0 must be a positive integer$"):
         config.parse(["--k=0"], Checked)
     with pytest.raises(ValueError, match="^c='z' must be one of a, b$"):

@@ -31,8 +31,9 @@ from data import tokenizer as tk
 from data.loader import Batches
 
 # whitespace runs, tabs, accents, CJK, emoji, a combining mark, a ZWJ sequence
-TRICKY = ("Héllo,  wörld!\t\tTabs\n\n\n   spaces   \r\n日本語テキスト 🎉👩‍💻 e\u0301 x²=4 "
-          "'tis we'll\u00a0nbsp <|endoftext|>")
+TRICKY = (
+    "Héllo,  wörld!\t\tTabs\n\n\n   spaces   \r\n日本語テキスト 🎉👩‍💻 e\u0301 x²=4 'tis we'll\u00a0nbsp <|endoftext|>"
+)
 
 
 def run_prepare(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -45,7 +46,11 @@ def run_prepare(*args: str, env: dict | None = None) -> subprocess.CompletedProc
     full_env |= env or {}
     return subprocess.run(
         [sys.executable, "-m", "data.prepare", *args],
-        cwd=REPO, env=full_env, capture_output=True, text=True, timeout=120,
+        cwd=REPO,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
@@ -200,8 +205,18 @@ def test_bpe_meta_and_bins(bpe_dataset, small_corpus):
 
 def test_prepare_char_shakespeare(char_dataset, corpus):
     meta = json.loads((char_dataset / "meta.json").read_text(encoding="utf-8"))
-    for field in ("dataset", "tokenizer", "vocab_size", "dtype", "train_tokens", "val_tokens",
-                  "train_bytes", "val_bytes", "chars", "start_id"):
+    for field in (
+        "dataset",
+        "tokenizer",
+        "vocab_size",
+        "dtype",
+        "train_tokens",
+        "val_tokens",
+        "train_bytes",
+        "val_bytes",
+        "chars",
+        "start_id",
+    ):
         assert field in meta, field
     assert meta["tokenizer"] == "char" and meta["vocab_size"] == 65 and len(meta["chars"]) == 65
     assert (meta["train_tokens"], meta["val_tokens"]) == (1003854, 111540)
@@ -236,8 +251,15 @@ def test_meta_survives_checkpoint_round_trip(char_dataset, bpe_dataset, tmp_path
 def test_gpt2_offline_fails_with_one_line(tmp_path, small_corpus):
     cache = tmp_path / "empty_cache"
     cache.mkdir()
-    proc = run_prepare("--tokenizer", "gpt2", "--input", str(small_corpus), "--data_dir", str(tmp_path),
-                       env={"TIKTOKEN_CACHE_DIR": str(cache)})
+    proc = run_prepare(
+        "--tokenizer",
+        "gpt2",
+        "--input",
+        str(small_corpus),
+        "--data_dir",
+        str(tmp_path),
+        env={"TIKTOKEN_CACHE_DIR": str(cache)},
+    )
     assert_one_line_error(proc, "TIKTOKEN_CACHE_DIR", "--tokenizer bpe")
 
 
@@ -333,6 +355,7 @@ def test_missing_dataset_errors_say_how_to_prepare(tmp_path):
 
 # ----------------------------------------------------------------------------- damaged datasets
 
+
 def damage(char_dataset, tmp_path, name, change):
     """A copy of the char dataset with one file changed by change(path); its folder."""
     copy = tmp_path / "shakespeare_char"
@@ -355,13 +378,27 @@ FIX = re.escape("the dataset is damaged; re-create it with `python -m data.prepa
 DAMAGE = [  # (file, change, what the error says before the fix)
     ("meta.json", lambda p: p.write_text("{'vocab_size': 65}"), r"meta\.json is not valid JSON \(Expecting property"),
     ("meta.json", lambda p: p.write_text('{"vocab_size": 65}'), r"meta\.json lacks dataset, tokenizer, dtype"),
-    ("meta.json", lambda p: p.write_text(p.read_text().replace('"uint16"', '"float32"')),
-     r"meta\.json gives dtype='float32', not one of uint16, uint32"),
-    ("train.bin", truncate, r"train\.bin is 2,007,707 bytes, not a multiple of 2 \(the size of its uint16 ids\): "
-                            r"it is truncated"),
-    ("val.bin", lambda p: p.write_bytes(p.read_bytes()[:1000]),
-     r"val\.bin holds 500 tokens where meta\.json says 111,540"),
-    ("train.bin", out_of_vocabulary, r"train\.bin holds token id 70, outside the vocabulary of 65 that meta\.json gives"),
+    (
+        "meta.json",
+        lambda p: p.write_text(p.read_text().replace('"uint16"', '"float32"')),
+        r"meta\.json gives dtype='float32', not one of uint16, uint32",
+    ),
+    (
+        "train.bin",
+        truncate,
+        r"train\.bin is 2,007,707 bytes, not a multiple of 2 \(the size of its uint16 ids\): "
+        r"it is truncated",
+    ),
+    (
+        "val.bin",
+        lambda p: p.write_bytes(p.read_bytes()[:1000]),
+        r"val\.bin holds 500 tokens where meta\.json says 111,540",
+    ),
+    (
+        "train.bin",
+        out_of_vocabulary,
+        r"train\.bin holds token id 70, outside the vocabulary of 65 that meta\.json gives",
+    ),
 ]
 
 
@@ -376,16 +413,20 @@ def snapshot(folder):
     return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
 
 
-def test_a_prepare_stopped_by_a_full_disk_leaves_the_previous_dataset_as_it_was(corpus, char_dataset, tmp_path,
-                                                                                monkeypatch, capsys):
+def test_a_prepare_stopped_by_a_full_disk_leaves_the_previous_dataset_as_it_was(
+    corpus, char_dataset, tmp_path, monkeypatch, capsys
+):
     dataset = damage(char_dataset, tmp_path, "meta.json", lambda p: None)  # a whole dataset, prepared before
     before = snapshot(dataset)
     monkeypatch.setattr(files, "open", FullDevice("val.bin", room=1000), raising=False)
     assert prepare.main(["--input", str(corpus), "--data_dir", str(tmp_path), "--val_fraction", "0.2"]) == 1
     err = capsys.readouterr().err.strip()
     stage = tmp_path / ".shakespeare_char.tmp"
-    assert re.fullmatch(rf"error: cannot write {stage}/val\.bin: the device is full \(No space left on device; "
-                        r"[\d.]+ \w+ free there\)", err), err
+    assert re.fullmatch(
+        rf"error: cannot write {stage}/val\.bin: the device is full \(No space left on device; "
+        r"[\d.]+ \w+ free there\)",
+        err,
+    ), err
     assert snapshot(dataset) == before  # the dataset is whole, and the old one: nothing was moved in
     assert sorted(p.name for p in tmp_path.iterdir()) == ["shakespeare_char"]  # no temporary folder stays
     tk.load_meta(dataset)
@@ -434,8 +475,18 @@ def encodings(small_corpus):
     return {"bpe": bpe.encode_ordinary, "gpt2 pattern": gpt2_like.encode_ordinary}
 
 
-HARD = (TRICKY * 3 + "  \n\n \t x  'll 's't 'S 12,345.6e7 ..." + "日本語のテキスト、句読点。" * 40 + "\r\n" * 5
-        + "a" * 300 + "   " + "'" * 50 + " \u00a0\u3000 end" + "x'  'x ''s" + "a\x1cb\x85 c\u2028\x0bd\x0c")
+HARD = (
+    TRICKY * 3
+    + "  \n\n \t x  'll 's't 'S 12,345.6e7 ..."
+    + "日本語のテキスト、句読点。" * 40
+    + "\r\n" * 5
+    + "a" * 300
+    + "   "
+    + "'" * 50
+    + " \u00a0\u3000 end"
+    + "x'  'x ''s"
+    + "a\x1cb\x85 c\u2028\x0bd\x0c"
+)
 
 
 @pytest.mark.parametrize("target", [1, 7, 64, 500])
@@ -468,8 +519,11 @@ def test_a_word_with_no_safe_cut_is_cut_only_past_the_limit(monkeypatch):
 
 def test_a_new_key_starts_a_new_chunk():
     pieces = [(("train", 0), "one two"), (("train", 0), " three"), (("val", 0), "four"), (("val", 1), "five")]
-    assert list(prepare.chunks(pieces, 100)) == [(("train", 0), "one two three"), (("val", 0), "four"),
-                                                 (("val", 1), "five")]
+    assert list(prepare.chunks(pieces, 100)) == [
+        (("train", 0), "one two three"),
+        (("val", 0), "four"),
+        (("val", 1), "five"),
+    ]
 
 
 @pytest.mark.parametrize("tokenizer", ["char", "bpe"])
@@ -479,8 +533,24 @@ def test_a_streamed_dataset_holds_the_ids_of_the_whole_text(tmp_path, small_corp
     monkeypatch.setattr(prepare, "READ_BYTES", 1000)  # pieces, chunks and tasks of a few hundred characters
     monkeypatch.setattr(prepare, "CHUNK_CHARS", 300)
     extra = ["--vocab_size", "300"] if tokenizer == "bpe" else []
-    assert prepare.main(["--input", str(tmp_path / "c.txt"), "--data_dir", str(tmp_path), "--dataset", "d",
-                         "--tokenizer", tokenizer, "--num_proc", "1", *extra]) == 0
+    assert (
+        prepare.main(
+            [
+                "--input",
+                str(tmp_path / "c.txt"),
+                "--data_dir",
+                str(tmp_path),
+                "--dataset",
+                "d",
+                "--tokenizer",
+                tokenizer,
+                "--num_proc",
+                "1",
+                *extra,
+            ]
+        )
+        == 0
+    )
     meta = tk.load_meta(tmp_path / "d")
     tok, n = tk.tokenizer_from_meta(meta), int(len(text) * 0.9)
     for split, part in (("train", text[:n]), ("val", text[n:])):
@@ -517,8 +587,12 @@ def folder(tmp_path):
         path = root / name
         path.parent.mkdir(parents=True, exist_ok=True)
         if name.endswith(".jsonl"):
-            lines = [json.dumps({"text": docs[0], "id": 1}), "", json.dumps({"text": ""}),  # blank, empty: skipped
-                     *(json.dumps({"text": d}) for d in docs[1:])]
+            lines = [
+                json.dumps({"text": docs[0], "id": 1}),
+                "",
+                json.dumps({"text": ""}),  # blank, empty: skipped
+                *(json.dumps({"text": d}) for d in docs[1:]),
+            ]
             path.write_text("\n".join(lines) + "\n", encoding="utf-8")
         else:
             path.write_text(docs[0], encoding="utf-8")
@@ -537,8 +611,10 @@ def prepared(root, dataset):
 
 
 def test_a_folder_is_its_txt_and_jsonl_files_in_sorted_order_one_document_each_line(folder, tmp_path):
-    assert prepare.main(["--input", str(folder), "--data_dir", str(tmp_path), "--dataset", "d",
-                         "--val_fraction", "0.4"]) == 0
+    assert (
+        prepare.main(["--input", str(folder), "--data_dir", str(tmp_path), "--dataset", "d", "--val_fraction", "0.4"])
+        == 0
+    )
     meta, text = prepared(tmp_path, "d")
     docs = docs_of("a/1.txt", "a/b/2.jsonl", "c.txt")
     # five documents, two val (round(5 * 0.4)), evenly spread: the third and the fifth; char joins with a newline
@@ -561,8 +637,25 @@ def test_a_glob_and_a_jsonl_file(folder, tmp_path):
 
 
 def test_bpe_separates_documents_with_an_end_of_text_token(folder, tmp_path):
-    assert prepare.main(["--input", str(folder), "--data_dir", str(tmp_path), "--dataset", "b", "--tokenizer", "bpe",
-                         "--vocab_size", "270", "--val_fraction", "0.4"]) == 0
+    assert (
+        prepare.main(
+            [
+                "--input",
+                str(folder),
+                "--data_dir",
+                str(tmp_path),
+                "--dataset",
+                "b",
+                "--tokenizer",
+                "bpe",
+                "--vocab_size",
+                "270",
+                "--val_fraction",
+                "0.4",
+            ]
+        )
+        == 0
+    )
     meta, text = prepared(tmp_path, "b")
     eot = meta["eot"]
     assert eot == 269 and meta["vocab_size"] == 270 and meta["start_id"] == eot  # --vocab_size counts it
@@ -605,8 +698,19 @@ def test_many_documents_prepare_the_same_with_several_processes(small_corpus, tm
     outputs = []
     for num_proc in ("1", "2"):
         root = tmp_path / num_proc
-        proc = run_prepare("--input", str(corpus), "--data_dir", str(root), "--tokenizer", "bpe", "--vocab_size",
-                           "300", "--num_proc", num_proc, env={"PYTHONHASHSEED": num_proc})
+        proc = run_prepare(
+            "--input",
+            str(corpus),
+            "--data_dir",
+            str(root),
+            "--tokenizer",
+            "bpe",
+            "--vocab_size",
+            "300",
+            "--num_proc",
+            num_proc,
+            env={"PYTHONHASHSEED": num_proc},
+        )
         assert proc.returncode == 0, proc.stderr
         assert f"encoding with {num_proc} process(es)" in proc.stdout
         outputs.append(snapshot(root / "shakespeare_bpe"))
@@ -618,8 +722,13 @@ def test_many_documents_prepare_the_same_with_several_processes(small_corpus, tm
 def test_bad_corpora_are_one_line_errors(folder, tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     (tmp_path / "bad").mkdir()
-    lines = {"no_text.jsonl": '{"text": "ok"}\n{"body": "x"}\n', "not_json.jsonl": '{"text": "ok"}\n\n{"text": \n',
-             "list.jsonl": '["text"]\n', "number.jsonl": '{"text": 3}\n', "latin1.jsonl": '{"text": "caf\xe9"}\n'}
+    lines = {
+        "no_text.jsonl": '{"text": "ok"}\n{"body": "x"}\n',
+        "not_json.jsonl": '{"text": "ok"}\n\n{"text": \n',
+        "list.jsonl": '["text"]\n',
+        "number.jsonl": '{"text": 3}\n',
+        "latin1.jsonl": '{"text": "caf\xe9"}\n',
+    }
     for name, content in lines.items():
         (tmp_path / "bad" / name).write_bytes(content.encode("latin-1"))
     (folder / "a" / "latin1.txt").write_bytes("ok\ncaf\xe9\n".encode("latin-1"))
@@ -628,10 +737,10 @@ def test_bad_corpora_are_one_line_errors(folder, tmp_path, capsys):
     cases = [
         (str(tmp_path / "empty"), "input folder", "empty holds no .txt or .jsonl files"),
         (str(tmp_path / "*.nothing"), "input pattern", "*.nothing' matches no files"),
-        (str(bad / "no_text.jsonl"), "no_text.jsonl line 2 has no \"text\" field"),
+        (str(bad / "no_text.jsonl"), 'no_text.jsonl line 2 has no "text" field'),
         (str(bad / "not_json.jsonl"), "not_json.jsonl line 3 is not valid JSON (Expecting value at column 10)"),
-        (str(bad / "list.jsonl"), "list.jsonl line 1 has no \"text\" field"),
-        (str(bad / "number.jsonl"), "number.jsonl line 1 has a \"text\" that is a int, not a string"),
+        (str(bad / "list.jsonl"), 'list.jsonl line 1 has no "text" field'),
+        (str(bad / "number.jsonl"), 'number.jsonl line 1 has a "text" that is a int, not a string'),
         (str(bad / "latin1.jsonl"), "latin1.jsonl line 1 is not UTF-8 text (byte 0xe9 at column 14)"),
         (str(folder), "a/latin1.txt is not UTF-8 text (byte 0xe9 at offset 6)"),
         (str(tmp_path / "blank.jsonl"), "blank.jsonl holds no text"),
@@ -642,8 +751,10 @@ def test_bad_corpora_are_one_line_errors(folder, tmp_path, capsys):
         assert len(err.strip().splitlines()) == 1 and err.startswith("error: "), err
         assert all(f in err for f in fragments), (fragments, err)
     (folder / "a" / "latin1.txt").unlink()
-    for argv, says in [(["--num_proc", "0"], "num_proc=0 must be a positive integer"),
-                       (["--tokenizer", "bpe", "--vocab_size", "257"], "needs 258..")]:
+    for argv, says in [
+        (["--num_proc", "0"], "num_proc=0 must be a positive integer"),
+        (["--tokenizer", "bpe", "--vocab_size", "257"], "needs 258.."),
+    ]:
         assert prepare.main(["--input", str(folder), "--data_dir", str(tmp_path / "out"), *argv]) == 1
         assert says in capsys.readouterr().err
     assert not (tmp_path / "out").exists()

@@ -20,12 +20,27 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 # two micro-batches a step: one per rank under DDP, both in turn in one process; dropout, so the
 # masks must follow the micro-batch too; evaluation only at the end or on a stop
-COMMON = ["--device=cpu", "--gradient_accumulation_steps=2", "--dropout=0.1", "--warmup_iters=2",
-          "--lr_decay_iters=1000", "--log_interval=1", "--eval_interval=1000000"]
+COMMON = [
+    "--device=cpu",
+    "--gradient_accumulation_steps=2",
+    "--dropout=0.1",
+    "--warmup_iters=2",
+    "--lr_decay_iters=1000",
+    "--log_interval=1",
+    "--eval_interval=1000000",
+]
 
 
 def torchrun(*args):
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py", *map(str, args)]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "train.py",
+        *map(str, args),
+    ]
 
 
 def close(a, b, rel):
@@ -38,9 +53,15 @@ def test_two_processes_train_as_one_and_checkpoints_cross_over(data_dir, tmp_pat
     shutil.copytree(single, ddp)
     # DDP resumes the one-process checkpoint and trains until a Ctrl-C reaches the whole process
     # group, as from a terminal: torchrun and both workers
-    proc = subprocess.Popen(torchrun(*flags(data_dir, ddp, *COMMON, "--max_iters=1000000", "--resume")), cwd=ROOT,
-                            env=ONE_THREAD, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        torchrun(*flags(data_dir, ddp, *COMMON, "--max_iters=1000000", "--resume")),
+        cwd=ROOT,
+        env=ONE_THREAD,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         wait_for(lambda: last_logged(ddp) >= 4, proc)
         os.killpg(proc.pid, signal.SIGINT)
@@ -69,8 +90,10 @@ def test_two_processes_train_as_one_and_checkpoints_cross_over(data_dir, tmp_pat
     for out in (single, ddp):
         train.main(flags(data_dir, out, *COMMON, f"--max_iters={k + 1}", "--resume"))
     assert close(log(ddp)[-1]["train_loss"], log(single)[-1]["train_loss"], 1e-5)
-    print(f"DDP vs one process, iterations 3..{k}: train losses", [(x["train_loss"], y["train_loss"]) for x, y in
-                                                                   zip(a[2:], b[2:])])
+    print(
+        f"DDP vs one process, iterations 3..{k}: train losses",
+        [(x["train_loss"], y["train_loss"]) for x, y in zip(a[2:], b[2:])],
+    )
 
 
 def test_a_divergence_stops_every_rank_and_keeps_the_checkpoint(data_dir, tmp_path):
@@ -83,8 +106,14 @@ def test_a_divergence_stops_every_rank_and_keeps_the_checkpoint(data_dir, tmp_pa
     record = json.loads((out / "config.json").read_text())
     record["train"]["learning_rate"] = 1e30
     (out / "config.json").write_text(json.dumps(record))
-    proc = subprocess.run(torchrun(*flags(data_dir, out, *COMMON, "--resume", "--max_iters=5", "--eval_interval=1")),
-                          cwd=ROOT, env=ONE_THREAD, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        torchrun(*flags(data_dir, out, *COMMON, "--resume", "--max_iters=5", "--eval_interval=1")),
+        cwd=ROOT,
+        env=ONE_THREAD,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     errors = [line for line in proc.stderr.splitlines() if re.match(r"(\[rank \d\] )?error:", line)]
     assert proc.returncode != 0 and len(errors) == 1, proc.stderr
     assert errors[0].startswith("error: evaluation gave a non-finite loss at iteration 3: training diverged")

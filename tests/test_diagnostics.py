@@ -16,7 +16,9 @@ from runtime import Runtime
 def test_the_weights_are_those_sdpa_applies(kind):
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 3, 5, 8, generator=g) for _ in range(3))
-    mask = {"causal": None, "bool": torch.rand(5, 5, generator=g) > 0.3, "float": torch.randn(3, 5, 5, generator=g)}[kind]
+    mask = {"causal": None, "bool": torch.rand(5, 5, generator=g) > 0.3, "float": torch.randn(3, 5, 5, generator=g)}[
+        kind
+    ]
     if kind == "bool":
         mask[:, 0] = True  # every query sees a key
     p = diagnostics.weights(q, k, mask, kind == "causal", 0.3)

@@ -16,8 +16,15 @@ from model import GPT, GPTConfig
 
 def test_prepare_train_sample(data_dir, tmp_path):
     out = tmp_path / "run"
-    said = run("train.py", "configs/shakespeare_char_cpu.toml", *TINY, "--max_iters=30", "--eval_interval=15",
-               f"--data_dir={data_dir}", f"--out_dir={out}").stdout
+    said = run(
+        "train.py",
+        "configs/shakespeare_char_cpu.toml",
+        *TINY,
+        "--max_iters=30",
+        "--eval_interval=15",
+        f"--data_dir={data_dir}",
+        f"--out_dir={out}",
+    ).stdout
     assert said.rstrip().endswith(f"loss curves: python plot.py --runs={out}")  # the next command, for the curves
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     evals = [m for m in lines if "val_loss" in m]
@@ -45,8 +52,17 @@ def test_the_gpt2_124m_config_trains_shrunk_on_a_prepared_dataset(data_dir, tmp_
     assert tc.batch_size * gcfg.block_size * tc.gradient_accumulation_steps == 491_520  # ~0.5M tokens a step
 
     out = tmp_path / "run"
-    overrides = flags(data_dir, out, "--dataset=shakespeare_char", "--gradient_accumulation_steps=2", "--max_iters=3",
-                      "--warmup_iters=1", "--lr_decay_iters=3", "--eval_interval=3", "--log_interval=1")
+    overrides = flags(
+        data_dir,
+        out,
+        "--dataset=shakespeare_char",
+        "--gradient_accumulation_steps=2",
+        "--max_iters=3",
+        "--warmup_iters=1",
+        "--lr_decay_iters=3",
+        "--eval_interval=3",
+        "--log_interval=1",
+    )
     train.main([str(path), *overrides])
     saved = json.loads((out / "config.json").read_text())
     overridden = {arg.removeprefix("--").split("=")[0] for arg in overrides}
@@ -62,7 +78,12 @@ def test_the_installed_project_puts_none_of_its_modules_on_other_projects_import
     """`pip install -e .` installs the dependencies only: from another folder, none of our generic module names
     (config, model, train, ...) is importable, so none shadows another project's."""
     ours = sorted({p.stem for p in ROOT.glob("*.py")} | {"data", "lab"})
-    found = subprocess.run([sys.executable, "-c", "import importlib.util as u, sys; "
-                            f"print([m for m in {ours!r} if u.find_spec(m)])"], cwd=tmp_path, capture_output=True,
-                           text=True, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, check=True)
+    found = subprocess.run(
+        [sys.executable, "-c", f"import importlib.util as u, sys; print([m for m in {ours!r} if u.find_spec(m)])"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+        check=True,
+    )
     assert found.stdout.strip() == "[]"

@@ -35,8 +35,9 @@ def save_run(out, pos_emb, meta=CHAR_META, noise=0.1, **kw):
         for p in model.parameters():
             p.add_(torch.randn_like(p), alpha=noise)
     out.mkdir()
-    checkpoint.save_checkpoint({"model": model.state_dict(), "model_config": model.config.asdict(), "tokenizer": meta},
-                               out / "ckpt.pt")
+    checkpoint.save_checkpoint(
+        {"model": model.state_dict(), "model_config": model.config.asdict(), "tokenizer": meta}, out / "ckpt.pt"
+    )
     return model
 
 
@@ -60,19 +61,28 @@ CASES = {  # name: (pos_emb, config, the transformers class)
     "rope-interleaved": ("rope", {}, "GPTNeoXForCausalLM"),
     "rope-half": ("rope", {"rope_layout": "half"}, "GPTNeoXForCausalLM"),
     "rope-interleaved-partial-bias": ("rope", {"rope_fraction": 0.5, "bias": True}, "GPTNeoXForCausalLM"),
-    "rope-half-partial": ("rope", {"rope_layout": "half", "rope_fraction": 0.25, "rope_base": 500.0},
-                          "GPTNeoXForCausalLM"),
+    "rope-half-partial": (
+        "rope",
+        {"rope_layout": "half", "rope_fraction": 0.25, "rope_base": 500.0},
+        "GPTNeoXForCausalLM",
+    ),
     "none": ("none", {}, "GPTNeoXForCausalLM"),
     "learned": ("learned", {}, "GPT2LMHeadModel"),
     "learned-bias": ("learned", {"bias": True}, "GPT2LMHeadModel"),
     "rope-untied-relu2": ("rope", {"tie_embeddings": False, "mlp_act": "relu2"}, "GPTNeoXForCausalLM"),
     "learned-untied": ("learned", {"tie_embeddings": False}, "GPT2LMHeadModel"),
     "learned-gelu-tanh": ("learned", {"mlp_act": "gelu_tanh"}, "GPT2LMHeadModel"),
-    "rope-parallel-gelu-tanh": ("rope", {"parallel_residual": True, "mlp_act": "gelu_tanh", "rope_layout": "half"},
-                                "GPTNeoXForCausalLM"),
+    "rope-parallel-gelu-tanh": (
+        "rope",
+        {"parallel_residual": True, "mlp_act": "gelu_tanh", "rope_layout": "half"},
+        "GPTNeoXForCausalLM",
+    ),
     "rope-qk-norm": ("rope", {"qk_norm": True}, "PersimmonForCausalLM"),
-    "rope-qk-norm-partial-bias": ("rope", {"qk_norm": True, "rope_fraction": 0.5, "bias": True, "mlp_act": "relu2"},
-                                  "PersimmonForCausalLM"),
+    "rope-qk-norm-partial-bias": (
+        "rope",
+        {"qk_norm": True, "rope_fraction": 0.5, "bias": True, "mlp_act": "relu2"},
+        "PersimmonForCausalLM",
+    ),
     "none-qk-norm-untied": ("none", {"qk_norm": True, "tie_embeddings": False}, "PersimmonForCausalLM"),
 }
 
@@ -88,21 +98,28 @@ def test_logits_agree_through_transformers(tmp_path, case):
     assert max_difference(model, hf, n) < TOLERANCE
 
 
-SHIPPED = sorted(p.name for p in (ROOT / "configs").glob("*.toml") if not p.name.startswith(("ablate", "extend", "recipe")))
+SHIPPED = sorted(
+    p.name for p in (ROOT / "configs").glob("*.toml") if not p.name.startswith(("ablate", "extend", "recipe"))
+)
 
 
 @pytest.mark.parametrize("name", SHIPPED)
 def test_every_shipped_configs_model_exports(tmp_path, name):
     """The model each config trains (its options: qk_norm, mlp_act, positions, ...), shrunk to a tiny shape."""
     gcfg, _ = config.parse([str(ROOT / "configs" / name)], GPTConfig, TrainConfig)
-    options = {k: v for k, v in gcfg.asdict().items() if v != getattr(GPTConfig(), k)
-               and k not in ("n_layer", "n_head", "n_embd", "block_size", "original_len", "vocab_size", "dropout")}
+    options = {
+        k: v
+        for k, v in gcfg.asdict().items()
+        if v != getattr(GPTConfig(), k)
+        and k not in ("n_layer", "n_head", "n_embd", "block_size", "original_len", "vocab_size", "dropout")
+    }
     model, hf_model, _ = exported(tmp_path, gcfg.pos_emb, **{k: v for k, v in options.items() if k != "pos_emb"})
     assert max_difference(model, hf_model, 32) < TOLERANCE
 
 
-@pytest.mark.parametrize("pos_emb, kw", [("rope", {"rope_fraction": 0.5}), ("learned", {"bias": True}),
-                                         ("rope", {"qk_norm": True})])
+@pytest.mark.parametrize(
+    "pos_emb, kw", [("rope", {"rope_fraction": 0.5}), ("learned", {"bias": True}), ("rope", {"qk_norm": True})]
+)
 def test_greedy_generation_is_ours_token_for_token(tmp_path, pos_emb, kw):
     # random weights loop on a token or two; larger ones loop later, so more of the text is a test
     model, hf, folder = exported(tmp_path, pos_emb, block_size=64, noise=0.5, **kw)
@@ -115,7 +132,7 @@ def test_greedy_generation_is_ours_token_for_token(tmp_path, pos_emb, kw):
     new = 64 - ids.shape[1]
     ours = torch.cat(list(generate(model, ids, new, GREEDY)), dim=1)  # (4, new)
     theirs = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False)
-    assert torch.equal(theirs[:, ids.shape[1]:], ours)
+    assert torch.equal(theirs[:, ids.shape[1] :], ours)
     assert len(ours.unique()) > 6, "degenerate greedy text would prove little"
 
 
@@ -126,10 +143,12 @@ SCALINGS = {  # name: how the scaling is set (in the checkpoint, or by export's 
     "llama3": ({"rope_layout": "half"}, ["--rope_scaling=llama3", "--rope_scaling_factor=4"], "llama3"),
     "yarn": ({"rope_fraction": 1.0}, ["--rope_scaling=yarn", "--rope_scaling_factor=4"], "yarn"),  # and temperature
     # fine-tuned at 32 tokens from L0 = 16 (extend.py): transformers' original_max_position_embeddings is L0
-    "yarn-finetuned": ({"rope_fraction": 1.0, "rope_scaling": "yarn", "rope_scaling_factor": 2.0,
-                        "original_len": 16}, [], "yarn"),
-    "dynamic-finetuned": ({"rope_scaling": "dynamic", "rope_scaling_factor": 2.0, "original_len": 16}, [],
-                          "dynamic"),
+    "yarn-finetuned": (
+        {"rope_fraction": 1.0, "rope_scaling": "yarn", "rope_scaling_factor": 2.0, "original_len": 16},
+        [],
+        "yarn",
+    ),
+    "dynamic-finetuned": ({"rope_scaling": "dynamic", "rope_scaling_factor": 2.0, "original_len": 16}, [], "dynamic"),
 }
 
 
@@ -157,6 +176,7 @@ def test_an_exported_scaling_imports_back_to_the_same_frequencies_and_logits(tmp
 
 
 # ----------------------------------------------------------------------------- tokenizers
+
 
 def test_char_tokenizer_gives_our_ids_and_text_back(tmp_path, corpus):
     text = corpus.read_text()[:20000]
@@ -187,8 +207,9 @@ def test_gpt2_tokenizer_keeps_its_end_of_text_token(tmp_path, corpus, monkeypatc
     """tiktoken's GPT-2 files are not here offline: a small encoding of the same shape (byte-level ranks, the
     GPT-2 pattern, <|endoftext|> as the last id) stands in for it."""
     ranks, _ = train_bpe(corpus.read_text()[:100_000], 300, progress=False)
-    stand_in = tiktoken.Encoding("gpt2", pat_str=GPT2_PATTERN, mergeable_ranks=ranks,
-                                 special_tokens={"<|endoftext|>": 300})
+    stand_in = tiktoken.Encoding(
+        "gpt2", pat_str=GPT2_PATTERN, mergeable_ranks=ranks, special_tokens={"<|endoftext|>": 300}
+    )
     monkeypatch.setattr(data.tokenizer, "gpt2_encoding", lambda: stand_in)
     meta = {"tokenizer": "gpt2", "eot": 300, "start_id": 300}
     _, hf, folder = exported(tmp_path, "learned", meta=meta, vocab_size=301)
@@ -202,18 +223,29 @@ def test_gpt2_tokenizer_keeps_its_end_of_text_token(tmp_path, corpus, monkeypatc
 # ----------------------------------------------------------------------------- refusals
 
 REFUSED = {  # name: (pos_emb, config, the arguments after OUT_DIR, the error's gist)
-    **{s: (s, {}, ["hf"], f"pos_emb='{s}' has no transformers architecture")
-       for s, cls in positions.SCHEMES.items() if cls.transformers()[0] is None},
+    **{
+        s: (s, {}, ["hf"], f"pos_emb='{s}' has no transformers architecture")
+        for s, cls in positions.SCHEMES.items()
+        if cls.transformers()[0] is None
+    },
     "p-rope": ("rope", {"rope_p": 0.5}, ["hf"], "rope_p=0.5 < 1"),
     "qk-norm-learned": ("learned", {"qk_norm": True}, ["hf"], "only Persimmon normalises queries and keys"),
     "qk-norm-parallel": ("rope", {"qk_norm": True, "parallel_residual": True}, ["hf"], "sequential residual"),
     "parallel-learned": ("learned", {"parallel_residual": True}, ["hf"], "GPT-2's residual is sequential"),
     "logit-softcap": ("learned", {"logit_softcap": 30.0}, ["hf"], "logit_softcap=30.0: GPT-NeoX, Persimmon and"),
-    "partial-yarn": ("rope", {"rope_fraction": 0.5}, ["hf", "--rope_scaling=yarn", "--rope_scaling_factor=4"],
-                     "temperature on the rotated dims alone"),
+    "partial-yarn": (
+        "rope",
+        {"rope_fraction": 0.5},
+        ["hf", "--rope_scaling=yarn", "--rope_scaling_factor=4"],
+        "temperature on the rotated dims alone",
+    ),
     "scaling-without-factor": ("rope", {}, ["hf", "--rope_scaling=linear"], "needs its factor"),
-    "scaling-of-learned": ("learned", {}, ["hf", "--rope_scaling=linear", "--rope_scaling_factor=2"],
-                           "rope_scaling='linear' does nothing for pos_emb='learned'"),
+    "scaling-of-learned": (
+        "learned",
+        {},
+        ["hf", "--rope_scaling=linear", "--rope_scaling_factor=2"],
+        "rope_scaling='linear' does nothing for pos_emb='learned'",
+    ),
     "into-the-run": ("rope", {}, ["out"], "training run's folder"),  # would overwrite the run's config.json
 }
 
@@ -234,9 +266,13 @@ def test_the_export_says_what_it_wrote(tmp_path, capsys):
     save_run(tmp_path / "out", "rope", rope_layout="half")
     export.main([f"--out_dir={tmp_path / 'out'}", f"--hf_dir={tmp_path / 'hf'}"])
     assert "as GPTNeoXForCausalLM (rope; tokenizer char): logits agree with nanorope's to" in capsys.readouterr().out
-    assert {p.name for p in (tmp_path / "hf").iterdir()} == {"config.json", "generation_config.json",
-                                                             "model.safetensors", "tokenizer.json",
-                                                             "tokenizer_config.json"}
+    assert {p.name for p in (tmp_path / "hf").iterdir()} == {
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    }
 
 
 def test_the_command_refuses_with_exit_1(tmp_path):

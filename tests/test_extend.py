@@ -15,15 +15,36 @@ from lab import extend, extend_report, sweep
 
 # L0 = 32: RoPE (base 200), every base passing the gate (0) at its first probe (step 2) and decayed 2 steps; 2 test
 # seeds and the selection seed; each method fine-tuned 4 steps at 64 tokens, scored at steps 0, 2 and 4
-LAB = [*TINY, "--rope_bases=200", "--seeds=2", "--methods=none,linear,pose", "--factors=2", "--base_check=2",
-       "--base_gate=0", "--base_decay=2", "--max_iters=4", "--warmup_iters=1", "--eval_interval=2", "--log_interval=1",
-       "--finetune_lrs=3e-3", "--finetune_eval=2", "--plateau_span=2", "--finetune_steps=2,4", "--eval_tokens=128",
-       "--probe_trials=2", "--probe_distances=4", "--probe_per=2", "--recall_share=0.5", "--recall_pairs=2",
-       "--probe_pairs=2"]
+LAB = [
+    *TINY,
+    "--rope_bases=200",
+    "--seeds=2",
+    "--methods=none,linear,pose",
+    "--factors=2",
+    "--base_check=2",
+    "--base_gate=0",
+    "--base_decay=2",
+    "--max_iters=4",
+    "--warmup_iters=1",
+    "--eval_interval=2",
+    "--log_interval=1",
+    "--finetune_lrs=3e-3",
+    "--finetune_eval=2",
+    "--plateau_span=2",
+    "--finetune_steps=2,4",
+    "--eval_tokens=128",
+    "--probe_trials=2",
+    "--probe_distances=4",
+    "--probe_per=2",
+    "--recall_share=0.5",
+    "--recall_pairs=2",
+    "--probe_pairs=2",
+]
 
 
-def test_the_lab_reads_every_arm_at_equal_steps_keeps_each_seeds_cells_and_a_rerun_trains_nothing(data_dir, tmp_path,
-                                                                                                  capsys):
+def test_the_lab_reads_every_arm_at_equal_steps_keeps_each_seeds_cells_and_a_rerun_trains_nothing(
+    data_dir, tmp_path, capsys
+):
     out = tmp_path / "ext"
     args = [*LAB, f"--data_dir={data_dir}", f"--out_dir={out}"]
     run("-m", "lab.extend", *args, "--workers=2")  # two runs at a time, each in a process of its own
@@ -47,8 +68,9 @@ def test_the_lab_reads_every_arm_at_equal_steps_keeps_each_seeds_cells_and_a_rer
     for name in tests:  # the scaling and L0 are the run's own, saved where sampling, evaluation and resume read them
         ckpt = load_checkpoint(out / "finetune" / name / "ckpt.pt")
         cfg, method = ckpt["model_config"], name.split("-")[2]
-        assert (cfg["original_len"], cfg["rope_base"]) == (32, 200.0) and cfg["block_size"] == (32 if method == "pose"
-                                                                                                 else 64)
+        assert (cfg["original_len"], cfg["rope_base"]) == (32, 200.0) and cfg["block_size"] == (
+            32 if method == "pose" else 64
+        )
         assert ckpt["iter"] == 4
     pi = res["finetune"]["rope-b200-linear-x2"]
     assert set(pi["by_step"]) == {"0", "2", "4"} and set(pi["by_step"]["4"]["loss"]) == {"32", "64", "128"}
@@ -88,14 +110,24 @@ def test_the_lab_reads_every_arm_at_equal_steps_keeps_each_seeds_cells_and_a_rer
     folder = out / "finetune" / "rope-b200-linear-x2-lr{:g}-seed1337".format(pi["lr"])
     ft = json.loads((folder / "config.json").read_text())
     straight = tmp_path / "straight"
-    train.main([*TINY, f"--data_dir={data_dir}", f"--out_dir={straight}",
-                *(f"--{k}={v}" for k, v in {**ft["model"], **ft["train"], **ft["batches"]}.items()
-                  if k not in ("out_dir", "resume", "vocab_size") and v is not None)])
+    train.main(
+        [
+            *TINY,
+            f"--data_dir={data_dir}",
+            f"--out_dir={straight}",
+            *(
+                f"--{k}={v}"
+                for k, v in {**ft["model"], **ft["train"], **ft["batches"]}.items()
+                if k not in ("out_dir", "resume", "vocab_size") and v is not None
+            ),
+        ]
+    )
     assert same_tensors(load_checkpoint(straight / "ckpt.pt")["model"], load_checkpoint(folder / "ckpt.pt")["model"])
 
 
-def test_seeds_whose_base_fails_the_gate_are_screened_out_in_order_and_the_ceiling_refuses(data_dir, tmp_path, capsys,
-                                                                                          monkeypatch):
+def test_seeds_whose_base_fails_the_gate_are_screened_out_in_order_and_the_ceiling_refuses(
+    data_dir, tmp_path, capsys, monkeypatch
+):
     """Seeds 1338 and 1000 fail the gate (their probe says no slot retrieves): the next seeds are screened in order,
     1339 and 1001 taken; screen_most=2 stops short of them."""
     probed = extend.probed
@@ -104,19 +136,28 @@ def test_seeds_whose_base_fails_the_gate_are_screened_out_in_order_and_the_ceili
         scores = probed(lab, out, step)
         failing = out.name.endswith(("seed1338", "seed1000"))
         return scores | {"slot": {j: 0.0 if failing else 1.0 for j in scores["slot"]}}
+
     monkeypatch.setattr(extend, "probed", gated)
     out = tmp_path / "ext"
-    args = [*LAB, "--base_gate=0.5", "--methods=none,linear", "--finetune_steps=2", f"--data_dir={data_dir}",
-            f"--out_dir={out}"]
+    args = [
+        *LAB,
+        "--base_gate=0.5",
+        "--methods=none,linear",
+        "--finetune_steps=2",
+        f"--data_dir={data_dir}",
+        f"--out_dir={out}",
+    ]
     code, err = extend_main(capsys, *args, "--screen_most=2")
-    assert code == 1 and err.startswith("error: 1 of the 2 test seeds screened (screen_most) passed the gate (1337, "
-                                        "1338); 2 needed: raise screen_most"), err
+    assert code == 1 and err.startswith(
+        "error: 1 of the 2 test seeds screened (screen_most) passed the gate (1337, 1338); 2 needed: raise screen_most"
+    ), err
     assert not (out / "finetune").exists()  # refused before any method touched a base model
     extend.main(args)  # the bases screened already are reused
     res = json.loads((out / "results.json").read_text())
-    assert res["screening"] == {"selection": {"screened": [1000, 1001], "passed": [1001], "included": [1001]},
-                                "test": {"screened": [1337, 1338, 1339], "passed": [1337, 1339],
-                                         "included": [1337, 1339]}}
+    assert res["screening"] == {
+        "selection": {"screened": [1000, 1001], "passed": [1001], "included": [1001]},
+        "test": {"screened": [1337, 1338, 1339], "passed": [1337, 1339], "included": [1337, 1339]},
+    }
     assert res["seeds"] == [1337, 1339] and res["selection_seed"] == 1001
     assert all(set(arm["runs"]) == {"1337", "1339"} for arm in res["finetune"].values())
     failed = res["base"]["rope-b200"]["1338"]
@@ -148,29 +189,49 @@ def extend_main(capsys, *args):
 
 
 def test_a_dry_run_prints_the_screening_and_every_launch_with_its_job_count(data_dir, tmp_path, capsys):
-    extend.main([*LAB, f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'ext'}", "--dry_run", "--workers=2",
-                 "--methods=none,pose", "--finetune_lrs=1e-3,3e-3"])
+    extend.main(
+        [
+            *LAB,
+            f"--data_dir={data_dir}",
+            f"--out_dir={tmp_path / 'ext'}",
+            "--dry_run",
+            "--workers=2",
+            "--methods=none,pose",
+            "--finetune_lrs=1e-3,3e-3",
+        ]
+    )
     lines = capsys.readouterr().out.splitlines()
     # the bases first (the selection seed's and 2 test seeds'), then 2 methods x 2 rates on the selection seed
-    assert lines[0].startswith("dry run, screening: 3 runs here, 2 at a time: rope-b200 seed 1000, rope-b200 seed "
-                               "1337, rope-b200 seed 1338; then, as each base model fails the gate, the next seed's, "
-                               "up to 12 seeds a role (launch 1 joins them once the selection seed passed)"), lines
+    assert lines[0].startswith(
+        "dry run, screening: 3 runs here, 2 at a time: rope-b200 seed 1000, rope-b200 seed "
+        "1337, rope-b200 seed 1338; then, as each base model fails the gate, the next seed's, "
+        "up to 12 seeds a role (launch 1 joins them once the selection seed passed)"
+    ), lines
     assert lines[1].startswith("dry run, launch 1: 4 runs here, 2 at a time: rope-b200 none x2 lr 0.001 seed 1000")
     assert lines[2].startswith("then, as each arm's sweep finishes, up to 2 more rates on selection seed 1000")
-    assert lines[3].startswith("then at most 4 jobs, test seeds 1337, 1338 of 2 arms, each arm's as soon as its sweep "
-                               "chooses its rate") and len(lines) == 4
+    assert (
+        lines[3].startswith(
+            "then at most 4 jobs, test seeds 1337, 1338 of 2 arms, each arm's as soon as its sweep chooses its rate"
+        )
+        and len(lines) == 4
+    )
     assert not (tmp_path / "ext").exists()
 
 
 def test_bad_lab_settings_give_one_line_errors(data_dir, tmp_path, capsys):
-    for bad, named in (("--methods=pi", "'pi' is unknown"), ("--finetune_steps=0,2", "finetune_steps='0,2'"),
-                       ("--factors=0.5", "factors='0.5'"), ("--recall_share=0", "recall_share=0"),
-                       ("--selection_seed=1330", "selection_seed=1330 and seed=1337: the 12 seeds screened from each"),
-                       ("--seeds=13", "seeds=13 must be <= screen_most=12"),
-                       ("--pos_emb=alibi", "fine-tunes RoPE"), ("--workers=0", "workers=0 must be a positive integer"),
-                       ("--finetune_steps=3", "multiples of finetune_eval=2"),
-                       ("--factors=2,inf", "factors='2,inf' must list finite numbers >= 1.0"),
-                       ("--finetune_lrs=nan", "finetune_lrs='nan' must list finite numbers")):
+    for bad, named in (
+        ("--methods=pi", "'pi' is unknown"),
+        ("--finetune_steps=0,2", "finetune_steps='0,2'"),
+        ("--factors=0.5", "factors='0.5'"),
+        ("--recall_share=0", "recall_share=0"),
+        ("--selection_seed=1330", "selection_seed=1330 and seed=1337: the 12 seeds screened from each"),
+        ("--seeds=13", "seeds=13 must be <= screen_most=12"),
+        ("--pos_emb=alibi", "fine-tunes RoPE"),
+        ("--workers=0", "workers=0 must be a positive integer"),
+        ("--finetune_steps=3", "multiples of finetune_eval=2"),
+        ("--factors=2,inf", "factors='2,inf' must list finite numbers >= 1.0"),
+        ("--finetune_lrs=nan", "finetune_lrs='nan' must list finite numbers"),
+    ):
         try:
             extend.main([*LAB, f"--data_dir={data_dir}", f"--out_dir={tmp_path}", bad])
             code = 0
@@ -190,17 +251,35 @@ def test_the_l0_loss_levels_off_where_it_fell_less_than_plateau_tol_over_plateau
 def test_claims_pair_the_seeds_at_the_read_step_and_skip_methods_not_run():
     def arm(method, losses, accuracies):  # per seed: {step: loss}, the band accuracy L0 to s L0 at the read step
         def scores(v, a):
-            return {"loss": {"32": v, "64": v, "128": v}, "bands": {name: {"accuracy": a} for name in
-                                                                    extend_report.BANDS}}
-        runs = {str(s): {"scores": {st: scores(v, accuracies[i]) for st, v in losses[i].items()}}
-                for i, s in enumerate((1, 2, 3))}
+            return {
+                "loss": {"32": v, "64": v, "128": v},
+                "bands": {name: {"accuracy": a} for name in extend_report.BANDS},
+            }
+
+        runs = {
+            str(s): {"scores": {st: scores(v, accuracies[i]) for st, v in losses[i].items()}}
+            for i, s in enumerate((1, 2, 3))
+        }
         return {"base": 200.0, "method": method, "factor": 2.0, "runs": runs}
-    r = {"block_size": 32, "read_step": 4, "bases": [200.0], "factors": [2.0], "finetune": {
-        "rope-b200-none-x2": arm("none", [{"0": 2.5, "2": 2.4, "4": 2.3}, {"0": 2.6, "2": 2.5, "4": 2.4},
-                                          {"0": 2.6, "2": 2.5, "4": 2.4}], [0.5, 0.4, 0.3]),
-        "rope-b200-linear-x2": arm("linear", [{"0": 2.9, "2": 2.1, "4": 2.2}, {"0": 3.0, "2": 2.55, "4": 2.35},
-                                              {"0": 3.0, "2": 2.55, "4": 2.45}], [0.9, 0.8, 0.9]),
-    }}
+
+    r = {
+        "block_size": 32,
+        "read_step": 4,
+        "bases": [200.0],
+        "factors": [2.0],
+        "finetune": {
+            "rope-b200-none-x2": arm(
+                "none",
+                [{"0": 2.5, "2": 2.4, "4": 2.3}, {"0": 2.6, "2": 2.5, "4": 2.4}, {"0": 2.6, "2": 2.5, "4": 2.4}],
+                [0.5, 0.4, 0.3],
+            ),
+            "rope-b200-linear-x2": arm(
+                "linear",
+                [{"0": 2.9, "2": 2.1, "4": 2.2}, {"0": 3.0, "2": 2.55, "4": 2.35}, {"0": 3.0, "2": 2.55, "4": 2.45}],
+                [0.9, 0.8, 0.9],
+            ),
+        },
+    }
     made = {c["claim"][:3]: c for c in extend_report.claims(r)}
     assert set(made) == {"(b)", "(e)", "(f)"}  # ntk, yarn and PoSE did not run: each claim once
     assert made["(b)"]["diffs"] == pytest.approx([2.2 - 2.3, 2.35 - 2.4, 2.45 - 2.4])  # step 4, never step 2
@@ -210,14 +289,21 @@ def test_claims_pair_the_seeds_at_the_read_step_and_skip_methods_not_run():
     assert judged["(e)"]["verdict"] == extend_report.UNTESTED and judged["(e)"]["equivalence_p"] is None
     assert judged["(b)"]["family"] == judged["(e)"]["family"] == 2
     assert judged["(f)"]["power"] > judged["(f)"]["test"]["ci"][1] - judged["(f)"]["test"]["mean"] > 0
-    row = next(line for line in extend_report.md_claims({"claims": list(judged.values())}).splitlines()
-               if line.startswith("| (e)"))
+    row = next(
+        line
+        for line in extend_report.md_claims({"claims": list(judged.values())}).splitlines()
+        if line.startswith("| (e)")
+    )
     assert f"| none: CI against ±{extend_report.SAME_MARGIN:g} |" in row and "one family of 2 tests" not in row
 
 
 def test_a_same_claim_is_tested_where_its_equivalence_test_can_pass():
-    tight = {"claim": "(e)", "diffs": [0.001, -0.001, 0.002, 0.0, -0.002, 0.001], "expect": "same",
-             "margin": extend_report.SAME_MARGIN}
+    tight = {
+        "claim": "(e)",
+        "diffs": [0.001, -0.001, 0.002, 0.0, -0.002, 0.001],
+        "expect": "same",
+        "margin": extend_report.SAME_MARGIN,
+    }
     (c,) = extend_report.judge([tight])
     assert c["verdict"] == "holds" and c["family"] == 1 and c["equivalence_p_holm"] < 0.05
 
@@ -226,12 +312,31 @@ def test_a_same_claim_is_tested_where_its_equivalence_test_can_pass():
 def test_the_gpu_and_second_scale_configs_run_shrunk_on_the_cpu(data_dir, tmp_path, name):
     """Each config's own settings, with a tiny model, few steps and float32 on the CPU in place of its scale."""
     out = tmp_path / "ext"
-    shrunk = [*TINY, "--seeds=1", "--methods=none,pose", "--base_check=2", "--base_gate=0", "--base_decay=2",
-              "--max_iters=2", "--warmup_iters=1", "--eval_interval=2", "--finetune_lrs=1e-3", "--finetune_eval=2",
-              "--plateau_span=2", "--finetune_steps=2", "--eval_tokens=128", "--probe_trials=2",
-              "--probe_distances=4", "--probe_per=1", "--recall_pairs=2", "--recall_fewest=1", "--recall_queries=2",
-              "--probe_pairs=2",
-              "--device=cpu", "--workers=1"]
+    shrunk = [
+        *TINY,
+        "--seeds=1",
+        "--methods=none,pose",
+        "--base_check=2",
+        "--base_gate=0",
+        "--base_decay=2",
+        "--max_iters=2",
+        "--warmup_iters=1",
+        "--eval_interval=2",
+        "--finetune_lrs=1e-3",
+        "--finetune_eval=2",
+        "--plateau_span=2",
+        "--finetune_steps=2",
+        "--eval_tokens=128",
+        "--probe_trials=2",
+        "--probe_distances=4",
+        "--probe_per=1",
+        "--recall_pairs=2",
+        "--recall_fewest=1",
+        "--recall_queries=2",
+        "--probe_pairs=2",
+        "--device=cpu",
+        "--workers=1",
+    ]
     extend.main([f"configs/{name}", *shrunk, f"--data_dir={data_dir}", f"--out_dir={out}"])
     res = json.loads((out / "results.json").read_text())
     assert set(res["finetune"]) == {f"rope-b{res['bases'][0]:g}-{m}-x{res['factors'][0]:g}" for m in ("none", "pose")}
@@ -239,6 +344,7 @@ def test_the_gpu_and_second_scale_configs_run_shrunk_on_the_cpu(data_dir, tmp_pa
 
 class Screened:
     """What extend.screening reads of a lab: 2 test seeds from 1337, 3 screened a role at the most."""
+
     settings = extend.ExtendConfig(seeds=2, screen_most=3)
     tc, bases = train.TrainConfig(seed=1337), [200.0]
 
@@ -249,8 +355,10 @@ def bases(passed):
 
 
 def test_seeds_are_screened_in_order_as_far_as_needed_and_included_once_every_earlier_one_is_decided():
-    assert extend.screening(Screened, {}) == {"selection": {"screened": [1000], "passed": [], "included": []},
-                                              "test": {"screened": [1337, 1338], "passed": [], "included": []}}
+    assert extend.screening(Screened, {}) == {
+        "selection": {"screened": [1000], "passed": [], "included": []},
+        "test": {"screened": [1337, 1338], "passed": [], "included": []},
+    }
     found = extend.screening(Screened, bases({1000: True, 1338: False}))  # 1337 still training
     assert found["test"] == {"screened": [1337, 1338, 1339], "passed": [], "included": []}
     assert found["selection"]["included"] == [1000]
@@ -258,8 +366,11 @@ def test_seeds_are_screened_in_order_as_far_as_needed_and_included_once_every_ea
     assert found["test"] == {"screened": [1337, 1338, 1339], "passed": [1339], "included": []}
     found = extend.screening(Screened, bases({1337: True, 1338: False, 1339: True, 1340: True}))
     assert found["test"] == {"screened": [1337, 1338, 1339], "passed": [1337, 1339], "included": [1337, 1339]}
-    with pytest.raises(ValueError, match=r"1 of the 3 test seeds screened \(screen_most\) passed the gate "
-                                         r"\(1337, 1338, 1339\); 2 needed: raise screen_most"):
+    with pytest.raises(
+        ValueError,
+        match=r"1 of the 3 test seeds screened \(screen_most\) passed the gate "
+        r"\(1337, 1338, 1339\); 2 needed: raise screen_most",
+    ):
         extend.screening(Screened, bases({1337: False, 1338: True, 1339: False}))
 
 
@@ -269,8 +380,15 @@ def test_each_run_starts_once_what_it_needs_is_known_not_when_a_round_ends():
     sweep has; and seed 1337's fine-tunes start once their rates are chosen, long before 1339 (screened once 1338
     failed) is decided."""
     started = []
-    losses = {("none", 1e-4): 3.0, ("none", 2e-4): 2.5, ("none", 4e-4): 2.0, ("none", 8e-4): 2.2,  # widened once
-              ("linear", 1e-4): 3.0, ("linear", 2e-4): 2.0, ("linear", 4e-4): 2.5}  # its best inside
+    losses = {
+        ("none", 1e-4): 3.0,
+        ("none", 2e-4): 2.5,
+        ("none", 4e-4): 2.0,
+        ("none", 8e-4): 2.2,  # widened once
+        ("linear", 1e-4): 3.0,
+        ("linear", 2e-4): 2.0,
+        ("linear", 4e-4): 2.5,
+    }  # its best inside
 
     class Lab(Screened):
         seeds, unswept = None, 1
@@ -281,7 +399,7 @@ def test_each_run_starts_once_what_it_needs_is_known_not_when_a_round_ends():
         def launch(wanted):
             done, running, now = {}, {}, 0  # running: {job: the time it ends}
             while True:
-                for job in [j for j in wanted(done) if j not in done and j not in running][:2 - len(running)]:
+                for job in [j for j in wanted(done) if j not in done and j not in running][: 2 - len(running)]:
                     running[job] = now + (10 if job[0] == "base" else 1)
                     started.append((job[2], job[-1], job[-2]) if job[0] == "finetune" else job[-1])
                 if not running:
@@ -289,12 +407,29 @@ def test_each_run_starts_once_what_it_needs_is_known_not_when_a_round_ends():
                 job = min(running, key=running.get)  # of two ending together, the one started first
                 now = running.pop(job)
                 done[job] = {"passed": job[-1] != 1338} if job[0] == "base" else {"loss": losses[job[2], job[-1]]}
+
     none, pi = (200.0, "none", 2.0), (200.0, "linear", 2.0)
-    done, sweeps, rates = sweep.Plan.sweep_and_test(Lab, [none, pi], {none: [1e-4, 2e-4, 4e-4],
-                                                                       pi: [1e-4, 2e-4, 4e-4]},
-                                                    screen=lambda done: extend.screened_jobs(Lab, done))
-    assert started == [1000, 1337, 1338, ("none", 1e-4, 1000), ("none", 2e-4, 1000), ("none", 4e-4, 1000),
-                       ("none", 8e-4, 1000), ("linear", 1e-4, 1000), ("linear", 2e-4, 1000), ("linear", 4e-4, 1000),
-                       ("none", 4e-4, 1337), ("linear", 2e-4, 1337), 1339, ("none", 4e-4, 1339),
-                       ("linear", 2e-4, 1339)]
+    done, sweeps, rates = sweep.Plan.sweep_and_test(
+        Lab,
+        [none, pi],
+        {none: [1e-4, 2e-4, 4e-4], pi: [1e-4, 2e-4, 4e-4]},
+        screen=lambda done: extend.screened_jobs(Lab, done),
+    )
+    assert started == [
+        1000,
+        1337,
+        1338,
+        ("none", 1e-4, 1000),
+        ("none", 2e-4, 1000),
+        ("none", 4e-4, 1000),
+        ("none", 8e-4, 1000),
+        ("linear", 1e-4, 1000),
+        ("linear", 2e-4, 1000),
+        ("linear", 4e-4, 1000),
+        ("none", 4e-4, 1337),
+        ("linear", 2e-4, 1337),
+        1339,
+        ("none", 4e-4, 1339),
+        ("linear", 2e-4, 1339),
+    ]
     assert sweeps == {none: [1e-4, 2e-4, 4e-4, 8e-4], pi: [1e-4, 2e-4, 4e-4]} and rates == {none: 4e-4, pi: 2e-4}

@@ -25,8 +25,9 @@ def test_a_full_device_keeps_the_previous_file_and_says_what_the_new_one_needed(
     with pytest.raises(files.WriteError) as e:
         save_checkpoint(big, path)
     needed = len(save_bytes(big))
-    assert str(e.value).startswith(f"cannot write {path}: the device is full (No space left on device; it needs "
-                                   f"{files.size(needed)}, ")
+    assert str(e.value).startswith(
+        f"cannot write {path}: the device is full (No space left on device; it needs {files.size(needed)}, "
+    )
     assert str(e.value).endswith(" free there)") and "\n" not in str(e.value)
     assert torch.load(path, weights_only=True) == {"v": 1} and os.listdir(tmp_path) == ["ckpt.pt"]
 
@@ -62,12 +63,16 @@ with files.RunLock(sys.argv[1], "test run"):
 
 
 def test_the_run_lock_refuses_a_second_process_until_the_holder_dies(tmp_path):
-    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path)], cwd=ROOT, env=ONE_THREAD,
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(tmp_path)], cwd=ROOT, env=ONE_THREAD, stdout=subprocess.PIPE, text=True
+    )
     try:
         assert holder.stdout.readline() == "locked\n"
-        with pytest.raises(ValueError, match=rf"{tmp_path} is in use by another test run \(pid {holder.pid}, "
-                                             r"started .*: -c .*\); wait for it to finish"):
+        with pytest.raises(
+            ValueError,
+            match=rf"{tmp_path} is in use by another test run \(pid {holder.pid}, "
+            r"started .*: -c .*\); wait for it to finish",
+        ):
             with files.RunLock(tmp_path, "test run"):
                 pass
     finally:
@@ -84,6 +89,7 @@ def test_an_interrupted_write_leaves_the_old_file_and_no_temporary(tmp_path):
     def interrupted(f):
         f.write(b"half")
         raise KeyboardInterrupt  # a second Ctrl-C during a checkpoint write
+
     with pytest.raises(KeyboardInterrupt):
         files.atomic_write(path, interrupted)
     assert path.read_bytes() == b"old" and os.listdir(tmp_path) == ["ckpt.pt"]
@@ -99,19 +105,26 @@ def test_a_staged_folder_appears_whole_or_replaces_its_files_with_the_last_one_m
         assert stage == tmp_path / ".dataset.tmp" and not target.exists()
         for name in ("train.bin", "bpe.tiktoken", "meta.json"):
             (stage / name).write_text(f"old {name}")
-    assert contents(target) == {"bpe.tiktoken": "old bpe.tiktoken", "meta.json": "old meta.json",
-                                "train.bin": "old train.bin"}
+    assert contents(target) == {
+        "bpe.tiktoken": "old bpe.tiktoken",
+        "meta.json": "old meta.json",
+        "train.bin": "old train.bin",
+    }
     (target / "input.txt").write_text("a cached corpus")
     moves = []
     replace = os.replace
-    monkeypatch.setattr(files.os, "replace", lambda a, b: (moves.append((b.name, (target / "meta.json").exists())),
-                                                          replace(a, b)))
+    monkeypatch.setattr(
+        files.os, "replace", lambda a, b: (moves.append((b.name, (target / "meta.json").exists())), replace(a, b))
+    )
     with files.staged_folder(target, "meta.json", drop=("bpe.tiktoken",)) as stage:
         for name in ("meta.json", "train.bin"):
             (stage / name).write_text(f"new {name}")
     # bpe.tiktoken, of the old set, is dropped; input.txt, not the stage's to replace, stays
-    assert contents(target) == {"input.txt": "a cached corpus", "meta.json": "new meta.json",
-                                "train.bin": "new train.bin"}
+    assert contents(target) == {
+        "input.txt": "a cached corpus",
+        "meta.json": "new meta.json",
+        "train.bin": "new train.bin",
+    }
     assert moves == [("train.bin", False), ("meta.json", False)]  # meta.json away until the others are in
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dataset"]
 
@@ -149,8 +162,11 @@ def test_a_metrics_log_skips_a_torn_last_line_and_names_any_other_damage(tmp_pat
     for garbage in ("not json", "[1, 2]", '{"train_loss": 3.0}', '{"iter": "2"}'):  # each in the middle
         path.write_text("\n".join([good[0], garbage, good[1]]) + "\n")
         for read in (files.read_log, lambda p: files.trim_log(p, 2)):
-            with pytest.raises(ValueError, match=rf"^{re.escape(str(path))} is damaged: line 2 is not a metrics line "
-                                                 rf"\({re.escape(repr(garbage))}\); delete that line"):
+            with pytest.raises(
+                ValueError,
+                match=rf"^{re.escape(str(path))} is damaged: line 2 is not a metrics line "
+                rf"\({re.escape(repr(garbage))}\); delete that line",
+            ):
                 read(path)
     path.write_bytes(b'{"iter": 1}\n\xff\xfe\n')
     with pytest.raises(ValueError, match=f"^{re.escape(str(path))} is damaged: it is not text"):

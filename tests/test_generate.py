@@ -27,10 +27,9 @@ def test_cached_logits_equal_full_recompute(pos_emb):
     full = all_logits(model, idx)
     cache = KVCache(model.config, 2, 16, "cpu", torch.float32)
     prefill = read(model, idx[:, :9], cache)  # last position only
-    steps = [read(model, idx[:, t:t + 1], cache) for t in range(9, 14)]
+    steps = [read(model, idx[:, t : t + 1], cache) for t in range(9, 14)]
     torch.testing.assert_close(prefill[:, -1], full[:, 8], atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(torch.cat(steps, 1), full[:, 9:], atol=1e-5, rtol=1e-4)
-
 
 
 @pytest.mark.parametrize("pos_emb", positions.SCHEMES)
@@ -44,7 +43,7 @@ def test_static_cache_logits_equal_full_recompute(pos_emb):
     for k in (*cache.k, *cache.v):
         k.normal_()  # stale values from an earlier window
     prefill = read(model, idx[:, :9], cache)
-    steps = [read(model, idx[:, t:t + 1], cache) for t in range(9, 14)]
+    steps = [read(model, idx[:, t : t + 1], cache) for t in range(9, 14)]
     assert cache.length.item() == 14 and cache.k[0].shape[2] == 16
     torch.testing.assert_close(prefill[:, -1], full[:, 8], atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(torch.cat(steps, 1), full[:, 9:], atol=1e-5, rtol=1e-4)
@@ -64,11 +63,9 @@ def taught(pos_emb):
     return model.eval(), seq
 
 
-
 def greedy(model, prompt, **kw):
     n = 40  # 5 + 40 tokens through a 16-token window: several slides
     return torch.cat(list(generate(model, prompt, n, GREEDY, **kw)), 1)
-
 
 
 @pytest.mark.parametrize("pos_emb", positions.SCHEMES)
@@ -77,7 +74,6 @@ def test_greedy_with_cache_matches_recompute_across_window_slides(pos_emb):
     cached = greedy(model, seq[:, :5], cache="dynamic")
     assert torch.equal(cached, greedy(model, seq[:, :5], cache="none"))
     assert len(set(cached[0].tolist())) > 1
-
 
 
 @pytest.mark.slow
@@ -96,7 +92,6 @@ def test_compiled_decoding_matches_recompute_across_window_slides_in_three_whole
     assert counters["stats"]["unique_graphs"] == 3
     with pytest.raises(ValueError, match="compile=True compiles the cached decoding; it needs a cache"):
         greedy(model, seq[:, :5], compile=True, cache="none")
-
 
 
 @pytest.mark.parametrize("pos_emb", ["rope", "alibi"])
@@ -127,13 +122,16 @@ def test_static_cache_serves_dynamic_scaling_at_factor_1_past_the_trained_length
     def counted(self, seq_len=None):
         lengths.append(seq_len)
         return frequencies(self, seq_len)
+
     monkeypatch.setattr(rope.Rotary, "frequencies", counted)
     assert torch.equal(greedy(model, torch.zeros(1, 1, dtype=torch.long), cache="static", max_context=32), plain)
     assert set(lengths) <= {None}
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not (shutil.which("c++") or shutil.which("g++")), reason="torch.compile on CPU needs a C++ compiler")
+@pytest.mark.skipif(
+    not (shutil.which("c++") or shutil.which("g++")), reason="torch.compile on CPU needs a C++ compiler"
+)
 @pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore:Torchinductor does not support")
 @pytest.mark.parametrize("pos_emb", ["rope", "alibi"])
 def test_static_cache_compiles_to_one_whole_graph_for_every_position(pos_emb):
@@ -158,12 +156,10 @@ def test_schemes_that_extrapolate_generate_past_block_size_and_the_others_refuse
             list(generate(model, prompt, 5, max_context=48))
 
 
-
 def draw(logits, temperature, top_k=None, top_p=None, seed=None, generator=None):
     generator = torch.Generator().manual_seed(seed) if seed is not None else generator
     sampling = Sampling(temperature, top_k, top_p)
     return sampling.pick(logits, sampling.noise(*logits.shape, logits.device, generator))
-
 
 
 # ----------------------------------------------------------------------------- each row's own positions
@@ -181,7 +177,7 @@ def test_cached_logits_at_each_rows_own_positions_equal_full_recompute(pos_emb):
     cache.advance(6)
     steps = [logits[:, -1]]
     for t in range(6, 9):
-        logits, _ = model(idx[:, t:t + 1], cache=cache, position_ids=SKIPPED[:, t:t + 1])
+        logits, _ = model(idx[:, t : t + 1], cache=cache, position_ids=SKIPPED[:, t : t + 1])
         cache.advance(1)
         steps.append(logits[:, -1])
     torch.testing.assert_close(torch.stack(steps, 1), full[:, 5:9], atol=1e-5, rtol=1e-4)
@@ -191,8 +187,10 @@ def test_cached_logits_at_each_rows_own_positions_equal_full_recompute(pos_emb):
 def test_greedy_decoding_at_each_rows_own_positions_is_recomputes_across_window_slides(pos_emb):
     model = tiny(pos_emb)
     idx = torch.randint(0, 11, (2, 10), generator=torch.Generator().manual_seed(4))
-    tokens = {cache: torch.cat(list(generate(model, idx, 14, GREEDY, cache, max_context=12,
-                                             position_ids=SKIPPED)), 1) for cache in ("dynamic", "none")}
+    tokens = {
+        cache: torch.cat(list(generate(model, idx, 14, GREEDY, cache, max_context=12, position_ids=SKIPPED)), 1)
+        for cache in ("dynamic", "none")
+    }
     assert torch.equal(tokens["dynamic"], tokens["none"])
     with pytest.raises(ValueError, match="static_cache takes no per-row position ids"):
         next(generate(model, idx, 1, GREEDY, "static", position_ids=SKIPPED))
@@ -201,7 +199,7 @@ def test_greedy_decoding_at_each_rows_own_positions_is_recomputes_across_window_
 def test_pick_controls():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
     g = torch.Generator().manual_seed(0)
-    assert GREEDY.pick(logits, GREEDY.noise(1, 4, 'cpu')).item() == 0
+    assert GREEDY.pick(logits, GREEDY.noise(1, 4, "cpu")).item() == 0
     draws = {draw(logits, 1.0, top_k=2, generator=g).item() for _ in range(200)}
     assert draws == {0, 1}
     # nucleus at 0.7: tokens 0 (0.5) and 1 (0.3) reach the mass, token 2 never appears
@@ -211,14 +209,12 @@ def test_pick_controls():
     assert draws == {0}
 
 
-
 def test_picked_tokens_are_torch_multinomials_for_the_same_seed():
     # pick's docstring: torch.multinomial draws one sample by the same race, so a seed gives the same text
     logits = torch.randn(16, 65)
     for seed in range(10):
         expected = torch.multinomial((logits / 0.8).softmax(-1), 1, generator=torch.Generator().manual_seed(seed))
         assert torch.equal(draw(logits, 0.8, seed=seed), expected)
-
 
 
 @pytest.mark.parametrize("temperature, top_k", [(1.0, None), (0.5, None), (1.0, 3)])

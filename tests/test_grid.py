@@ -28,13 +28,17 @@ from lab import ablate, evaluation, grid, launch, pool, sweep
 from model import GPT, GPTConfig
 from runtime import Runtime
 
-KEYS = (grid.field_types(GPTConfig, ("rope_base", "rope_fraction", "rope_layout"))
-        | grid.field_types(ablate.DroPE, ("drop_rope_at",)),)
+KEYS = (
+    grid.field_types(GPTConfig, ("rope_base", "rope_fraction", "rope_layout"))
+    | grid.field_types(ablate.DroPE, ("drop_rope_at",)),
+)
 
 
 def test_changes_parse_into_typed_overrides():
     assert grid.parse_changes(" b500: rope_base=500 ; half:rope_fraction=0.5, rope_layout=half", *KEYS) == [
-        ("b500", {"rope_base": 500.0}), ("half", {"rope_fraction": 0.5, "rope_layout": "half"})]
+        ("b500", {"rope_base": 500.0}),
+        ("half", {"rope_fraction": 0.5, "rope_layout": "half"}),
+    ]
     assert grid.parse_changes("drope: drop_rope_at=800", *KEYS) == [("drope", {"drop_rope_at": 800})]
     with pytest.raises(ValueError, match="rope_base"):
         grid.parse_changes("b: rope_base=ten", *KEYS)
@@ -71,6 +75,7 @@ def test_position_losses_match_the_model_loss_on_each_prefix(data_dir):
 
 # ----------------------------------------------------------------------------- launching: a toy lab tool
 
+
 @dataclass
 class Toy(launch.LaunchSettings):
     runs: str = opt("a,b", "the toy grid's runs, at seed 1; ft-X fine-tunes run X; bad fails (no such dataset)")
@@ -81,8 +86,12 @@ def toy_run(context, job):
     gcfg, tc = context
     name, seed = job
     out = Path(tc.out_dir) / name
-    tc = replace(tc, seed=seed, dataset="nowhere" if name == "bad" else tc.dataset,
-                 init_from=str(Path(tc.out_dir) / name[3:]) if name.startswith("ft-") else "")
+    tc = replace(
+        tc,
+        seed=seed,
+        dataset="nowhere" if name == "bad" else tc.dataset,
+        init_from=str(Path(tc.out_dir) / name[3:]) if name.startswith("ft-") else "",
+    )
     return grid.evaluated(out / "summary.json", lambda: grid.train_run(name, gcfg, tc, out))
 
 
@@ -101,9 +110,17 @@ def toy_context(gcfg, tc):
 
 def toy(settings, gcfg, tc, bc=None):  # launch.command hands a BatchConfig too: plain text here
     jobs = [(name, 1) for name in grid.split_list(settings.runs)]
-    return launch.run_jobs(jobs, toy_run, (gcfg, tc), (toy_context, (gcfg, tc)), settings, needs=toy_needs,
-                         pending=lambda job: not (Path(tc.out_dir) / job[0] / "summary.json").is_file(),
-                         label=toy_label, progress=False)
+    return launch.run_jobs(
+        jobs,
+        toy_run,
+        (gcfg, tc),
+        (toy_context, (gcfg, tc)),
+        settings,
+        needs=toy_needs,
+        pending=lambda job: not (Path(tc.out_dir) / job[0] / "summary.json").is_file(),
+        label=toy_label,
+        progress=False,
+    )
 
 
 def toy_main(argv=None):
@@ -125,24 +142,41 @@ def comparable(summary):
 
 
 def test_launch_settings_are_checked_in_one_line():
-    for bad, named in (({"launcher": "pbs"}, "launcher='pbs' must be one of local, slurm"),
-                       ({"workers": 0}, "workers=0 must be a positive integer"),
-                       ({"slurm_gpus": -1}, "slurm_gpus=-1 must be a finite number >= 0"),
-                       ({"slurm_time": 0}, "slurm_time=0 must be a positive integer")):
+    for bad, named in (
+        ({"launcher": "pbs"}, "launcher='pbs' must be one of local, slurm"),
+        ({"workers": 0}, "workers=0 must be a positive integer"),
+        ({"slurm_gpus": -1}, "slurm_gpus=-1 must be a finite number >= 0"),
+        ({"slurm_time": 0}, "slurm_time=0 must be a positive integer"),
+    ):
         with pytest.raises(ValueError, match=named):
             launch.LaunchSettings(**bad)
 
 
 def test_a_dry_run_prints_the_arrays_it_would_submit(data_dir, tmp_path, capsys):
     toy_results(data_dir, tmp_path, "--runs=a", "--max_iters=2", "--eval_interval=2")  # finished: read, not submitted
-    toy_main(toy_args(data_dir, tmp_path, "--runs=a,b,ft-b", "--launcher=slurm", "--dry_run", "--slurm_partition=gpu",
-                      "--slurm_gpus=2", "--slurm_cpus=4", "--slurm_time=30", "--slurm_array_parallelism=5",
-                      f"--slurm_folder={tmp_path / 'logs'}", "--max_iters=2", "--eval_interval=2"))
+    toy_main(
+        toy_args(
+            data_dir,
+            tmp_path,
+            "--runs=a,b,ft-b",
+            "--launcher=slurm",
+            "--dry_run",
+            "--slurm_partition=gpu",
+            "--slurm_gpus=2",
+            "--slurm_cpus=4",
+            "--slurm_time=30",
+            "--slurm_array_parallelism=5",
+            f"--slurm_folder={tmp_path / 'logs'}",
+            "--max_iters=2",
+            "--eval_interval=2",
+        )
+    )
     assert capsys.readouterr().out.splitlines() == [
         f"dry run: 2 Slurm jobs named 'runs' (1 of the 3 runs finished already), each 2 GPU(s), 4 CPUs and 30 min on "
         f"partition gpu, at most 5 of an array at once; logs in {tmp_path / 'logs'}/",
         "  array 1, submitted at once, 1 jobs: b seed 1",
-        "  array 2, each submitted once the run it needs is done, 1 jobs: ft-b seed 1"]
+        "  array 2, each submitted once the run it needs is done, 1 jobs: ft-b seed 1",
+    ]
     assert not (tmp_path / "b").exists() and not (tmp_path / "logs").exists()
 
 
@@ -159,7 +193,8 @@ def test_a_damaged_run_file_is_redone_or_named_with_the_command_that_redoes_it(d
     assert stop.value.code == 1
     assert capsys.readouterr().err == (
         f"error: {summary} cannot be read (Expecting property name enclosed in double quotes: line 1 column 2 (char 1))"
-        f"; delete {summary.parent} and rerun the same command to redo that run (python lab/toy.py --runs=a)\n")
+        f"; delete {summary.parent} and rerun the same command to redo that run (python lab/toy.py --runs=a)\n"
+    )
 
 
 def test_a_damaged_metrics_log_is_named_not_a_traceback(data_dir, tmp_path):
@@ -186,11 +221,13 @@ def test_a_broken_submitit_is_one_line(data_dir, tmp_path, monkeypatch, capsys):
         toy_main(toy_args(data_dir, tmp_path, "--runs=a", "--launcher=slurm", "--max_iters=2", "--eval_interval=2"))
     assert stop.value.code == 1 and capsys.readouterr().err == (
         "error: launcher=slurm needs the submitit package, which is installed but fails to import (RuntimeError: "
-        "half-installed); reinstall it: pip install submitit\n")
+        "half-installed); reinstall it: pip install submitit\n"
+    )
 
 
 class Bar:
     """What the launchers ask of their tqdm bar, counting the results."""
+
     total, n = 0, 0
 
     def update(self, k=1):
@@ -216,6 +253,7 @@ def test_a_launch_grows_with_the_jobs_its_results_call_for_each_run_once(workers
     def more(done):
         asked.append(sorted(done))
         return [1, 2, *([3] if 1 in done else []), *([4] if 3 in done else [])]
+
     done, bar = launch_growing(workers, more)
     assert done == {1: 1, 2: 2, 3: 3, 4: 4} and asked[-1] == [1, 2, 3, 4]
     assert bar.n == 4 and bar.total == 4  # no job ran twice
@@ -227,11 +265,13 @@ def test_a_launch_grows_with_the_jobs_its_results_call_for_each_run_once(workers
 def test_an_error_in_what_a_launch_asks_for_next_is_raised(workers):
     def more(done):
         raise ValueError("1 of the 3 test seeds screened (screen_most) passed the gate")
+
     with pytest.raises(ValueError, match="screen_most"):
         launch_growing(workers, more)
 
 
 # ----------------------------------------------------------------------------- local workers: stopping them
+
 
 def descendants(pid):
     """The process ids under pid (its workers, multiprocessing's resource tracker), from /proc."""
@@ -273,14 +313,22 @@ def none_left(pids, timeout=10):
 def toy_tool(tmp_path):
     """toy_main as a script of its own (its workers re-import it, as they do a lab tool)."""
     script = tmp_path / "toy.py"
-    script.write_text(f"import sys\nsys.path[:0] = [{str(ROOT)!r}, {str(ROOT / 'tests')!r}]\nimport test_grid\n\n"
-                      "if __name__ == '__main__':\n    test_grid.toy_main()\n")
+    script.write_text(
+        f"import sys\nsys.path[:0] = [{str(ROOT)!r}, {str(ROOT / 'tests')!r}]\nimport test_grid\n\n"
+        "if __name__ == '__main__':\n    test_grid.toy_main()\n"
+    )
     return script
 
 
 def start_toy(script, data_dir, out, *more):
-    return subprocess.Popen([sys.executable, script, *toy_args(data_dir, out, "--workers=2", *more)], cwd=ROOT,
-                            env=ONE_THREAD, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, script, *toy_args(data_dir, out, "--workers=2", *more)],
+        cwd=ROOT,
+        env=ONE_THREAD,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def both_training(proc, out, runs=("a", "b")):
@@ -297,9 +345,11 @@ def test_a_signal_to_the_main_process_stops_every_worker_at_a_checkpoint(data_di
     proc.send_signal(sig)  # to the main process alone, as kill PID or a scheduler sends it
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and "Traceback" not in err, err
-    assert err.endswith(f"\ninterrupted: {sig.name}: a seed 1, b seed 1 stopped at a checkpoint; rerun the same command "
-                        f"to resume (python {toy_tool} {' '.join(toy_args(data_dir, out, '--workers=2'))} "
-                        f"--max_iters=2000 --eval_interval=2000)\n"), err
+    assert err.endswith(
+        f"\ninterrupted: {sig.name}: a seed 1, b seed 1 stopped at a checkpoint; rerun the same command "
+        f"to resume (python {toy_tool} {' '.join(toy_args(data_dir, out, '--workers=2'))} "
+        f"--max_iters=2000 --eval_interval=2000)\n"
+    ), err
     assert not none_left(children)
     for run in ("a", "b"):  # each at the step it was on
         assert 10 <= load_checkpoint(out / run / "ckpt.pt")["iter"] < 2000
@@ -312,8 +362,10 @@ def test_a_worker_that_dies_is_named_and_a_rerun_redoes_its_run(data_dir, tmp_pa
     os.kill(holder(out / "a"), signal.SIGKILL)  # as the OOM killer does
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 1 and err.count("\n") == 1, err
-    assert err.startswith("error: the worker running a seed 1 died (SIGKILL); b seed 1 stopped at a checkpoint; rerun "
-                          f"the same command to redo that run (python {toy_tool} "), err
+    assert err.startswith(
+        "error: the worker running a seed 1 died (SIGKILL); b seed 1 stopped at a checkpoint; rerun "
+        f"the same command to redo that run (python {toy_tool} "
+    ), err
     assert not none_left(children)
     killed = out / "a" / "ckpt.pt"  # written only if a reached its step-100 evaluation before the kill
     assert (out / "b" / "ckpt.pt").exists() and (not killed.exists() or load_checkpoint(killed)["iter"] < 200)
@@ -324,11 +376,13 @@ def test_a_worker_that_dies_is_named_and_a_rerun_redoes_its_run(data_dir, tmp_pa
 
 # ----------------------------------------------------------------------------- Slurm, through submitit's local executor
 
+
 @pytest.fixture
 def local_slurm(monkeypatch, tmp_path):
     """launcher=slurm on submitit's local executor: each job a process here, with Slurm's signals and requeue."""
     submitit = pytest.importorskip("submitit")
     from lab import slurm
+
     monkeypatch.setattr(slurm, "CLUSTER", "local")
     monkeypatch.setattr(submitit.core.core.Job, "_results_timeout_s", 0)  # no shared filesystem to wait for here
     monkeypatch.setattr(slurm, "POLL_S", 0.1)  # the jobs are processes here: a look costs nothing
@@ -344,8 +398,10 @@ def test_a_slurm_grid_gives_what_a_local_run_gives(data_dir, tmp_path, local_slu
     assert list(on_slurm) == list(here) == [("a", 1), ("ft-a", 1)]
     assert {j: comparable(s) for j, s in on_slurm.items()} == {j: comparable(s) for j, s in here.items()}
     for run in ("a", "ft-a"):
-        assert same_tensors(load_checkpoint(tmp_path / "slurm" / run / "ckpt.pt")["model"],
-                            load_checkpoint(tmp_path / "here" / run / "ckpt.pt")["model"])
+        assert same_tensors(
+            load_checkpoint(tmp_path / "slurm" / run / "ckpt.pt")["model"],
+            load_checkpoint(tmp_path / "here" / run / "ckpt.pt")["model"],
+        )
 
 
 def test_a_slurm_launch_grows_in_rounds(tmp_path, local_slurm):
@@ -355,6 +411,7 @@ def test_a_slurm_launch_grows_in_rounds(tmp_path, local_slurm):
     def more(done):
         asked.append(sorted(done))
         return [1, 2, *([3] if 1 in done else []), *([4] if 3 in done else [])]
+
     settings = config.parse(local_slurm, launch.LaunchSettings)[0]
     done = launch.run_jobs([1, 2], operator.add, 0, (int, (0,)), settings, more=more, progress=False)
     assert done == {1: 1, 2: 2, 3: 3, 4: 4} and asked == [[1, 2], [1, 2, 3], [1, 2, 3, 4]]
@@ -403,21 +460,27 @@ class SignalWhen(threading.Thread):
         return self.pid
 
 
-def test_a_killed_slurm_job_is_resumed_by_the_next_submission_and_a_preempted_one_requeued(data_dir, tmp_path,
-                                                                                          local_slurm, uninterrupted):
+def test_a_killed_slurm_job_is_resumed_by_the_next_submission_and_a_preempted_one_requeued(
+    data_dir, tmp_path, local_slurm, uninterrupted
+):
     from lab import slurm
+
     a, args = tmp_path / "a", ["--runs=a", *SLURM_RUN, *local_slurm]
     # killed as a node failure or the OOM killer kills it, a checkpoint at iteration 50 written
     killer = SignalWhen(lambda: last_logged(a) >= 60, a, signal.SIGKILL)
-    with pytest.raises(pool.Failed, match=r"^run a seed 1 failed: it ended without a result \(state .*\); its log: "
-                                          r"\S+_log.err\nrerun the same command to redo them$"):
+    with pytest.raises(
+        pool.Failed,
+        match=r"^run a seed 1 failed: it ended without a result \(state .*\); its log: "
+        r"\S+_log.err\nrerun the same command to redo them$",
+    ):
         toy_results(data_dir, tmp_path, *args)
     killed, left = killer.join(), last_logged(a)
     assert 50 <= load_checkpoint(a / "ckpt.pt")["iter"] < 200
     # resubmitted, it resumes and is preempted: SIGTERM, then submitit's signal, as Slurm sends them (the log, trimmed
     # back to the checkpoint on resuming, grows past where the killed job left it)
-    preempter = SignalWhen(lambda: holder(a) not in (None, killed) and last_logged(a) > left + 10, a, signal.SIGTERM,
-                           slurm.PREEMPT)
+    preempter = SignalWhen(
+        lambda: holder(a) not in (None, killed) and last_logged(a) > left + 10, a, signal.SIGTERM, slurm.PREEMPT
+    )
     results = toy_results(data_dir, tmp_path, *args)  # the same submission: the job is requeued within it
     preempter.join()
     log = (a / "train.log").read_text()
@@ -430,8 +493,16 @@ def test_a_killed_slurm_job_is_resumed_by_the_next_submission_and_a_preempted_on
 def test_the_slurm_settings_reach_the_sbatch_script(tmp_path, monkeypatch):
     pytest.importorskip("submitit")
     from lab import slurm
-    settings = launch.LaunchSettings(launcher="slurm", slurm_partition="gpu", slurm_gpus=2, slurm_cpus=4, slurm_time=30,
-                                     slurm_array_parallelism=2, slurm_folder=str(tmp_path / "logs"))
+
+    settings = launch.LaunchSettings(
+        launcher="slurm",
+        slurm_partition="gpu",
+        slurm_gpus=2,
+        slurm_cpus=4,
+        slurm_time=30,
+        slurm_array_parallelism=2,
+        slurm_folder=str(tmp_path / "logs"),
+    )
     fake_bin = tmp_path / "bin"
     fake_bin.mkdir()
     monkeypatch.setenv("PATH", f"{fake_bin}{os.pathsep}{os.environ['PATH']}")
@@ -443,11 +514,23 @@ def test_the_slurm_settings_reach_the_sbatch_script(tmp_path, monkeypatch):
         (fake_bin / name).write_text(f"#!/bin/sh\n{text}\n")
         (fake_bin / name).chmod(0o755)
     monkeypatch.setenv("SBATCH_COPY", str(tmp_path / "sbatch.sh"))
-    jobs = slurm.submit(slurm.executor(settings, "toy"), [slurm.Task(toy_run, (toy_context, ()), (r, 1), 4) for r in "abc"])
+    jobs = slurm.submit(
+        slurm.executor(settings, "toy"), [slurm.Task(toy_run, (toy_context, ()), (r, 1), 4) for r in "abc"]
+    )
     assert [job.job_id for job in jobs] == ["4242_0", "4242_1", "4242_2"]
-    flags = {line.split()[1] for line in (tmp_path / "sbatch.sh").read_text().splitlines() if line.startswith("#SBATCH")}
-    assert {"--partition=gpu", "--gpus-per-node=2", "--cpus-per-task=4", "--time=30", "--array=0-2%2", "--nodes=1",
-            "--job-name=toy", f"--signal={slurm.PREEMPT.name.removeprefix('SIG')}@90"} <= flags, flags
+    flags = {
+        line.split()[1] for line in (tmp_path / "sbatch.sh").read_text().splitlines() if line.startswith("#SBATCH")
+    }
+    assert {
+        "--partition=gpu",
+        "--gpus-per-node=2",
+        "--cpus-per-task=4",
+        "--time=30",
+        "--array=0-2%2",
+        "--nodes=1",
+        "--job-name=toy",
+        f"--signal={slurm.PREEMPT.name.removeprefix('SIG')}@90",
+    } <= flags, flags
     (fake_bin / "sbatch").write_text('#!/bin/sh\necho "sbatch: error: invalid partition specified: gpu" >&2; exit 1\n')
     with pytest.raises(ValueError, match="^sbatch refused the jobs: sbatch: error: invalid partition specified: gpu$"):
         slurm.submit(slurm.executor(settings, "toy"), [slurm.Task(toy_run, (toy_context, ()), ("a", 1), 4)])

@@ -27,6 +27,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def char_tokenizer(corpus):
     """A fast tokenizer of single characters (tiny Shakespeare's) and an end-of-text token, as transformers saves."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
     chars = sorted(set(corpus.read_text()))
     backend = Tokenizer(models.WordLevel({c: i for i, c in enumerate(chars + [EOT])}, unk_token=None))
     backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
@@ -36,14 +37,32 @@ def char_tokenizer(corpus):
 
 
 CONFIGS = {  # a tiny model of each family, options as their real checkpoints have them
-    "gpt2": lambda v: transformers.GPT2Config(vocab_size=v, n_positions=64, n_embd=32, n_layer=2, n_head=2,
-                                              activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0,
-                                              attn_pdrop=0.0),
+    "gpt2": lambda v: transformers.GPT2Config(
+        vocab_size=v,
+        n_positions=64,
+        n_embd=32,
+        n_layer=2,
+        n_head=2,
+        activation_function="gelu_new",
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    ),
     "pythia": lambda v: transformers.GPTNeoXConfig(  # Pythia: parallel residual, a quarter of the dims rotated,
-        vocab_size=v + 14, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
-        max_position_embeddings=64, hidden_act="gelu", use_parallel_residual=True, tie_word_embeddings=False,
+        vocab_size=v + 14,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=64,
+        hidden_act="gelu",
+        use_parallel_residual=True,
+        tie_word_embeddings=False,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
-        attention_bias=True, hidden_dropout=0.0, attention_dropout=0.0),  # and a vocabulary padded past the tokenizer's
+        attention_bias=True,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+    ),  # and a vocabulary padded past the tokenizer's
 }
 
 
@@ -72,7 +91,9 @@ def test_imported_logits_are_the_checkpoints(checkpoint):
     idx = torch.randint(0, 60, (2, 64), generator=torch.Generator().manual_seed(1))
     assert (ours(idx, targets=idx)[0] - theirs(idx).logits).abs().max().item() < TOLERANCE
     c = ours.config
-    assert (c.pos_emb, c.mlp_act) == (("learned", "gelu_tanh") if theirs.config.model_type == "gpt2" else ("rope", "gelu"))
+    assert (c.pos_emb, c.mlp_act) == (
+        ("learned", "gelu_tanh") if theirs.config.model_type == "gpt2" else ("rope", "gelu")
+    )
 
 
 @torch.inference_mode()
@@ -88,12 +109,23 @@ def test_an_imported_model_exports_back_to_its_architecture(checkpoint):
 def test_fine_tune_from_a_checkpoint_resume_and_sample(checkpoint, corpus, tmp_path, capsys):
     folder, theirs = checkpoint  # in-process: each command in a subprocess spent ~4 s importing transformers
     data = tmp_path / "data"
-    assert prepare.main(["--input", str(corpus), "--data_dir", str(data), "--dataset", "tiny",
-                         "--tokenizer", f"hf:{folder}"]) == 0
+    assert (
+        prepare.main(
+            ["--input", str(corpus), "--data_dir", str(data), "--dataset", "tiny", "--tokenizer", f"hf:{folder}"]
+        )
+        == 0
+    )
     assert json.loads((data / "tiny" / "meta.json").read_text())["tokenizer"] == "hf"
     out = tmp_path / "run"
-    args = [*TINY, f"--data_dir={data}", "--dataset=tiny", f"--out_dir={out}", f"--init_from=hf:{folder}",
-            "--eval_interval=2", "--learning_rate=1e-3"]
+    args = [
+        *TINY,
+        f"--data_dir={data}",
+        "--dataset=tiny",
+        f"--out_dir={out}",
+        f"--init_from=hf:{folder}",
+        "--eval_interval=2",
+        "--learning_rate=1e-3",
+    ]
     train.main([*args, "--max_iters=4"])
     # the checkpoint's weights moved by 4 steps of at most ~lr each, not a fresh model's (std 0.02, noise 0.1 apart)
     embedding = torch.load(out / "ckpt.pt", weights_only=True)["model"]["wte.weight"]
@@ -111,24 +143,42 @@ def test_fine_tune_from_a_checkpoint_resume_and_sample(checkpoint, corpus, tmp_p
 def test_what_cannot_be_imported_is_one_line_and_nothing_is_written(corpus, data_dir, tmp_path, monkeypatch, capsys):
     folder, _ = saved("gpt2", tmp_path / "gpt2", corpus)
     llama = tmp_path / "llama"
-    transformers.LlamaForCausalLM(transformers.LlamaConfig(
-        vocab_size=70, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)).save_pretrained(llama)
+    transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(
+            vocab_size=70, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2
+        )
+    ).save_pretrained(llama)
     damaged = shutil.copytree(folder, tmp_path / "damaged")
     weights = (damaged / "model.safetensors").read_bytes()
     (damaged / "model.safetensors").write_bytes(weights[: len(weights) // 2])  # a download cut short
-    assert prepare.main(["--input", str(corpus), "--data_dir", str(tmp_path), "--dataset", "own",
-                         "--tokenizer", f"hf:{folder}"]) == 0
+    assert (
+        prepare.main(
+            ["--input", str(corpus), "--data_dir", str(tmp_path), "--dataset", "own", "--tokenizer", f"hf:{folder}"]
+        )
+        == 0
+    )
     cases = {  # flag, value, the error's gist
         "unknown": ("init_from", "hf:no-such-org/no-such-model", "no transformers model of that name or path"),
-        "offline": ("init_from", "hf:no-such-org/no-such-model", "init_from=hf:no-such-org/no-such-model: "
-                    "no-such-org/no-such-model is not in the local Hugging Face cache and 127.0.0.1 cannot be reached"),
-        "no folder": ("init_from", f"hf:{tmp_path}/no/such/folder", f"the folder {tmp_path}/no/such/folder does not "
-                      "exist"),
+        "offline": (
+            "init_from",
+            "hf:no-such-org/no-such-model",
+            "init_from=hf:no-such-org/no-such-model: "
+            "no-such-org/no-such-model is not in the local Hugging Face cache and 127.0.0.1 cannot be reached",
+        ),
+        "no folder": (
+            "init_from",
+            f"hf:{tmp_path}/no/such/folder",
+            f"the folder {tmp_path}/no/such/folder does not exist",
+        ),
         "damaged": ("init_from", f"hf:{damaged}", f"init_from=hf:{damaged}: its weights cannot be read"),
         "damaged, sampled": ("out_dir", f"hf:{damaged}", f"out_dir=hf:{damaged}: its weights cannot be read"),
         "architecture": ("init_from", f"hf:{llama}", "is a LlamaForCausalLM (llama); nanorope imports GPT-2"),
-        "tokenizer": ("init_from", f"hf:{folder}", f"init_from=hf:{folder} reads the ids of the hf tokenizer of "
-                      f"{folder}, but dataset 'shakespeare_char' was prepared with the char tokenizer"),
+        "tokenizer": (
+            "init_from",
+            f"hf:{folder}",
+            f"init_from=hf:{folder} reads the ids of the hf tokenizer of "
+            f"{folder}, but dataset 'shakespeare_char' was prepared with the char tokenizer",
+        ),
     }
     for name, (flag, value, gist) in cases.items():
         out = tmp_path / f"run-{name}"
@@ -140,7 +190,9 @@ def test_what_cannot_be_imported_is_one_line_and_nothing_is_written(corpus, data
             t0 = time.perf_counter()
             with pytest.raises(SystemExit) as e:
                 if flag == "init_from":  # a damaged model meets a dataset of its own tokenizer: its weights are read
-                    data = [f"--data_dir={tmp_path}", "--dataset=own"] if name == "damaged" else [f"--data_dir={data_dir}"]
+                    data = (
+                        [f"--data_dir={tmp_path}", "--dataset=own"] if name == "damaged" else [f"--data_dir={data_dir}"]
+                    )
                     train.main([*TINY, *data, f"--out_dir={out}", f"--init_from={value}", "--max_iters=2"])
                 else:
                     sample.main([f"--out_dir={value}", "--max_new_tokens=2"])

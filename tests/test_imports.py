@@ -22,8 +22,17 @@ BELOW = {  # what each core module may import besides UTILITIES (files: nothing 
     "hf": {"model", "positions", "rope", "data.tokenizer"},  # transformers interop, under checkpoint's --init_from
     "generate": {"model", "positions", "rope"},
     "checkpoint": {"hf", "model", "positions", "rope", "data.tokenizer"},
-    "train": {"checkpoint", "model", "positions", "rope", "optim", "trackers", "data.batches", "data.loader",
-              "data.tokenizer"},
+    "train": {
+        "checkpoint",
+        "model",
+        "positions",
+        "rope",
+        "optim",
+        "trackers",
+        "data.batches",
+        "data.loader",
+        "data.tokenizer",
+    },
 }
 
 
@@ -58,12 +67,13 @@ def test_no_two_modules_import_each_other_even_lazily():
 
     def visit(name, path):
         if name in path:
-            cycles.append(path[path.index(name):] + [name])
+            cycles.append(path[path.index(name) :] + [name])
             return
         if name not in done:
             for other in sorted(graph[name]):
                 visit(other, path + [name])
             done.add(name)
+
     for name in sorted(graph):
         visit(name, [])
     assert not cycles

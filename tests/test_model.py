@@ -88,20 +88,26 @@ def test_reconfigure_keeps_trained_position_parameters_and_refuses_what_weights_
     model = tiny("learned")
     torch.nn.init.normal_(model.pos.wpe.weight)
     before = model.pos.wpe.weight.clone()
-    with pytest.raises(ValueError, match="rope_scaling='linear' does nothing for pos_emb='learned'; it applies to "
-                                         "pos_emb rope, xpos, rnope"):
+    with pytest.raises(
+        ValueError,
+        match="rope_scaling='linear' does nothing for pos_emb='learned'; it applies to pos_emb rope, xpos, rnope",
+    ):
         model.reconfigure(rope_scaling="linear", rope_scaling_factor=2.0)
     assert model.config.rope_scaling == "none"
     model.reconfigure(original_len=8)  # an allowed key: the scheme is rebuilt, its table kept
     assert torch.equal(model.pos.wpe.weight, before) and model.config.original_len == 8
-    with pytest.raises(ValueError, match="n_head cannot change on a built model; only original_len, rope_scaling, "
-                                         "rope_scaling_factor, pos_emb can"):
+    with pytest.raises(
+        ValueError,
+        match="n_head cannot change on a built model; only original_len, rope_scaling, "
+        "rope_scaling_factor, pos_emb can",
+    ):
         model.reconfigure(n_head=1)
     with pytest.raises(ValueError, match="block_size cannot change"):  # weightless, but the modules are built with it
         model.reconfigure(block_size=32)
 
 
 # ----------------------------------------------------------------------------- settings, each declared once
+
 
 def test_the_settings_no_weight_depends_on_are_declared_once_and_every_reader_asks_the_declaration():
     assert weightless(GPTConfig) == ("block_size", "dropout", "original_len", "rope_scaling", "rope_scaling_factor")
@@ -111,25 +117,41 @@ def test_the_settings_no_weight_depends_on_are_declared_once_and_every_reader_as
     changed = [k for k, v in tuned.resolved().items() if v != source.config.resolved()[k]]
     assert changed == ["block_size", "dropout", "rope_scaling", "rope_scaling_factor"]  # every one declared weightless
     assert tuned.original_len == 16  # the source's L0, kept: the context grew past it
-    with pytest.raises(ValueError, match="init_from=run is another model \\(n_layer: init_from=run has 2, this run 3\\)"):
+    with pytest.raises(
+        ValueError, match="init_from=run is another model \\(n_layer: init_from=run has 2, this run 3\\)"
+    ):
         fine_tune_config(source, replace(wanted, n_layer=3), {}, "init_from=run")  # a setting at its default is taken
 
 
-@pytest.mark.parametrize("settings, says", [
-    ({"pos_emb": "sinusoidal", "rope_base": 500.0}, "rope_base=500.0 does nothing for pos_emb='sinusoidal'; it applies "
-                                                    "to pos_emb rope, xpos, rnope"),
-    ({"pos_emb": "none", "rope_fraction": 0.5}, "rope_fraction=0.5 does nothing for pos_emb='none'"),
-    ({"pos_emb": "alibi", "rope_scaling": "yarn", "rope_scaling_factor": 2.0}, "rope_scaling='yarn' does nothing for "
-                                                                              "pos_emb='alibi'"),
-    ({"pos_emb": "rope", "xpos_scale_base": 8.0}, "xpos_scale_base=8.0 does nothing for pos_emb='rope'; it applies to "
-                                                  "pos_emb xpos"),
-    ({"pos_emb": "xpos", "rnope_window": 4}, "rnope_window=4 does nothing for pos_emb='xpos'; it applies to pos_emb "
-                                             "rnope"),
-    ({"rope_scaling": "linear", "rope_scaling_factor": 0.0}, "rope_scaling_factor=0.0 must be a finite number >= 1"),
-    ({"rope_scaling_factor": 2.0}, "rope_scaling_factor=2 does nothing without a rope_scaling (linear, ntk"),
-    ({"block_size": 16, "original_len": 32}, "original_len=32 (L0) exceeds block_size=16"),
-    ({"rope_layout": "diagonal"}, "rope_layout='diagonal' must be one of interleaved, half"),
-])
+@pytest.mark.parametrize(
+    "settings, says",
+    [
+        (
+            {"pos_emb": "sinusoidal", "rope_base": 500.0},
+            "rope_base=500.0 does nothing for pos_emb='sinusoidal'; it applies to pos_emb rope, xpos, rnope",
+        ),
+        ({"pos_emb": "none", "rope_fraction": 0.5}, "rope_fraction=0.5 does nothing for pos_emb='none'"),
+        (
+            {"pos_emb": "alibi", "rope_scaling": "yarn", "rope_scaling_factor": 2.0},
+            "rope_scaling='yarn' does nothing for pos_emb='alibi'",
+        ),
+        (
+            {"pos_emb": "rope", "xpos_scale_base": 8.0},
+            "xpos_scale_base=8.0 does nothing for pos_emb='rope'; it applies to pos_emb xpos",
+        ),
+        (
+            {"pos_emb": "xpos", "rnope_window": 4},
+            "rnope_window=4 does nothing for pos_emb='xpos'; it applies to pos_emb rnope",
+        ),
+        (
+            {"rope_scaling": "linear", "rope_scaling_factor": 0.0},
+            "rope_scaling_factor=0.0 must be a finite number >= 1",
+        ),
+        ({"rope_scaling_factor": 2.0}, "rope_scaling_factor=2 does nothing without a rope_scaling (linear, ntk"),
+        ({"block_size": 16, "original_len": 32}, "original_len=32 (L0) exceeds block_size=16"),
+        ({"rope_layout": "diagonal"}, "rope_layout='diagonal' must be one of interleaved, half"),
+    ],
+)
 def test_a_setting_that_does_nothing_or_is_out_of_range_is_refused_where_it_is_declared(settings, says):
     with pytest.raises(ValueError, match="^" + re.escape(says)):
         GPTConfig(**settings)
@@ -157,6 +179,7 @@ def test_length_relative_defaults_read_l0_which_a_longer_block_size_keeps():
 
 
 # ----------------------------------------------------------------------------- recipe options (each off by default)
+
 
 @pytest.mark.parametrize("pos_emb", positions.SCHEMES)
 def test_qk_norm_hands_each_scheme_normalised_queries_and_keys_and_keeps_causality(pos_emb, monkeypatch):
@@ -234,7 +257,7 @@ def test_gelu_tanh_is_gpt2s_approximation_and_the_parallel_residual_reads_one_in
     mlp, x = model.blocks[0].mlp, torch.randn(3, 32)
     c = torch.sqrt(torch.tensor(2 / torch.pi))
     h = mlp.c_fc(x)
-    torch.testing.assert_close(mlp(x), mlp.c_proj(0.5 * h * (1 + torch.tanh(c * (h + 0.044715 * h ** 3)))))
+    torch.testing.assert_close(mlp(x), mlp.c_proj(0.5 * h * (1 + torch.tanh(c * (h + 0.044715 * h**3)))))
     block, x = model.blocks[0], torch.randn(2, 5, 32)
     span = positions.Span(0, 5, 5, "cpu")
     expected = x + block.attn(block.ln_1(x), model.pos, span, None) + block.mlp(block.ln_2(x))

@@ -101,8 +101,9 @@ def test_muon_takes_the_blocks_matrices_and_adamw_the_rest_each_on_the_schedule(
     names = {p: n for n, p in model.named_parameters()}
     muon, adamw = optimizer.optimizers["muon"], optimizer.optimizers["adamw"]
     (matrices,) = muon.param_groups
-    assert {names[p] for p in matrices["params"]} == {f"blocks.{i}.{m}.weight" for i in range(2) for m in
-                                                      ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")}
+    assert {names[p] for p in matrices["params"]} == {
+        f"blocks.{i}.{m}.weight" for i in range(2) for m in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
+    }
     assert matrices["momentum"] == 0.9 and matrices["weight_decay"] == 0.0
     decay, no_decay = ({names[p] for p in g["params"]} for g in adamw.param_groups)
     assert {"wte.weight", "lm_head.weight", "pos.w1.0", "pos.w2.1"} <= decay
@@ -116,8 +117,10 @@ def test_muon_takes_the_blocks_matrices_and_adamw_the_rest_each_on_the_schedule(
     assert type(optim.make_optimizer(model, TrainConfig(), rt)[0]) is torch.optim.AdamW  # the default
 
 
-@pytest.mark.parametrize("dtype, ns_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
-                                             (torch.float16, torch.float32)])
+@pytest.mark.parametrize(
+    "dtype, ns_dtype",
+    [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16), (torch.float16, torch.float32)],
+)
 def test_newton_schulz_runs_in_the_runs_precision(dtype, ns_dtype):
     optimizer, _ = optim.make_optimizer(tiny_model("rope"), TrainConfig(optimizer="muon"), Runtime("cpu", dtype, False))
     assert optimizer.optimizers["muon"].ns_dtype == ns_dtype

@@ -50,17 +50,15 @@ def test_sinusoidal_table_matches_its_formula():
         positions.sinusoidal_table(10, 15)
 
 
-
 def test_alibi_slopes_follow_the_papers_rule():
     assert positions.alibi_slopes(8).tolist() == [1 / 2, 1 / 4, 1 / 8, 1 / 16, 1 / 32, 1 / 64, 1 / 128, 1 / 256]
     # 12 heads: the 8-head sequence 2^(-8h/8), then h = 1, 3, 5, 7 of the 16-head one 2^(-8h/16)
-    expected = [2.0 ** -h for h in range(1, 9)] + [2.0 ** -0.5, 2.0 ** -1.5, 2.0 ** -2.5, 2.0 ** -3.5]
+    expected = [2.0**-h for h in range(1, 9)] + [2.0**-0.5, 2.0**-1.5, 2.0**-2.5, 2.0**-3.5]
     torch.testing.assert_close(positions.alibi_slopes(12), torch.tensor(expected), rtol=1e-7, atol=0)
     torch.testing.assert_close(positions.alibi_slopes(16), torch.tensor([2.0 ** (-h / 2) for h in range(1, 17)]))
-    assert positions.alibi_slopes(1).tolist() == [2.0 ** -8]
+    assert positions.alibi_slopes(1).tolist() == [2.0**-8]
     with pytest.raises(ValueError, match="n_head=0"):
         positions.alibi_slopes(0)
-
 
 
 def test_alibi_bias_values_mask_and_offset():
@@ -88,12 +86,15 @@ def test_sinusoidal_input_is_scaled_tokens_plus_the_table():
 
 # ----------------------------------------------------------------------------- the registry's contract
 
+
 @pytest.mark.parametrize("name", positions.SCHEMES)
 def test_each_scheme_keeps_shapes_and_its_bias_carries_the_causal_mask(name):
     scheme = tiny(name).pos
     assert scheme.name == name and positions.scheme(name) is type(scheme)
     tok, qk = torch.randn(2, 5, 32), torch.randn(2, 2, 2, 5, 16)  # (B, T, C); q and k (2, B, nh, T, hs)
-    assert scheme.embed(tok, at(3, 5)).shape == tok.shape and scheme.rotate(qk, at(3, qk.shape[-2]), 0).shape == qk.shape
+    assert (
+        scheme.embed(tok, at(3, 5)).shape == tok.shape and scheme.rotate(qk, at(3, qk.shape[-2]), 0).shape == qk.shape
+    )
     bias = scheme.bias(at(3, 5, 8), 0)  # 5 queries at positions 3..7 after 3 cached keys, in the first block
     if bias is not None:
         assert bias.shape == (2, 5, 8)
@@ -125,6 +126,7 @@ def test_a_scheme_is_one_registered_class(monkeypatch):
 
 
 # ----------------------------------------------------------------------------- the newer schemes' defining claims
+
 
 def scores(scheme, q, k, T, layer=0):
     """(T, T) q_m . k_n after the scheme's rotate, q and k (hs,) the same at every position."""
@@ -227,7 +229,9 @@ def test_rnope_layers_without_rope_ignore_position_and_the_others_rotate():
     for layer in (1, 3):
         assert scheme.rotate(qk, at(7, qk.shape[-2]), layer) is qk
     for layer in (0, 2):
-        assert torch.equal(scheme.rotate(qk, at(7, qk.shape[-2]), layer), tiny("rope").pos.rotate(qk, at(7, qk.shape[-2]), layer))
+        assert torch.equal(
+            scheme.rotate(qk, at(7, qk.shape[-2]), layer), tiny("rope").pos.rotate(qk, at(7, qk.shape[-2]), layer)
+        )
         assert not torch.allclose(scheme.rotate(qk, at(7, qk.shape[-2]), layer), qk)
     # RNoPE-SWA: the RoPE layers see the last block_size / 2 keys, the NoPE layers all of them
     assert [scheme.window(layer) for layer in range(4)] == [8, None, 8, None]
@@ -236,6 +240,7 @@ def test_rnope_layers_without_rope_ignore_position_and_the_others_rotate():
 
 
 # ----------------------------------------------------------------------------- each row's own positions
+
 
 @pytest.mark.parametrize("pos_emb", positions.SCHEMES)
 def test_rows_at_the_default_positions_give_the_default_logits(pos_emb):
@@ -255,7 +260,7 @@ def test_each_row_at_positions_of_its_own_is_what_the_row_alone_gives(pos_emb):
     ids = torch.tensor([[0, 1, 2, 3, 9, 10, 11, 12], [0, 4, 5, 6, 7, 8, 14, 15]])  # skips, below block_size 16
     both = all_logits(model, idx, position_ids=ids)
     for b in range(2):
-        torch.testing.assert_close(both[b], all_logits(model, idx[b:b + 1], position_ids=ids[b:b + 1])[0])
+        torch.testing.assert_close(both[b], all_logits(model, idx[b : b + 1], position_ids=ids[b : b + 1])[0])
     if pos_emb != "none":  # the positions are read: skipping them changes the logits after the skip
         assert not torch.allclose(both[0, 4:], all_logits(model, idx[:1])[0, 4:])
     if positions.SCHEMES[pos_emb].relative:  # shifting every position of a row changes nothing
@@ -263,6 +268,7 @@ def test_each_row_at_positions_of_its_own_is_what_the_row_alone_gives(pos_emb):
 
 
 # ----------------------------------------------------------------------------- a new scheme is one class
+
 
 def test_a_new_scheme_with_a_setting_of_its_own_is_one_class():
     """A toy scheme (token embeddings times a gain of its own) registered here: its setting is a flat key, refused
@@ -280,8 +286,9 @@ def test_a_new_scheme_with_a_setting_of_its_own_is_one_class():
         shape = ["--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=8", "--vocab_size=11"]
         (cfg,) = config.parse(["--pos_emb=toy", "--toy_gain=2.5", *shape], Config)
         assert cfg.toy_gain == 2.5 and cfg.takes("toy_gain") and not cfg.takes("toy_gain", "rope")
-        with pytest.raises(ValueError, match="^toy_gain=2.5 does nothing for pos_emb='rope'; it applies to "
-                                             "pos_emb toy$"):
+        with pytest.raises(
+            ValueError, match="^toy_gain=2.5 does nothing for pos_emb='rope'; it applies to pos_emb toy$"
+        ):
             config.parse(["--toy_gain=2.5", *shape], Config)
         with pytest.raises(ValueError, match="^toy_gain=0.0 must be a finite number > 0"):
             config.parse(["--pos_emb=toy", "--toy_gain=0", *shape], Config)

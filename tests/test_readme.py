@@ -31,7 +31,9 @@ def commands():
     for line in (ROOT / "README.md").read_text().splitlines():
         if line.startswith("```"):
             language = line.strip()[3:]
-            assert not opening or language in SHELL + OTHER, f"README.md: a ```{language} block, not one of {SHELL + OTHER}"
+            assert not opening or language in SHELL + OTHER, (
+                f"README.md: a ```{language} block, not one of {SHELL + OTHER}"
+            )
             fenced, opening = opening and language in SHELL, not opening
             continue
         if fenced and shlex.split(line, comments=True):
@@ -54,6 +56,7 @@ def parse_only(monkeypatch):
     def parse(argv, *classes):
         real_parse(argv, *classes)
         raise Parsed
+
     monkeypatch.setattr(config, "main", main)
     monkeypatch.setattr(config, "parse", parse)
 
@@ -63,8 +66,12 @@ def how(argv, out):
     text = " ".join(argv)
     if argv[1:3] in (["-m", "lab.ablate"], ["-m", "lab.extend"]):  # their dry run: the grid and its checks, no run
         # few probe trials and evaluation tokens: the plan and its checks are the same, its windows quicker to build
-        return [*([] if "--dry_run=true" in argv else ["--dry_run=true"]), f"--out_dir={out}", "--probe_trials=2",
-                "--eval_tokens=1024"], True
+        return [
+            *([] if "--dry_run=true" in argv else ["--dry_run=true"]),
+            f"--out_dir={out}",
+            "--probe_trials=2",
+            "--eval_tokens=1024",
+        ], True
     if "hf:" in text or argv[0] == "torchrun" or "lab." in text or argv[1] == "bench.py":
         return [], False  # the network, several GPUs, or runs of minutes: read their settings
     if argv[1:3] == ["-m", "data.prepare"]:
@@ -89,7 +96,7 @@ def test_every_readme_command_runs_in_order_as_written(corpus, tmp_path, monkeyp
         if argv[0] == "pip" or argv[1:3] == ["-m", "pytest"]:
             continue  # installs, and the suite this test is part of
         extra, runs = how(argv, tmp_path / f"lab{len(ran) + len(parsed)}")
-        script = argv[argv.index("train.py"):] if argv[0] == "torchrun" else argv[1:]  # torchrun: one process
+        script = argv[argv.index("train.py") :] if argv[0] == "torchrun" else argv[1:]  # torchrun: one process
         if not runs:
             parse_only(monkeypatch)
         try:
@@ -112,5 +119,8 @@ def test_every_readme_command_runs_in_order_as_written(corpus, tmp_path, monkeyp
             signal.signal(sig, handler)
         monkeypatch.undo()
         monkeypatch.chdir(tmp_path)
-    assert any("--resume" in c for c in ran) and any("lab.extend" in c for c in ran) \
-        and any("lab.recipe" in c for c in parsed), (ran, parsed)
+    assert (
+        any("--resume" in c for c in ran)
+        and any("lab.extend" in c for c in ran)
+        and any("lab.recipe" in c for c in parsed)
+    ), (ran, parsed)

@@ -46,12 +46,12 @@ def test_task_rows_are_deterministic_and_each_trained_target_is_its_needles_answ
         at = letters(full[i])
         q0 = at[4]  # 4 needles, then 3 queries one after another, ending anywhere up to the row's end
         assert len(at) == 7 and at[4:] == query_keys(q0 + 9, 3) == [q0, q0 + 3, q0 + 6] and at[3] + NEEDLE <= q0
-        needles = {full[i, a].item(): full[i, a + 1:a + 3].tolist() for a in at[:4]}
+        needles = {full[i, a].item(): full[i, a + 1 : a + 3].tolist() for a in at[:4]}
         assert len(needles) == 4 and len({c for v in needles.values() for c in v}) == 8  # distinct keys and capitals
         assert all(b - a >= NEEDLE for a, b in zip(at[:4], at[1:4]))  # needles do not overlap
         assert set((y[i] != -1).nonzero().flatten().tolist()) == {q + d for q in at[4:] for d in (0, 1)}
         for q in at[4:]:  # the targets at a query's key and V are its needle's V and W
-            assert y[i, q:q + 2].tolist() == needles[full[i, q].item()]
+            assert y[i, q : q + 2].tolist() == needles[full[i, q].item()]
         others = [c for t, c in enumerate(full[i].tolist()) if c >= 0 and all(not 0 <= t - a < NEEDLE for a in at)]
         assert set(others) <= {TOK.stoi[c] for c in FILLER}  # the rest is filler, without letters
         ends.add(q0 + 9)
@@ -97,24 +97,28 @@ def test_distance_windows_put_the_asked_key_exactly_k_before_the_query(W):
             needles = needles_of(row)
             assert letters(row)[-1] == query and len(needles) == 6  # one query, at the end
             assert needles[row[query].item()] == query - k  # its needle's key exactly k before
-            assert row[-2:].tolist() == row[query - k + 1:query - k + 3].tolist()
+            assert row[-2:].tolist() == row[query - k + 1 : query - k + 3].tolist()
             starts = sorted(needles.values())
             assert all(b - a >= NEEDLE for a, b in zip(starts, starts[1:])) and starts[-1] + NEEDLE <= query
-            assert len({c for a in starts for c in row[a + 1:a + 3].tolist()}) == 12  # distinct capitals
+            assert len({c for a in starts for c in row[a + 1 : a + 3].tolist()}) == 12  # distinct capitals
 
 
 def test_the_latest_and_the_earliest_needle_are_asked_one_time_in_pairs_wherever_another_rank_fits():
     task, g = Recall(TOK, pairs=6), torch.Generator().manual_seed(1)
     W, query = 64, 62
-    expected = {3: {0: 1.0},  # no room between: the layout forces the answer
-                9: {0: 1 / 6, 1: 5 / 12, 2: 5 / 12},  # room for two between: the latest 1 in 6, the rest share
-                40: {r: 1 / 6 for r in range(6)},  # room for every rank: uniform
-                50: {1: 5 / 24, 2: 5 / 24, 3: 5 / 24, 4: 5 / 24, 5: 1 / 6},  # 12 tokens before hold 4 others
-                62: {5: 1.0}}  # the asked needle at the window's start: necessarily the earliest
+    expected = {
+        3: {0: 1.0},  # no room between: the layout forces the answer
+        9: {0: 1 / 6, 1: 5 / 12, 2: 5 / 12},  # room for two between: the latest 1 in 6, the rest share
+        40: {r: 1 / 6 for r in range(6)},  # room for every rank: uniform
+        50: {1: 5 / 24, 2: 5 / 24, 3: 5 / 24, 4: 5 / 24, 5: 1 / 6},  # 12 tokens before hold 4 others
+        62: {5: 1.0},
+    }  # the asked needle at the window's start: necessarily the earliest
     for k, ranks in expected.items():
         assert task.ranks(W, k) == pytest.approx(ranks)
-        seen = [sum(query - k < a < query for a in needles_of(row).values())  # needles in between
-                for row in task.distance_windows(W, k, 600, g)]
+        seen = [
+            sum(query - k < a < query for a in needles_of(row).values())  # needles in between
+            for row in task.distance_windows(W, k, 600, g)
+        ]
         counts = torch.bincount(torch.tensor(seen), minlength=6) / 600
         assert set(seen) == set(ranks) and all(abs(counts[r] - p) < 0.06 for r, p in ranks.items())
 
@@ -126,10 +130,10 @@ def test_rows_of_fewest_to_pairs_needles_ask_every_slot_a_probe_of_pairs_needles
     for i in range(600):
         at = letters(full[i])
         n = len(at) // 2  # as many queries as needles, one after another at the end
-        needles = {full[i, a].item(): full[i, a + 1:a + 3].tolist() for a in at[:n]}
+        needles = {full[i, a].item(): full[i, a + 1 : a + 3].tolist() for a in at[:n]}
         assert len(needles) == n and at[n:] == query_keys(at[-1] + NEEDLE, n)
         assert set((y[i] != -1).nonzero().flatten().tolist()) == {q + d for q in at[n:] for d in (0, 1)}
-        assert all(y[i, q:q + 2].tolist() == needles[full[i, q].item()] for q in at[n:])
+        assert all(y[i, q : q + 2].tolist() == needles[full[i, q].item()] for q in at[n:])
         sizes.append(n)
     counts = torch.bincount(torch.tensor(sizes), minlength=11)[5:] / 600
     assert (counts - 1 / 6).abs().max() < 0.06  # 5 to 10 needles, uniform: every slot up to 10 is trained
@@ -146,7 +150,7 @@ def test_slot_windows_query_every_needle_once_at_the_end():
     for row in rows:
         needles = needles_of(row)
         assert letters(row)[5:] == keys and {row[q].item() for q in keys} == set(needles)  # each key once
-        assert all(row[q + 1:q + 3].tolist() == row[needles[row[q].item()] + 1:][:2].tolist() for q in keys)
+        assert all(row[q + 1 : q + 3].tolist() == row[needles[row[q].item()] + 1 :][:2].tolist() for q in keys)
         assert max(needles.values()) + NEEDLE <= keys[0]
 
 

@@ -61,8 +61,12 @@ def test_recipes_train_their_changes_and_time_the_first_evaluation_at_the_target
 
 
 def test_reached_is_the_first_evaluation_at_or_below_the_target(tmp_path):
-    lines = [{"iter": 10, "elapsed_s": 1.0, "train_loss": 2.0}, {"iter": 50, "elapsed_s": 5.0, "val_loss": 1.9},
-             {"iter": 100, "elapsed_s": 10.0, "val_loss": 1.88}, {"iter": 150, "elapsed_s": 15.0, "val_loss": 1.85}]
+    lines = [
+        {"iter": 10, "elapsed_s": 1.0, "train_loss": 2.0},
+        {"iter": 50, "elapsed_s": 5.0, "val_loss": 1.9},
+        {"iter": 100, "elapsed_s": 10.0, "val_loss": 1.88},
+        {"iter": 150, "elapsed_s": 15.0, "val_loss": 1.85},
+    ]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
     hit, evals = recipe.reached(tmp_path, 1.88)
     assert hit == (100, 10.0, 1.88) and len(evals) == 3
@@ -70,8 +74,7 @@ def test_reached_is_the_first_evaluation_at_or_below_the_target(tmp_path):
 
 
 def test_a_bad_recipe_is_one_line(data_dir, tmp_path):
-    proc = run(*GRID, "--recipes=hot: warp_speed=9", f"--data_dir={data_dir}", f"--out_dir={tmp_path}",
-               check=False)
+    proc = run(*GRID, "--recipes=hot: warp_speed=9", f"--data_dir={data_dir}", f"--out_dir={tmp_path}", check=False)
     assert proc.returncode == 1 and "'warp_speed=9' should be key=value" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
 
@@ -81,8 +84,10 @@ def test_the_shipped_config_parses_with_its_recipes():
     import train
     from conftest import ROOT
     from model import GPTConfig
-    rc, gcfg, tc = config.parse([str(ROOT / "configs/recipe_cpu.toml")], recipe.RecipeConfig, GPTConfig,
-                                train.TrainConfig)
+
+    rc, gcfg, tc = config.parse(
+        [str(ROOT / "configs/recipe_cpu.toml")], recipe.RecipeConfig, GPTConfig, train.TrainConfig
+    )
     types = recipe.field_types(GPTConfig, recipe.MODEL_KEYS) | recipe.field_types(train.TrainConfig, recipe.TRAIN_KEYS)
     recipes = dict(recipe.parse_changes(rc.recipes, types))
     assert recipes["muon"] == {"optimizer": "muon"} and tc.dtype == "float32" and rc.seeds == 3

@@ -18,9 +18,27 @@ from scipy import stats
 
 from data.recall import FILLER, KEYS, NEEDLE, VALUES, distances
 from data.tokenizer import CharTokenizer
-from lab.retrieval import (BANDS, GOOD, SLOT, THRESHOLDS, Probe, ProbeSettings, band, bands, distance_plots,
-                           effective_length, error_rates, interval, pass_rate, pooled, probe_generator, reach, readout,
-                           readout_errors, shares)
+from lab.retrieval import (
+    BANDS,
+    GOOD,
+    SLOT,
+    THRESHOLDS,
+    Probe,
+    ProbeSettings,
+    band,
+    bands,
+    distance_plots,
+    effective_length,
+    error_rates,
+    interval,
+    pass_rate,
+    pooled,
+    probe_generator,
+    reach,
+    readout,
+    readout_errors,
+    shares,
+)
 
 TOK = CharTokenizer(sorted(set("\n !',:;?" + FILLER + KEYS + VALUES)))
 KEY_IDS, WRONG = {TOK.stoi[k] for k in KEYS}, TOK.stoi["."]
@@ -54,7 +72,7 @@ class Answerer(torch.nn.Module):
                     needles[c] = t
                     continue
                 s = self.pick(needles, queried, c, t)
-                answer = [WRONG, WRONG] if s is None else row[s + 1:s + 3]
+                answer = [WRONG, WRONG] if s is None else row[s + 1 : s + 3]
                 for d, token in enumerate(answer):
                     if t + d < len(row):
                         logits[b, t + d, token] = 1
@@ -159,8 +177,15 @@ def test_a_seeds_cells_are_json_with_the_forced_ones_apart():
     counts = p.counts(Answerer(oracle(30)), L0, Runtime)
     assert json.loads(json.dumps(counts)) == counts
     ks = distances(L0, 32)
-    assert sorted(map(int, [*counts["cells"], *counts["forced"]])) == ks and set(counts["forced"]) == {"3", "5", "60", "62"}
-    assert all(c == {"trials": 4, "hits": 4 if int(k) <= 30 else 0} for part in counts.values() for k, c in part.items())
+    assert sorted(map(int, [*counts["cells"], *counts["forced"]])) == ks and set(counts["forced"]) == {
+        "3",
+        "5",
+        "60",
+        "62",
+    }
+    assert all(
+        c == {"trials": 4, "hits": 4 if int(k) <= 30 else 0} for part in counts.values() for k, c in part.items()
+    )
 
 
 def test_the_interval_is_clopper_pearsons_and_a_cells_pass_rate_its_binomial_tail():
@@ -169,8 +194,9 @@ def test_the_interval_is_clopper_pearsons_and_a_cells_pass_rate_its_binomial_tai
         high = stats.beta.ppf(0.975, hits + 1, trials - hits) if hits < trials else 1.0
         assert interval(hits, trials) == pytest.approx((low, high))
     for accuracy, trials, threshold in [(0.1, 16, 0.2), (0.1, 192, 0.2), (0.97, 16, 0.9), (0.5, 40, 0.6)]:
-        tail = sum(stats.binom.pmf(h, trials, accuracy) for h in range(trials + 1)
-                   if interval(h, trials)[1] >= threshold)
+        tail = sum(
+            stats.binom.pmf(h, trials, accuracy) for h in range(trials + 1) if interval(h, trials)[1] >= threshold
+        )
         assert pass_rate(accuracy, trials, threshold) == pytest.approx(tail)
     assert error_rates([16] * 8, 0.2, 0.1)["false_pass"] == 1.0  # 0 of 16 leaves 20% inside the interval
     # a window's last pool may hold fewer trials: each cell counts at its own, and a thinner cell fails more often
@@ -195,14 +221,18 @@ def test_one_unlucky_cell_does_not_decide_the_reach_and_pooled_cells_add_their_t
 
 def test_the_readout_is_the_bands_the_reach_at_each_threshold_and_the_effective_length():
     cells = {str(k): {"trials": 16, "hits": h} for k, h in [(6, 16), (9, 15), (12, 12), (15, 1), (18, 16)]}
-    assert readout(cells, 8, 1.5, 0.1, per=2) == {"bands": bands(cells, 8, 1.5),
-                                                  "reach": {"pi": reach(cells, 0.2, 2), "strict": reach(cells, 0.9, 2)},
-                                                  "effective_length": effective_length(cells, 8, 0.1, per=2)}
+    assert readout(cells, 8, 1.5, 0.1, per=2) == {
+        "bands": bands(cells, 8, 1.5),
+        "reach": {"pi": reach(cells, 0.2, 2), "strict": reach(cells, 0.9, 2)},
+        "effective_length": effective_length(cells, 8, 0.1, per=2),
+    }
     errors = readout_errors(cells, 2, 0.1)  # pooled: 32, 32 and 16 trials
-    assert errors == {"trials": 32, "cells": 3} | {name: error_rates([32, 32, 16], th, 0.1)
-                                                    for name, th in THRESHOLDS.items()}
-    assert readout_errors({}, 2, 0.1) == {"trials": 0, "cells": 0} | {name: error_rates([], th, 0.1)
-                                                                      for name, th in THRESHOLDS.items()}
+    assert errors == {"trials": 32, "cells": 3} | {
+        name: error_rates([32, 32, 16], th, 0.1) for name, th in THRESHOLDS.items()
+    }
+    assert readout_errors({}, 2, 0.1) == {"trials": 0, "cells": 0} | {
+        name: error_rates([], th, 0.1) for name, th in THRESHOLDS.items()
+    }
 
 
 def test_the_effective_length_reads_the_reach_at_the_models_own_accuracy_inside_L0():
@@ -233,8 +263,10 @@ def test_a_97_percent_reader_reads_the_whole_window_and_one_at_chance_nothing_at
     trials = np.array([c["trials"] for c in cells.values()])
     rng, runs = np.random.default_rng(1), 2000
     for accuracy, threshold, whole in [(GOOD, THRESHOLDS["strict"], 0.95), (p.chance, THRESHOLDS["pi"], None)]:
-        reads = [reach({k: {"trials": int(n), "hits": int(h)} for k, n, h in zip(cells, trials, hits)}, threshold, 4)
-                 for hits in rng.binomial(trials, accuracy, (runs, len(trials)))]
+        reads = [
+            reach({k: {"trials": int(n), "hits": int(h)} for k, n, h in zip(cells, trials, hits)}, threshold, 4)
+            for hits in rng.binomial(trials, accuracy, (runs, len(trials)))
+        ]
         if whole:  # the whole window with >= 95% probability
             assert np.mean([r == longest for r in reads]) >= whole
         else:  # any distance at all with <= 5% probability
@@ -257,6 +289,7 @@ def test_bad_probe_settings_fail_with_what_is_valid():
 def test_the_distance_plots_draw_a_panel_per_grid(tmp_path):
     pytest.importorskip("matplotlib")
     from lab.report import Plots
+
     plots = Plots(tmp_path)
     grid = {"64": {"3": 1.0, "62": 0.5}, "128": None}
     distance_plots(plots, [("step 500", grid), ("step 1000", grid)], L0, 0.1, "retrieval.png", "by distance")

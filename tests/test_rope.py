@@ -1,5 +1,6 @@
 """Tests for rope.py: RoPE's maths against the paper's explicit matrices or an
 independent float64 computation. Each test pins a property that a plausible bug would break."""
+
 import ast
 import math
 import re
@@ -25,6 +26,7 @@ def reference(x, positions, inv_freq):
 
 
 # ---- the explicit matrix ----------------------------------------------------------------------
+
 
 def test_rotation_matrix_is_identity_at_zero():
     assert torch.equal(rope.rotation_matrix(16, 0.0), torch.eye(16, dtype=torch.float64))
@@ -54,6 +56,7 @@ def test_sign_is_papers_counter_clockwise_rotation():
 
 
 # ---- apply_rope against the matrix ------------------------------------------------------------
+
 
 def test_interleaved_equals_rotation_matrix_for_a_batch_of_positions():
     torch.manual_seed(0)
@@ -114,6 +117,7 @@ def test_scores_depend_only_on_relative_position(layout):
 
 # ---- frequencies and scalings -----------------------------------------------------------------
 
+
 def test_frequencies_are_pinned():
     d, base = 64, 10000.0
     f = rope.rope_frequencies(d, base)
@@ -133,7 +137,7 @@ def test_tables_are_the_exact_angles_rounded_once_to_float32(position):
     for got, exact in ((cos, map(math.cos, angles)), (sin, map(math.sin, angles))):
         exact = torch.tensor(list(exact), dtype=torch.float64)
         # within half a float32 ulp of values below 1 (2^-25), plus the float64 angle's own rounding
-        torch.testing.assert_close(got[0].double(), exact, atol=2 ** -25 + position * 2e-16, rtol=0)
+        torch.testing.assert_close(got[0].double(), exact, atol=2**-25 + position * 2e-16, rtol=0)
 
 
 @pytest.mark.parametrize("scaling", sorted(rope.SCALINGS))
@@ -178,8 +182,10 @@ def test_dynamic_is_plain_within_the_trained_context_and_ntk_beyond():
 
 def deployed_yarn(d, base, s, L0, beta_fast=32.0, beta_slow=1.0):
     """YaRN's frequencies as its authors' code and transformers compute them, written out in plain floats."""
+
     def pair(turns):  # the pair index whose frequency turns `turns` times within L0
         return d * math.log(L0 / (2 * math.pi * turns)) / (2 * math.log(base))
+
     low, high = max(math.floor(pair(beta_fast)), 0), min(math.ceil(pair(beta_slow)), d - 1)
     out = []
     for i in range(d // 2):
@@ -189,8 +195,10 @@ def deployed_yarn(d, base, s, L0, beta_fast=32.0, beta_slow=1.0):
     return out
 
 
-@pytest.mark.parametrize("d,base,L0,s", [(32, 1e4, 64, 2.0), (64, 1e4, 4096, 4.0), (128, 5e5, 8192, 32.0),
-                                         (64, 1e4, 256, 8.5), (16, 10.0, 8, 2.0)])
+@pytest.mark.parametrize(
+    "d,base,L0,s",
+    [(32, 1e4, 64, 2.0), (64, 1e4, 4096, 4.0), (128, 5e5, 8192, 32.0), (64, 1e4, 256, 8.5), (16, 10.0, 8, 2.0)],
+)
 def test_yarn_is_the_deployed_pair_index_ramp_with_its_temperature(d, base, L0, s):
     f, attn_factor = rope.scaled_frequencies(d, base, "yarn", s, L0)
     torch.testing.assert_close(f, torch.tensor(deployed_yarn(d, base, s, L0), dtype=torch.float64), rtol=1e-6, atol=0)
@@ -211,14 +219,18 @@ def test_yarn_keeps_the_fastest_pair_where_the_papers_text_would_slow_it():
 def test_yarn_matches_transformers():
     rope_init = pytest.importorskip("transformers.modeling_rope_utils")
     from transformers import LlamaConfig
+
     d, base, L0, s = 64, 10000.0, 256, 4.0
-    cfg = LlamaConfig(hidden_size=d * 4, num_attention_heads=4, max_position_embeddings=int(L0 * s),
-                      rope_parameters={"rope_type": "yarn", "rope_theta": base, "factor": s,
-                                       "original_max_position_embeddings": L0})
+    cfg = LlamaConfig(
+        hidden_size=d * 4,
+        num_attention_heads=4,
+        max_position_embeddings=int(L0 * s),
+        rope_parameters={"rope_type": "yarn", "rope_theta": base, "factor": s, "original_max_position_embeddings": L0},
+    )
     inv_freq, attention_factor = rope_init.ROPE_INIT_FUNCTIONS["yarn"](cfg, "cpu")
     f, attn_factor = rope.scaled_frequencies(d, base, "yarn", s, L0)
     torch.testing.assert_close(f.float(), inv_freq.float(), rtol=1e-6, atol=0)
-    assert attn_factor == pytest.approx(attention_factor ** 2, rel=1e-6)  # theirs scales cos and sin: q and k each
+    assert attn_factor == pytest.approx(attention_factor**2, rel=1e-6)  # theirs scales cos and sin: q and k each
 
 
 def test_llama3_wavelength_bands_are_continuous_at_their_edges():
@@ -252,6 +264,7 @@ def test_llama3_keeps_high_and_divides_low_frequencies():
 
 # ---- partial rotary ---------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("layout", rope.LAYOUTS)
 def test_partial_rotary_passes_the_rest_through_and_uses_its_own_width(layout):
     torch.manual_seed(4)
@@ -281,10 +294,12 @@ def test_bad_rotary_width_is_a_value_error(fraction):
 
 # ---- Rotary: precision, offsets, growth ---------------------------------------------------------
 
+
 def shifted(r, x, start):
     """Rotary r applied to x (..., T, hs) at positions start..start+T-1."""
     T = x.shape[-2]
     return r(x, torch.arange(start, start + T), start + T)
+
 
 def float64_rope(x, positions, d):
     theta = torch.tensor([10000.0 ** (-2 * i / d) for i in range(d // 2)], dtype=torch.float64)
@@ -335,7 +350,7 @@ def test_offset_equals_slicing_a_longer_sequence(layout, scaling):
     if scaling == "dynamic":  # its frequencies follow the total length, so only pieces ending at 100 agree
         pieces = [(o, t) for o, t in pieces if o + t == 100]
     for o, t in pieces:
-        torch.testing.assert_close(shifted(r, x[:, :, o:o + t], o), full[:, :, o:o + t], atol=1e-6, rtol=0)
+        torch.testing.assert_close(shifted(r, x[:, :, o : o + t], o), full[:, :, o : o + t], atol=1e-6, rtol=0)
 
 
 def test_dynamic_rotary_uses_the_current_length():
@@ -376,6 +391,7 @@ def test_a_scaled_rotary_uses_its_scalings_frequencies_and_temperature():
 
 # ---- autograd and compile ---------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("layout", rope.LAYOUTS)
 @pytest.mark.parametrize("hs", [8, 11])
 def test_gradcheck(layout, hs):
@@ -409,6 +425,7 @@ def test_compiled_rotary_matches_eager_forward_and_backward():
 
 # ---- input validation -------------------------------------------------------------------------
 
+
 def test_bad_inputs_are_value_errors_naming_the_choices():
     cos, sin = tables(8, [0, 1])
     with pytest.raises(ValueError, match="'diag'.*interleaved"):
@@ -433,6 +450,7 @@ def test_bad_inputs_are_value_errors_naming_the_choices():
 
 
 # ---- the registry of scalings: each entry carries what its name stands for --------------------
+
 
 @pytest.mark.parametrize("name", rope.SCALINGS)
 def test_a_scaling_reads_l0_and_the_length_where_its_entry_says(name):
@@ -464,22 +482,31 @@ def test_transformers_parameters_with_no_equivalent_here_are_named():
     with pytest.raises(ValueError, match="^rope_type='longrope' has no nanorope scaling; supported: default, linear"):
         rope.from_hf({"rope_type": "longrope", "rope_theta": 1e4, "factor": 2.0}, 64)
     yarn = rope.SCALINGS["yarn"].hf_parameters(16, 1e4, 2.0, 32)
-    with pytest.raises(ValueError, match="^rope_type='yarn' with beta_fast=16.0: nanorope's yarn has beta_fast=32.0, "
-                                         "beta_slow=1.0$"):
+    with pytest.raises(
+        ValueError, match="^rope_type='yarn' with beta_fast=16.0: nanorope's yarn has beta_fast=32.0, beta_slow=1.0$"
+    ):
         rope.from_hf(yarn | {"beta_fast": 16.0}, 64)
     with pytest.raises(ValueError, match="^rope_type='linear' with mscale=2.0: nanorope's linear has no such"):
         rope.from_hf({"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0, "mscale": 2.0}, 64)
 
 
-@pytest.mark.parametrize("scaling, factor, stretch, result", [
-    (None, None, None, (rope.NO_SCALING, 1.0)),
-    ("none", 1.0, None, (rope.NO_SCALING, 1.0)),
-    ("yarn", 2.0, 8.0, ("yarn", 2.0)),  # a factor given is the factor
-    ("yarn", None, 8.0, ("yarn", 8.0)),  # else the one the use asks for
-    (None, 2.0, None, "rope_scaling_factor=2 does nothing without a rope_scaling (linear, ntk, dynamic, yarn, llama3)"),
-    ("none", 2.0, 8.0, "rope_scaling_factor=2 does nothing without a rope_scaling"),
-    ("linear", None, None, "rope_scaling='linear' needs its factor"),
-])
+@pytest.mark.parametrize(
+    "scaling, factor, stretch, result",
+    [
+        (None, None, None, (rope.NO_SCALING, 1.0)),
+        ("none", 1.0, None, (rope.NO_SCALING, 1.0)),
+        ("yarn", 2.0, 8.0, ("yarn", 2.0)),  # a factor given is the factor
+        ("yarn", None, 8.0, ("yarn", 8.0)),  # else the one the use asks for
+        (
+            None,
+            2.0,
+            None,
+            "rope_scaling_factor=2 does nothing without a rope_scaling (linear, ntk, dynamic, yarn, llama3)",
+        ),
+        ("none", 2.0, 8.0, "rope_scaling_factor=2 does nothing without a rope_scaling"),
+        ("linear", None, None, "rope_scaling='linear' needs its factor"),
+    ],
+)
 def test_one_rule_for_a_scaling_and_its_factor(scaling, factor, stretch, result):
     if isinstance(result, tuple):
         assert rope.scaling_pair(scaling, factor, stretch) == result
@@ -496,6 +523,7 @@ def test_no_scaling_name_is_compared_outside_rope_py():
     def named(node):  # a scaling name, or a tuple, list or set of constants holding one
         items = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [node]
         return any(isinstance(n, ast.Constant) and n.value in names for n in items)
+
     found = []
     for p in sorted([*ROOT.glob("*.py"), *ROOT.glob("lab/*.py"), *ROOT.glob("data/*.py")]):
         for node in ast.walk(ast.parse(p.read_text())) if p.name != "rope.py" else ():
@@ -503,7 +531,8 @@ def test_no_scaling_name_is_compared_outside_rope_py():
                 hit = any(named(n) for n in [node.left, *node.comparators])
             else:
                 hit = isinstance(node, ast.match_case) and any(
-                    isinstance(n, ast.MatchValue) and named(n.value) for n in ast.walk(node.pattern))
+                    isinstance(n, ast.MatchValue) and named(n.value) for n in ast.walk(node.pattern)
+                )
             if hit:
                 found.append(f"{p.relative_to(ROOT)}:{getattr(node, 'lineno', node.pattern.lineno)}")
     assert not found

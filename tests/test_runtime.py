@@ -16,13 +16,24 @@ from lab import ablate
 from model import GPTConfig
 
 
-@pytest.mark.parametrize("caps, seconds, expected", [
-    ({"avx512_bf16": True, "amx_bf16": False}, {torch.float32: 1.0, torch.bfloat16: 0.4}, torch.bfloat16),
-    ({"avx512_bf16": False, "amx_bf16": True}, {torch.float32: 1.0, torch.bfloat16: 0.4}, torch.bfloat16),
-    ({"avx512_bf16": True, "amx_bf16": False}, {torch.float32: 1.0, torch.bfloat16: 1.7}, torch.float32),  # slow bf16
-    ({"avx512_bf16": True, "amx_bf16": False}, {torch.float32: 1.0, torch.bfloat16: 0.8}, torch.float32),  # near parity
-    ({"avx512_bf16": False, "amx_bf16": False, "avx2": True}, {}, torch.float32),  # emulated: no probe
-])
+@pytest.mark.parametrize(
+    "caps, seconds, expected",
+    [
+        ({"avx512_bf16": True, "amx_bf16": False}, {torch.float32: 1.0, torch.bfloat16: 0.4}, torch.bfloat16),
+        ({"avx512_bf16": False, "amx_bf16": True}, {torch.float32: 1.0, torch.bfloat16: 0.4}, torch.bfloat16),
+        (
+            {"avx512_bf16": True, "amx_bf16": False},
+            {torch.float32: 1.0, torch.bfloat16: 1.7},
+            torch.float32,
+        ),  # slow bf16
+        (
+            {"avx512_bf16": True, "amx_bf16": False},
+            {torch.float32: 1.0, torch.bfloat16: 0.8},
+            torch.float32,
+        ),  # near parity
+        ({"avx512_bf16": False, "amx_bf16": False, "avx2": True}, {}, torch.float32),  # emulated: no probe
+    ],
+)
 def test_auto_dtype_on_cpu_is_bfloat16_only_where_its_matmuls_are_clearly_faster(monkeypatch, caps, seconds, expected):
     monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: caps)
     monkeypatch.setattr(runtime, "matmul_seconds", lambda dtype: seconds[dtype])
@@ -41,8 +52,9 @@ def test_the_matmul_probe_times_each_dtype():
 
 
 @pytest.mark.parametrize("another_rank_chose_float32, expected", [(True, torch.float32), (False, torch.bfloat16)])
-def test_under_torchrun_auto_cpu_dtype_is_bfloat16_only_if_every_process_chose_it(monkeypatch,
-                                                                                  another_rank_chose_float32, expected):
+def test_under_torchrun_auto_cpu_dtype_is_bfloat16_only_if_every_process_chose_it(
+    monkeypatch, another_rank_chose_float32, expected
+):
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setattr(runtime, "cpu_bf16_is_faster", lambda: True)  # this process's probe
     monkeypatch.setattr(runtime.dist, "init_process_group", lambda backend: None)
@@ -90,11 +102,20 @@ def test_the_guard_sees_a_bf16_newton_schulz():  # torch.optim.Muon's, the cliff
     assert guard.seen and "aten.mm" in guard.seen[0] and "torch.bfloat16" in guard.seen[0]
 
 
-@pytest.mark.parametrize("settings", [
-    ["--optimizer=adamw"], ["--optimizer=muon"], ["--optimizer=muon", "--qk_norm"], ["--mlp_act=relu2"],
-    ["--logit_softcap=15"], ["--tie_embeddings=false"], ["--optimizer=muon", "drope"],
-    ["--pose_factor=2", "--recall_share=0.5", "--recall_pairs=2"]],  # per-row position ids, task rows
-    ids=lambda s: ",".join(a.removeprefix("--") for a in s))
+@pytest.mark.parametrize(
+    "settings",
+    [
+        ["--optimizer=adamw"],
+        ["--optimizer=muon"],
+        ["--optimizer=muon", "--qk_norm"],
+        ["--mlp_act=relu2"],
+        ["--logit_softcap=15"],
+        ["--tie_embeddings=false"],
+        ["--optimizer=muon", "drope"],
+        ["--pose_factor=2", "--recall_share=0.5", "--recall_pairs=2"],
+    ],  # per-row position ids, task rows
+    ids=lambda s: ",".join(a.removeprefix("--") for a in s),
+)
 def test_a_float32_run_computes_no_matmul_in_reduced_precision(data_dir, tmp_path, settings):
     """One training step with each optimizer and recipe option (DroPE's drop at step 1 too), its evaluation, and
     cached decoding of its model, all in float32 on the CPU: not one matrix product may see a bf16 or float16."""
@@ -113,6 +134,8 @@ def test_a_float32_run_computes_no_matmul_in_reduced_precision(data_dir, tmp_pat
 def test_bfloat16_on_a_gpu_without_it_is_refused_in_one_line(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: False)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Tesla V100")
-    with pytest.raises(ValueError, match=r"dtype=bfloat16 is not supported by this GPU \(Tesla V100\); use dtype=float16"):
+    with pytest.raises(
+        ValueError, match=r"dtype=bfloat16 is not supported by this GPU \(Tesla V100\); use dtype=float16"
+    ):
         runtime.pick_dtype("bfloat16", "cuda")
     assert runtime.pick_dtype("float16", "cuda") == torch.float16

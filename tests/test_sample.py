@@ -36,9 +36,19 @@ def runs(data_dir, tmp_path_factory):
     env = os.environ | {"OMP_NUM_THREADS": "1"}
 
     def train(scheme):
-        run("train.py", *TINY, f"--pos_emb={scheme}", f"--data_dir={data_dir}", f"--out_dir={root / f'out-{scheme}'}",
-            "--max_iters=200", "--batch_size=8", "--learning_rate=1e-2", "--warmup_iters=0", "--eval_interval=100",
-            env=env)
+        run(
+            "train.py",
+            *TINY,
+            f"--pos_emb={scheme}",
+            f"--data_dir={data_dir}",
+            f"--out_dir={root / f'out-{scheme}'}",
+            "--max_iters=200",
+            "--batch_size=8",
+            "--learning_rate=1e-2",
+            "--warmup_iters=0",
+            "--eval_interval=100",
+            env=env,
+        )
 
     with ThreadPoolExecutor(len(SCHEMES)) as pool:
         list(pool.map(train, SCHEMES))
@@ -64,12 +74,13 @@ def fails(capsys, *args):
 
 # ----------------------------------------------------------------------------- one model
 
+
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_greedy_text_is_the_same_with_and_without_the_cache(runs, capsys, scheme):
     args = [f"--out_dir={runs / f'out-{scheme}'}", f"--start={PROMPT}", *GREEDY]
     cached, err = cli(capsys, *args)
     assert cached.startswith(PROMPT) and len(cached) == len(PROMPT) + 80 + 1  # char-level: a token is a character
-    assert len(set(cached[len(PROMPT):])) > 2, "the model is too untrained for the comparison to mean anything"
+    assert len(set(cached[len(PROMPT) :])) > 2, "the model is too untrained for the comparison to mean anything"
     assert f"pos_emb={scheme}" in err and "kv cache on" in err
     recomputed, err = cli(capsys, *args, "--kv_cache=false")
     assert recomputed == cached
@@ -125,8 +136,14 @@ def test_empty_prompt_starts_from_the_start_token(runs, capsys):
 
 
 def test_num_samples_continue_one_random_stream(runs, capsys):
-    args = [f"--out_dir={runs / 'out-rope'}", "--max_new_tokens=40", "--temperature=1", "--seed=3", "--start=A",
-            "--device=cpu"]
+    args = [
+        f"--out_dir={runs / 'out-rope'}",
+        "--max_new_tokens=40",
+        "--temperature=1",
+        "--seed=3",
+        "--start=A",
+        "--device=cpu",
+    ]
     three = cli(capsys, *args, "--num_samples=3")[0].split("-" * 40 + "\n")
     assert len(three) == 3 and len(set(three)) == 3
     assert all(s.startswith("A") and len(s) == 1 + 40 + 1 for s in three)
@@ -144,6 +161,7 @@ def test_bare_command_samples_the_newest_run_here(runs, capsys, monkeypatch):
 
 # ----------------------------------------------------------------------------- --compare
 
+
 def reference_prompt_loss(path, prompt):
     """Mean negative log-likelihood of each prompt character after the start token, from the logits."""
     ckpt = load_checkpoint(path)
@@ -159,8 +177,12 @@ def expected_stats(runs):
     for scheme in SCHEMES:
         ckpt = load_checkpoint(runs / f"out-{scheme}" / "best.pt")
         params = model_from_checkpoint(ckpt).num_params()
-        yield (scheme, f"{params / 1e3:.1f}K", f"{ckpt['best_val_loss']:.4f}",
-               f"{reference_prompt_loss(runs / f'out-{scheme}' / 'best.pt', PROMPT):.4f}")
+        yield (
+            scheme,
+            f"{params / 1e3:.1f}K",
+            f"{ckpt['best_val_loss']:.4f}",
+            f"{reference_prompt_loss(runs / f'out-{scheme}' / 'best.pt', PROMPT):.4f}",
+        )
 
 
 def test_compare_prints_each_model_with_its_stats_and_samples(runs, capsys, monkeypatch):
@@ -183,22 +205,38 @@ def test_compare_prints_each_model_with_its_stats_and_samples(runs, capsys, monk
 
 def test_compare_text_format_has_one_block_per_model(runs, capsys):
     dirs = [runs / f"out-{s}" for s in SCHEMES]
-    out = cli(capsys, "--compare=" + ",".join(map(str, dirs)), "--format=text", "--seed=1", "--temperature=0", f"--start={PROMPT}",
-              "--max_new_tokens=40", "--device=cpu")[0]
+    out = cli(
+        capsys,
+        "--compare=" + ",".join(map(str, dirs)),
+        "--format=text",
+        "--seed=1",
+        "--temperature=0",
+        f"--start={PROMPT}",
+        "--max_new_tokens=40",
+        "--device=cpu",
+    )[0]
     for d, scheme in zip(dirs, SCHEMES):
-        alone = cli(capsys, f"--out_dir={d}", "--temperature=0", f"--start={PROMPT}", "--max_new_tokens=40",
-                    "--device=cpu")[0]
+        alone = cli(
+            capsys, f"--out_dir={d}", "--temperature=0", f"--start={PROMPT}", "--max_new_tokens=40", "--device=cpu"
+        )[0]
         assert f"=== {d} ({scheme}) ===\n{alone}" in out + "\n"
 
 
 def test_compare_markdown_is_a_table_of_stats_and_one_of_samples(runs, capsys):
     dirs = [runs / f"out-{s}" for s in SCHEMES]
-    out = cli(capsys, "--compare=" + ",".join(map(str, dirs)), "--format=markdown", "--seed=1", f"--start={PROMPT}",
-              "--max_new_tokens=40", "--device=cpu")[0]
+    out = cli(
+        capsys,
+        "--compare=" + ",".join(map(str, dirs)),
+        "--format=markdown",
+        "--seed=1",
+        f"--start={PROMPT}",
+        "--max_new_tokens=40",
+        "--device=cpu",
+    )[0]
     lines = out.splitlines()
     head = lines.index("| model | pos_emb | params | iters | best val loss | prompt loss | tokens/s |")
     assert re.fullmatch(r"\|---\|---\|(---:\|){5}", lines[head + 1])
-    for line, (scheme, params, best, prompt_loss), d in zip(lines[head + 2:], expected_stats(runs), dirs):
+    for line, (scheme, params, best, prompt_loss), d in zip(lines[head + 2 :], expected_stats(runs), dirs):
         cells = [c.strip() for c in line.strip("|").split(" | ")]
         assert cells[:6] == [str(d).replace("_", "\\_"), scheme, params, "200", best, prompt_loss]
         assert float(cells[6].replace(",", "")) > 0
@@ -217,13 +255,16 @@ def test_markdown_cells_escape_what_markdown_would_read():
 
 # ----------------------------------------------------------------------------- bad input
 
+
 @pytest.fixture
 def foreign(tmp_path):
     """Run folders holding checkpoints of something else, and a file that is no checkpoint at all."""
     tokenizer = {"tokenizer": "char", "chars": ["a"], "start_id": 0}
-    for name, ckpt in {"other": {"weights": torch.zeros(2)},
-                       "untokenized": {"model": {}, "model_config": {}},
-                       "misfit": {"model": {}, "model_config": {"n_layr": 2}, "tokenizer": tokenizer}}.items():
+    for name, ckpt in {
+        "other": {"weights": torch.zeros(2)},
+        "untokenized": {"model": {}, "model_config": {}},
+        "misfit": {"model": {}, "model_config": {"n_layr": 2}, "tokenizer": tokenizer},
+    }.items():
         (tmp_path / name).mkdir()
         torch.save(ckpt, tmp_path / name / "best.pt")
     (tmp_path / "junk").mkdir()
@@ -231,36 +272,48 @@ def foreign(tmp_path):
     return tmp_path
 
 
-@pytest.mark.parametrize("args, named", [
-    (["--start=ROMEO: ✓ ü"], "outside the vocabulary: '✓', 'ü'"),
-    (["--max_new_tokens=0"], "max_new_tokens=0 must be a positive integer"),
-    (["--max_new_tokens=-5"], "max_new_tokens=-5 must be a positive integer"),
-    (["--max_new_tokens=many"], "max_new_tokens='many' is not a valid int"),
-    (["--top_p=0"], "top_p=0.0 must lie in (0, 1]"),
-    (["--top_p=1.5"], "top_p=1.5 must lie in (0, 1]"),
-    (["--top_k=0"], "top_k=0 must be a positive integer"),
-    (["--temperature=-1"], "temperature=-1.0 must be a finite number >= 0"),
-    (["--temperature=nan"], "temperature=nan must be a finite number >= 0"),
-    (["--kv_cache=maybe"], "kv_cache='maybe' is not a valid bool; use true or false"),
-    (["--compile", "--kv_cache=false"], "compile=true compiles the cached decoding; it needs kv_cache=true"),
-    (["--static_cache", "--kv_cache=false"], "static_cache=true is a kind of KV cache; it needs kv_cache=true"),
-    (["--max_context=0"], "max_context=0 must be a positive integer"),
-    (["--rope_scaling=ntk", "--max_context=64"], "needs a RoPE model; {runs}/out-sinusoidal uses pos_emb=sinusoidal"),
-    (["--out_dir={runs}/out-rope", "--rope_scaling=ntk", "--rope_scaling_factor=0.5"],
-     "rope_scaling_factor=0.5 must be a finite number >= 1"),
-    (["--out_dir={runs}/out-rope", "--max_context=64", "--rope_scaling=linear", "--rope_scaling_factor=0"],
-     "rope_scaling_factor=0.0 must be a finite number >= 1"),  # not silently the default factor
-    (["--rope_scaling_factor=2"], "rope_scaling_factor=2 does nothing without a rope_scaling"),
-    (["--rope_scaling=wild"], "rope_scaling='wild' must be one of none, linear, ntk, dynamic, yarn, llama3"),
-    (["--format=html"], "format='html' must be one of columns, text, markdown"),
-    (["--start=FILE:{runs}/nowhere.txt"], "prompt file '{runs}/nowhere.txt' does not exist"),
-    (["--device=tpu"], "device='tpu' is unknown"),
-    (["--colour=red"], "unknown config key 'colour'; --help lists every key"),
-    (["--temprature=0"], "unknown config key 'temprature'; did you mean 'temperature'?"),  # as train.py says it
-    (["--out_dir={runs}/out-rope", "--compare={runs}/out-rope"], "out_dir and compare exclude each other"),
-    (["--out_dir=hf:{runs}/no/such/folder"], "out_dir=hf:{runs}/no/such/folder: the folder {runs}/no/such/folder "
-                                             "does not exist"),
-])
+@pytest.mark.parametrize(
+    "args, named",
+    [
+        (["--start=ROMEO: ✓ ü"], "outside the vocabulary: '✓', 'ü'"),
+        (["--max_new_tokens=0"], "max_new_tokens=0 must be a positive integer"),
+        (["--max_new_tokens=-5"], "max_new_tokens=-5 must be a positive integer"),
+        (["--max_new_tokens=many"], "max_new_tokens='many' is not a valid int"),
+        (["--top_p=0"], "top_p=0.0 must lie in (0, 1]"),
+        (["--top_p=1.5"], "top_p=1.5 must lie in (0, 1]"),
+        (["--top_k=0"], "top_k=0 must be a positive integer"),
+        (["--temperature=-1"], "temperature=-1.0 must be a finite number >= 0"),
+        (["--temperature=nan"], "temperature=nan must be a finite number >= 0"),
+        (["--kv_cache=maybe"], "kv_cache='maybe' is not a valid bool; use true or false"),
+        (["--compile", "--kv_cache=false"], "compile=true compiles the cached decoding; it needs kv_cache=true"),
+        (["--static_cache", "--kv_cache=false"], "static_cache=true is a kind of KV cache; it needs kv_cache=true"),
+        (["--max_context=0"], "max_context=0 must be a positive integer"),
+        (
+            ["--rope_scaling=ntk", "--max_context=64"],
+            "needs a RoPE model; {runs}/out-sinusoidal uses pos_emb=sinusoidal",
+        ),
+        (
+            ["--out_dir={runs}/out-rope", "--rope_scaling=ntk", "--rope_scaling_factor=0.5"],
+            "rope_scaling_factor=0.5 must be a finite number >= 1",
+        ),
+        (
+            ["--out_dir={runs}/out-rope", "--max_context=64", "--rope_scaling=linear", "--rope_scaling_factor=0"],
+            "rope_scaling_factor=0.0 must be a finite number >= 1",
+        ),  # not silently the default factor
+        (["--rope_scaling_factor=2"], "rope_scaling_factor=2 does nothing without a rope_scaling"),
+        (["--rope_scaling=wild"], "rope_scaling='wild' must be one of none, linear, ntk, dynamic, yarn, llama3"),
+        (["--format=html"], "format='html' must be one of columns, text, markdown"),
+        (["--start=FILE:{runs}/nowhere.txt"], "prompt file '{runs}/nowhere.txt' does not exist"),
+        (["--device=tpu"], "device='tpu' is unknown"),
+        (["--colour=red"], "unknown config key 'colour'; --help lists every key"),
+        (["--temprature=0"], "unknown config key 'temprature'; did you mean 'temperature'?"),  # as train.py says it
+        (["--out_dir={runs}/out-rope", "--compare={runs}/out-rope"], "out_dir and compare exclude each other"),
+        (
+            ["--out_dir=hf:{runs}/no/such/folder"],
+            "out_dir=hf:{runs}/no/such/folder: the folder {runs}/no/such/folder does not exist",
+        ),
+    ],
+)
 def test_bad_input_is_one_line_naming_it(runs, capsys, args, named):
     where = any(a.startswith(("--out_dir", "--compare")) for a in args)
     default = [] if where else [f"--out_dir={runs}/out-sinusoidal"]
@@ -268,14 +321,23 @@ def test_bad_input_is_one_line_naming_it(runs, capsys, args, named):
     assert named.format(runs=runs) in err
 
 
-@pytest.mark.parametrize("folder, named", [
-    ("missing", "out_dir={d}/missing: no such run folder or checkpoint file"),
-    ("other", "out_dir={d}/other: '{d}/other/best.pt' is not a nanorope checkpoint"),
-    ("junk", "out_dir={d}/junk: '{d}/junk/best.pt' is not a readable checkpoint"),
-    ("untokenized", "out_dir={d}/untokenized: '{d}/untokenized/best.pt' holds weights alone, without the tokenizer"),
-    ("misfit", "out_dir={d}/misfit: '{d}/misfit/best.pt' does not fit nanorope's model (GPTConfig.__init__() got an "
-               "unexpected keyword"),
-])
+@pytest.mark.parametrize(
+    "folder, named",
+    [
+        ("missing", "out_dir={d}/missing: no such run folder or checkpoint file"),
+        ("other", "out_dir={d}/other: '{d}/other/best.pt' is not a nanorope checkpoint"),
+        ("junk", "out_dir={d}/junk: '{d}/junk/best.pt' is not a readable checkpoint"),
+        (
+            "untokenized",
+            "out_dir={d}/untokenized: '{d}/untokenized/best.pt' holds weights alone, without the tokenizer",
+        ),
+        (
+            "misfit",
+            "out_dir={d}/misfit: '{d}/misfit/best.pt' does not fit nanorope's model (GPTConfig.__init__() got an "
+            "unexpected keyword",
+        ),
+    ],
+)
 def test_missing_or_foreign_checkpoint_is_refused(capsys, foreign, folder, named):
     err = fails(capsys, f"--out_dir={foreign / folder}", "--device=cpu")
     assert named.format(d=foreign) in err
@@ -293,31 +355,45 @@ def test_non_utf8_prompt_file_is_refused(runs, capsys, tmp_path):
 
 
 def test_the_real_command_exits_non_zero_without_a_traceback(runs, foreign):
-    proc = run("sample.py", f"--compare={runs / 'out-rope'},{foreign / 'other'}", "--device=cpu", check=False,
-               env=os.environ | {"OMP_NUM_THREADS": "1"})
+    proc = run(
+        "sample.py",
+        f"--compare={runs / 'out-rope'},{foreign / 'other'}",
+        "--device=cpu",
+        check=False,
+        env=os.environ | {"OMP_NUM_THREADS": "1"},
+    )
     assert proc.returncode == 1 and proc.stdout == ""
-    assert proc.stderr == f"error: compare={foreign}/other: '{foreign}/other/best.pt' is not a nanorope checkpoint " \
-                          f"(it lacks the model and model_config entries)\n"
+    assert (
+        proc.stderr == f"error: compare={foreign}/other: '{foreign}/other/best.pt' is not a nanorope checkpoint "
+        f"(it lacks the model and model_config entries)\n"
+    )
 
 
 def test_a_scaling_and_its_factor_follow_one_rule_in_the_model_sampling_and_export():
     refusals = []
-    for settings in (lambda: GPTConfig(rope_scaling_factor=2.0), lambda: sample.SampleConfig(rope_scaling_factor=2.0),
-                     lambda: export.ExportConfig(hf_dir="hf-out", rope_scaling_factor=2.0)):
+    for settings in (
+        lambda: GPTConfig(rope_scaling_factor=2.0),
+        lambda: sample.SampleConfig(rope_scaling_factor=2.0),
+        lambda: export.ExportConfig(hf_dir="hf-out", rope_scaling_factor=2.0),
+    ):
         with pytest.raises(ValueError) as refused:
             settings()
         refusals.append(str(refused.value))
-    assert refusals == ["rope_scaling_factor=2 does nothing without a rope_scaling (linear, ntk, dynamic, yarn, "
-                        "llama3)"] * 3
+    assert (
+        refusals
+        == ["rope_scaling_factor=2 does nothing without a rope_scaling (linear, ntk, dynamic, yarn, llama3)"] * 3
+    )
 
 
 def test_a_sampling_scalings_default_factor_stretches_l0_to_max_context(tmp_path):
     """A model fine-tuned to 32 tokens from L0 = 16 and sampled at 64: s = 64 / 16, as every scaling reads L0."""
     model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=32, original_len=16, vocab_size=3))
     meta = {"tokenizer": "char", "chars": list("abc"), "start_id": 0}
-    save_checkpoint({"model": model.state_dict(), "model_config": model.config.asdict(), "tokenizer": meta},
-                    tmp_path / "ckpt.pt")
-    sc = sample.SampleConfig(out_dir=str(tmp_path), checkpoint="latest", max_context=64, rope_scaling="linear",
-                             device="cpu")
+    save_checkpoint(
+        {"model": model.state_dict(), "model_config": model.config.asdict(), "tokenizer": meta}, tmp_path / "ckpt.pt"
+    )
+    sc = sample.SampleConfig(
+        out_dir=str(tmp_path), checkpoint="latest", max_context=64, rope_scaling="linear", device="cpu"
+    )
     sampler = sample.Sampler(sc.out_dir, "out_dir", "ab", sc, "cpu")
     assert (sampler.model.config.rope_scaling, sampler.model.config.rope_scaling_factor) == ("linear", 4.0)

@@ -28,8 +28,11 @@ def mean_se(diffs):
 
 
 def test_mean_std_uses_n_minus_one_and_has_no_spread_for_one_value():
-    assert stats.mean_std([1.0, 2.0, 4.0]) == {"mean": pytest.approx(7 / 3), "std": pytest.approx(math.sqrt(7 / 3)),
-                                               "values": [1.0, 2.0, 4.0]}
+    assert stats.mean_std([1.0, 2.0, 4.0]) == {
+        "mean": pytest.approx(7 / 3),
+        "std": pytest.approx(math.sqrt(7 / 3)),
+        "values": [1.0, 2.0, 4.0],
+    }
     assert stats.mean_std([3.0])["std"] is None
 
 
@@ -70,8 +73,9 @@ def test_one_seed_allows_no_test_and_none_is_an_error():
         stats.paired_test([])
 
 
-@pytest.mark.parametrize("diffs, margin", [([0.001, -0.002, 0.0015], 0.01), ([0.004, 0.012], 0.02),
-                                           ([0.001, -0.002, 0.0015], 0.001)])
+@pytest.mark.parametrize(
+    "diffs, margin", [([0.001, -0.002, 0.0015], 0.01), ([0.004, 0.012], 0.02), ([0.001, -0.002, 0.0015], 0.001)]
+)
 def test_equivalence_is_the_larger_one_sided_p_of_the_closed_form(diffs, margin):
     mean, se = mean_se(diffs)
     df = len(diffs) - 1
@@ -196,10 +200,12 @@ def test_an_equivalence_test_can_pass_only_below_the_spread_its_seeds_allow():
 
 
 def test_planning_refuses_what_has_no_plan():
-    for call, match in [(lambda: stats.power(0.1, 0.1, 1), "n=1 must be an integer >= 2"),
-                        (lambda: stats.power(0.1, 0.0, 5), "sd=0.0 must be > 0"),
-                        (lambda: stats.seeds_needed(0.0, 0.1), "effect=0.0 must be > 0"),
-                        (lambda: stats.smallest_effect(5, 0.1, 0), "family=0 must be an integer >= 1"),
-                        (lambda: stats.equivalence_spread(5, -0.02), "margin=-0.02 must be > 0")]:
+    for call, match in [
+        (lambda: stats.power(0.1, 0.1, 1), "n=1 must be an integer >= 2"),
+        (lambda: stats.power(0.1, 0.0, 5), "sd=0.0 must be > 0"),
+        (lambda: stats.seeds_needed(0.0, 0.1), "effect=0.0 must be > 0"),
+        (lambda: stats.smallest_effect(5, 0.1, 0), "family=0 must be an integer >= 1"),
+        (lambda: stats.equivalence_spread(5, -0.02), "margin=-0.02 must be > 0"),
+    ]:
         with pytest.raises(ValueError, match=match):
             call()

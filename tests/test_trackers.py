@@ -21,6 +21,7 @@ def logged(out, key):
 def test_tensorboard_event_files_hold_the_metrics(data_dir, tmp_path):
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     out = tmp_path / "run"
     train.main(flags(data_dir, out, *RUN, "--log=tensorboard"))
     events = EventAccumulator(str(out / "tensorboard")).Reload()
@@ -32,15 +33,16 @@ def wandb_history(path):
     """The history rows of a .wandb file: a LevelDB-style log (32 KiB blocks, records cut into FULL, FIRST, MIDDLE,
     LAST pieces with a 7-byte header) of wandb's protobuf Records after a 7-byte ':W&B' header."""
     from wandb.proto import wandb_internal_pb2
+
     data, pos, piece, rows = path.read_bytes(), 7, b"", []
     assert data[:4] == b":W&B"
     while pos + 7 <= len(data):
         left = 32768 - pos % 32768
-        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7]) if left >= 7 else (0, 0, 0)
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7]) if left >= 7 else (0, 0, 0)
         if kind == 0:  # the padding at a block's end
             pos += left
             continue
-        piece, pos = piece + data[pos + 7:pos + 7 + length], pos + 7 + length
+        piece, pos = piece + data[pos + 7 : pos + 7 + length], pos + 7 + length
         if kind in (1, 4):  # a record's FULL or LAST piece
             record = wandb_internal_pb2.Record.FromString(piece)
             if record.WhichOneof("record_type") == "history":
@@ -56,10 +58,15 @@ def test_wandb_offline_run_holds_the_metrics_and_a_resume_continues_it(data_dir,
     out = tmp_path / "run"
     train.main(flags(data_dir, out, *RUN, "--log=wandb"))
     run_id = (out / "wandb_id").read_text()
-    train.main(flags(data_dir, out, "--max_iters=6", "--eval_interval=2", "--log_interval=1", "--log=wandb", "--resume"))
+    train.main(
+        flags(data_dir, out, "--max_iters=6", "--eval_interval=2", "--log_interval=1", "--log=wandb", "--resume")
+    )
     # offline, each process writes a folder of its own under the one run id, which `wandb sync` joins into one run
-    rows = [row for f in sorted((out / "wandb").glob(f"offline-run-*-{run_id}*/run-{run_id}.wandb"))
-            for row in wandb_history(f)]
+    rows = [
+        row
+        for f in sorted((out / "wandb").glob(f"offline-run-*-{run_id}*/run-{run_id}.wandb"))
+        for row in wandb_history(f)
+    ]
     for key in ("train_loss", "val_loss", "lr", "elapsed_s"):
         assert {row["_step"]: row[key] for row in rows if key in row} == pytest.approx(logged(out, key)), key
     assert [row["_step"] for row in rows] == list(range(1, 7))
@@ -69,7 +76,9 @@ def test_an_unknown_tracker_or_a_missing_package_is_one_line(monkeypatch):
     with pytest.raises(ValueError, match="log='mlflow' is unknown; choose one of none, wandb, tensorboard"):
         train.TrainConfig(log="mlflow")
     monkeypatch.setitem(sys.modules, "wandb", None)  # what an import then meets: no such module
-    with pytest.raises(ValueError, match="log=wandb needs the wandb package, which is not installed: pip install wandb"):
+    with pytest.raises(
+        ValueError, match="log=wandb needs the wandb package, which is not installed: pip install wandb"
+    ):
         train.TrainConfig(log="wandb")
 
 
@@ -80,28 +89,42 @@ def broken_package(root, name, error):
     return root
 
 
-@pytest.mark.parametrize("error", ["ImportError('libfoo.so: cannot open shared object file')",
-                                   "AttributeError(\"module 'numpy' has no attribute 'float'\")",
-                                   "OSError(5, 'Input/output error')",
-                                   "ModuleNotFoundError(\"No module named 'foo'\", name='foo')"],
-                         ids=["ImportError", "AttributeError", "OSError", "a dependency missing"])
+@pytest.mark.parametrize(
+    "error",
+    [
+        "ImportError('libfoo.so: cannot open shared object file')",
+        "AttributeError(\"module 'numpy' has no attribute 'float'\")",
+        "OSError(5, 'Input/output error')",
+        "ModuleNotFoundError(\"No module named 'foo'\", name='foo')",
+    ],
+    ids=["ImportError", "AttributeError", "OSError", "a dependency missing"],
+)
 def test_a_tracker_whose_package_is_installed_but_broken_is_one_line_naming_it(tmp_path, monkeypatch, error):
     monkeypatch.syspath_prepend(str(broken_package(tmp_path, "wandb", error)))
     monkeypatch.delitem(sys.modules, "wandb", raising=False)
     kind = error.partition("(")[0]
-    with pytest.raises(ValueError, match=rf"^log=wandb needs the wandb package, which is installed but fails to import "
-                                         rf"\({kind}: .+\); reinstall it: pip install wandb$"):
+    with pytest.raises(
+        ValueError,
+        match=rf"^log=wandb needs the wandb package, which is installed but fails to import "
+        rf"\({kind}: .+\); reinstall it: pip install wandb$",
+    ):
         train.TrainConfig(log="wandb")
 
 
 def test_a_broken_tensorboard_stops_train_py_in_one_line_before_anything_is_written(data_dir, tmp_path):
     fake = broken_package(tmp_path / "site", "tensorboard", "OSError(5, 'Input/output error')")
     out = tmp_path / "run"
-    proc = run("train.py", *flags(data_dir, out, *RUN, "--log=tensorboard"), check=False,
-               env={**ONE_THREAD, "PYTHONPATH": str(fake)})
+    proc = run(
+        "train.py",
+        *flags(data_dir, out, *RUN, "--log=tensorboard"),
+        check=False,
+        env={**ONE_THREAD, "PYTHONPATH": str(fake)},
+    )
     assert proc.returncode == 1 and "Traceback" not in proc.stderr and not out.exists()
-    assert proc.stderr == ("error: log=tensorboard needs the tensorboard package, which is installed but fails to "
-                           "import (OSError: [Errno 5] Input/output error); reinstall it: pip install tensorboard\n")
+    assert proc.stderr == (
+        "error: log=tensorboard needs the tensorboard package, which is installed but fails to "
+        "import (OSError: [Errno 5] Input/output error); reinstall it: pip install tensorboard\n"
+    )
 
 
 def test_wandb_without_credentials_fails_before_anything_is_written(data_dir, tmp_path, monkeypatch, capsys):

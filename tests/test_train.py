@@ -19,8 +19,19 @@ import rope
 import runtime
 import train
 from checkpoint import RESUME_KEYS, load_checkpoint, model_from_checkpoint
-from conftest import (ONE_THREAD, TINY, FullDevice, Payload, flags, last_logged, log, run, same_tensors, trainer,
-                      wait_for)
+from conftest import (
+    ONE_THREAD,
+    TINY,
+    FullDevice,
+    Payload,
+    flags,
+    last_logged,
+    log,
+    run,
+    same_tensors,
+    trainer,
+    wait_for,
+)
 from data import prepare
 from data.tokenizer import load_meta
 
@@ -37,13 +48,21 @@ def one_error_line(capsys, prefix="error: "):
 # ----------------------------------------------------------------------------- exact resume
 
 # dropout and two micro-steps, so the resumed run must also replay dropout masks and accumulation
-RESUMABLE = ["--max_iters=8", "--lr_decay_iters=8", "--warmup_iters=2", "--gradient_accumulation_steps=2",
-             "--dropout=0.1", "--log_interval=1", "--eval_interval=3"]
+RESUMABLE = [
+    "--max_iters=8",
+    "--lr_decay_iters=8",
+    "--warmup_iters=2",
+    "--gradient_accumulation_steps=2",
+    "--dropout=0.1",
+    "--log_interval=1",
+    "--eval_interval=3",
+]
 
 
 @pytest.mark.parametrize("optimizer", train.OPTIMIZERS)
-def test_stopped_by_a_signal_and_resumed_is_bit_identical_to_straight(data_dir, tmp_path, monkeypatch, capsys,
-                                                                       optimizer):
+def test_stopped_by_a_signal_and_resumed_is_bit_identical_to_straight(
+    data_dir, tmp_path, monkeypatch, capsys, optimizer
+):
     straight, split = tmp_path / "straight", tmp_path / "split"
     resumable = [*RESUMABLE, f"--optimizer={optimizer}"]
     train.main(flags(data_dir, straight, *resumable))
@@ -52,6 +71,7 @@ def test_stopped_by_a_signal_and_resumed_is_bit_identical_to_straight(data_dir, 
         if it == 3:
             os.kill(os.getpid(), signal.SIGTERM)
         return real_lr(self, it)
+
     real_lr = train.Schedule.lr
     monkeypatch.setattr(train.Schedule, "lr", lr)
     argv = flags(data_dir, split, *resumable)
@@ -120,10 +140,13 @@ def test_lr_warms_up_linearly_then_follows_half_a_cosine_to_the_floor():
     assert lrs[4] == 1.0 and lrs[14] == pytest.approx(0.55) and lrs[24:] == [0.1] * 6  # peak, halfway, floor
     assert lrs[9] == pytest.approx(0.1 + 0.9 * np.cos(np.pi / 8) ** 2)  # a quarter of the way: cos^2 form
     assert all(a > b for a, b in zip(lrs[4:24], lrs[5:25]))
-    assert train.Schedule(train.TrainConfig(learning_rate=1.0, warmup_iters=0, max_iters=10)).lr(10) == pytest.approx(0.1)
+    assert train.Schedule(train.TrainConfig(learning_rate=1.0, warmup_iters=0, max_iters=10)).lr(10) == pytest.approx(
+        0.1
+    )
 
 
 # ----------------------------------------------------------------------------- signals and kills
+
 
 def test_ctrl_c_finishes_the_step_writes_a_checkpoint_and_exits_0(data_dir, tmp_path):
     out = tmp_path / "run"
@@ -152,6 +175,7 @@ def test_a_second_ctrl_c_quits_at_once_and_leaves_the_last_checkpoint(data_dir, 
     def evaluate(*args):  # the second, while the stop's evaluation runs
         os.kill(os.getpid(), signal.SIGINT)
         return real_evaluate(*args)
+
     real_lr, real_evaluate = train.Schedule.lr, train.evaluate
     monkeypatch.setattr(train.Schedule, "lr", lr)
     monkeypatch.setattr(train, "evaluate", evaluate)
@@ -160,7 +184,12 @@ def test_a_second_ctrl_c_quits_at_once_and_leaves_the_last_checkpoint(data_dir, 
     assert e.value.code == 130
     assert "quit at once, without a new checkpoint" in one_error_line(capsys, prefix="interrupted: ")
     assert (out / "ckpt.pt").read_bytes() == before and sorted(p.name for p in out.iterdir()) == [
-        ".lock", "best.pt", "ckpt.pt", "config.json", "metrics.jsonl"]  # the lock file holds no lock once the run ends
+        ".lock",
+        "best.pt",
+        "ckpt.pt",
+        "config.json",
+        "metrics.jsonl",
+    ]  # the lock file holds no lock once the run ends
     assert signal.getsignal(signal.SIGINT) is handler
 
 
@@ -251,8 +280,10 @@ def test_sigkill_inside_a_checkpoint_write_leaves_whole_checkpoints_that_resume(
 
 # ----------------------------------------------------------------------------- a full disk, a second run
 
-def test_a_full_disk_stops_the_run_with_one_line_and_the_last_checkpoint_intact(data_dir, tmp_path, monkeypatch,
-                                                                                capsys):
+
+def test_a_full_disk_stops_the_run_with_one_line_and_the_last_checkpoint_intact(
+    data_dir, tmp_path, monkeypatch, capsys
+):
     out = tmp_path / "run"
     args = flags(data_dir, out, "--max_iters=6", "--eval_interval=2", "--warmup_iters=0")
     monkeypatch.setattr(files, "open", FullDevice(".ckpt.pt.tmp", nth=2, room=4096), raising=False)
@@ -260,9 +291,12 @@ def test_a_full_disk_stops_the_run_with_one_line_and_the_last_checkpoint_intact(
         train.main(args)
     assert e.value.code == 1
     line = one_error_line(capsys)
-    assert re.fullmatch(rf"error: cannot write {out}/(best|ckpt)\.pt: the device is full \(No space left on device; "
-                        rf"it needs [\d.]+ KiB, [\d.]+ \w+ free there\); the last checkpoint, {out}/ckpt\.pt "
-                        r"\(iteration 2\), is untouched; once there is room: python train\.py .* --resume=true", line)
+    assert re.fullmatch(
+        rf"error: cannot write {out}/(best|ckpt)\.pt: the device is full \(No space left on device; "
+        rf"it needs [\d.]+ KiB, [\d.]+ \w+ free there\); the last checkpoint, {out}/ckpt\.pt "
+        r"\(iteration 2\), is untouched; once there is room: python train\.py .* --resume=true",
+        line,
+    )
     assert load_checkpoint(out / "ckpt.pt")["iter"] == 2 and not list(out.glob(".*.tmp"))
     monkeypatch.undo()
     train.main(shlex.split(line.rpartition("once there is room: ")[2])[2:])  # the printed command resumes
@@ -278,8 +312,11 @@ def test_a_second_run_in_a_training_out_dir_is_refused_until_the_first_dies(data
             train.main(flags(data_dir, out, "--max_iters=5"))
         line = one_error_line(capsys)
         assert second.value.code == 1
-        assert re.fullmatch(rf"error: {out} is in use by another training run \(pid {first.pid}, started .*: "
-                            r"train\.py .*\); wait for it to finish, stop it, or use another folder", line)
+        assert re.fullmatch(
+            rf"error: {out} is in use by another training run \(pid {first.pid}, started .*: "
+            r"train\.py .*\); wait for it to finish, stop it, or use another folder",
+            line,
+        )
     finally:
         first.kill()
         first.communicate()
@@ -288,6 +325,7 @@ def test_a_second_run_in_a_training_out_dir_is_refused_until_the_first_dies(data
 
 
 # ----------------------------------------------------------------------------- divergence
+
 
 def test_a_diverging_run_stops_naming_the_iteration_and_causes(data_dir, tmp_path, capsys):
     out = tmp_path / "run"
@@ -322,12 +360,17 @@ def test_divergence_found_by_evaluation_leaves_the_last_good_checkpoint(data_dir
 
 # ----------------------------------------------------------------------------- what a run loads and resumes
 
-LOADED = ("import sys, train; train.main(sys.argv[1:]); "
-          "print([m for m in ('data.recall', 'hf', 'transformers', 'wandb', 'scipy') if m in sys.modules])")
+LOADED = (
+    "import sys, train; train.main(sys.argv[1:]); "
+    "print([m for m in ('data.recall', 'hf', 'transformers', 'wandb', 'scipy') if m in sys.modules])"
+)
 
 
-@pytest.mark.parametrize("task, loaded", [([], []), (["--recall_share=0.5", "--recall_pairs=2"], ["data.recall"])],
-                         ids=["plain", "recall task"])
+@pytest.mark.parametrize(
+    "task, loaded",
+    [([], []), (["--recall_share=0.5", "--recall_pairs=2"], ["data.recall"])],
+    ids=["plain", "recall task"],
+)
 def test_a_run_imports_the_recall_task_only_when_asked_and_never_the_interop(data_dir, tmp_path, task, loaded):
     # a process of its own: the test session's imports must not count
     proc = run("-c", LOADED, *flags(data_dir, tmp_path / "run", "--max_iters=1", *task), env=ONE_THREAD)
@@ -342,8 +385,10 @@ def test_a_resume_takes_the_runs_own_settings_and_only_a_resumable_one_may_chang
     assert (record["model"]["pos_emb"], record["model"]["n_layer"], record["train"]["seed"]) == ("sinusoidal", 1, 7)
     assert (record["train"]["max_iters"], record["train"]["log_interval"]) == (3, 1)
     assert load_checkpoint(out / "ckpt.pt")["iter"] == 3
-    for typed, named in (("--seed=8", "seed: the run has 7, now 8"), ("--pos_emb=rope", "pos_emb: the run has "
-                                                                                       "'sinusoidal', now 'rope'")):
+    for typed, named in (
+        ("--seed=8", "seed: the run has 7, now 8"),
+        ("--pos_emb=rope", "pos_emb: the run has 'sinusoidal', now 'rope'"),
+    ):
         with pytest.raises(SystemExit):
             train.main([f"--out_dir={out}", "--resume", "--max_iters=4", typed])
         assert named in one_error_line(capsys)
@@ -366,6 +411,7 @@ def test_a_resume_reads_a_setting_its_config_json_records_under_an_older_name(da
 
 
 # ----------------------------------------------------------------------------- bad input battery
+
 
 @pytest.fixture(scope="module")
 def world(data_dir, tmp_path_factory):
@@ -390,7 +436,9 @@ def world(data_dir, tmp_path_factory):
     for name in ("meta.json", "val.bin"):
         shutil.copy(data_dir / "shakespeare_char" / name, root / "data" / "notrain")
     (root / "small.txt").write_text("abc ab\nca " * 500)  # a corpus with a five-character vocabulary
-    assert prepare.main(["--input", str(root / "small.txt"), "--data_dir", str(root / "data"), "--dataset", "small"]) == 0
+    assert (
+        prepare.main(["--input", str(root / "small.txt"), "--data_dir", str(root / "data"), "--dataset", "small"]) == 0
+    )
     train.main(flags(root / "data", root / "smallrun", "--dataset=small", "--block_size=16", "--max_iters=1"))
     train.main(flags(data_dir, root / "learned", "--pos_emb=learned", "--max_iters=1"))
     train.main(flags(data_dir, root / "muon", "--optimizer=muon", "--max_iters=1"))
@@ -408,14 +456,28 @@ BATTERY = [
     ("bare non-bool flag", ["--max_iters"], "argument '--max_iters' should look like --key=value"),
     ("unknown pos_emb", ["--pos_emb=rotary"], "pos_emb='rotary' is unknown; choose one of rope, sinusoidal, learned"),
     ("n_embd % n_head", ["--n_embd=30", "--n_head=4"], "n_embd=30 is not divisible by n_head=4"),
-    ("odd RoPE head size", ["--n_embd=6", "--n_head=2"], "head size n_embd/n_head=3 times rope_fraction=1.0 gives 3 rotated dims; choose them so this is even"),
-    ("odd rope_fraction width", ["--rope_fraction=0.2"], "head size n_embd/n_head=16 times rope_fraction=0.2 gives 3 rotated dims; choose them so this is even"),
+    (
+        "odd RoPE head size",
+        ["--n_embd=6", "--n_head=2"],
+        "head size n_embd/n_head=3 times rope_fraction=1.0 gives 3 rotated dims; choose them so this is even",
+    ),
+    (
+        "odd rope_fraction width",
+        ["--rope_fraction=0.2"],
+        "head size n_embd/n_head=16 times rope_fraction=0.2 gives 3 rotated dims; choose them so this is even",
+    ),
     ("dropout out of range", ["--dropout=1"], "dropout=1.0 must lie in [0, 1)"),
     ("block_size > val split", [*FRESH, "--block_size=200000"], "block_size=200000 is too large for the val split"),
-    ("dataset not prepared", [*FRESH, "--dataset=nope"],
-     "(meta.json is missing); create it with `python -m data.prepare"),
-    ("train.bin missing", [*FRESH, "--data_dir={root}/data", "--dataset=notrain"],
-     "train.bin is missing; create it with"),
+    (
+        "dataset not prepared",
+        [*FRESH, "--dataset=nope"],
+        "(meta.json is missing); create it with `python -m data.prepare",
+    ),
+    (
+        "train.bin missing",
+        [*FRESH, "--data_dir={root}/data", "--dataset=notrain"],
+        "train.bin is missing; create it with",
+    ),
     ("max_iters <= 0", ["--max_iters=0"], "max_iters=0 must be a positive integer"),
     ("negative learning rate", ["--learning_rate=-1e-3"], "learning_rate=-0.001 must be a finite number > 0"),
     ("batch size 0", ["--batch_size=0"], "batch_size=0 must be a positive integer"),
@@ -425,51 +487,94 @@ BATTERY = [
     ("cuda without CUDA", ["--device=cuda"], "device='cuda' is not available on this machine; available: cpu"),
     ("compile without compiler", ["--compile=true", "--device=cpu"], "compile=True on CPU needs a C++ compiler"),
     ("out_dir is a file", ["--out_dir={root}/afile"], "out_dir='{root}/afile' is a file; give a folder path"),
-    ("fresh run over a checkpoint", ["--resume=false"], "already holds a run's ckpt.pt; continue it with --resume=true"),
+    (
+        "fresh run over a checkpoint",
+        ["--resume=false"],
+        "already holds a run's ckpt.pt; continue it with --resume=true",
+    ),
     ("resume without checkpoint", ["--out_dir={root}/empty"], "no checkpoint at '{root}/empty/ckpt.pt'; train first"),
     ("corrupt checkpoint", ["--out_dir={root}/corrupt"], "is not a readable checkpoint, it is truncated or corrupt"),
-    ("truncated checkpoint", ["--out_dir={root}/truncated"],
-     "truncated or corrupt (RuntimeError: PytorchStreamReader failed reading zip archive: failed finding central directory)"),
+    (
+        "truncated checkpoint",
+        ["--out_dir={root}/truncated"],
+        "truncated or corrupt (RuntimeError: PytorchStreamReader failed reading zip archive: failed finding central directory)",
+    ),
     ("checkpoint carrying code", ["--out_dir={root}/evil"], "refused to load '{root}/evil/ckpt.pt': it asks to call"),
     ("weights-only checkpoint", ["--out_dir={root}/weights_only"], "lacks optimizer, scaler, iter, best_val_loss, rng"),
-    ("resume, other model shape", ["--n_layer=3", "--n_embd=64"],
-     "cannot resume: this command contradicts the run in {root}/run/config.json (n_layer: the run has 2, now 3; "
-     "n_embd: the run has 32, now 64); leave them out"),
-    ("resume, other dataset", ["--data_dir={root}/data", "--dataset=small"],
-     "dataset: the run has 'shakespeare_char', now 'small'"),
+    (
+        "resume, other model shape",
+        ["--n_layer=3", "--n_embd=64"],
+        "cannot resume: this command contradicts the run in {root}/run/config.json (n_layer: the run has 2, now 3; "
+        "n_embd: the run has 32, now 64); leave them out",
+    ),
+    (
+        "resume, other dataset",
+        ["--data_dir={root}/data", "--dataset=small"],
+        "dataset: the run has 'shakespeare_char', now 'small'",
+    ),
     ("resume, nothing to do", ["--max_iters=2"], "nothing to do: the checkpoint is at iteration 2 and max_iters=2"),
-    ("resume, other RoPE scaling", ["--rope_scaling=linear", "--rope_scaling_factor=2"],
-     "rope_scaling: the run has 'none', now 'linear'; rope_scaling_factor: the run has 1.0, now 2.0"),
+    (
+        "resume, other RoPE scaling",
+        ["--rope_scaling=linear", "--rope_scaling_factor=2"],
+        "rope_scaling: the run has 'none', now 'linear'; rope_scaling_factor: the run has 1.0, now 2.0",
+    ),
     ("recall_share out of range", ["--recall_share=1.5"], "recall_share=1.5 must lie in [0, 1]"),
-    ("recall in a short block", [*FRESH, "--recall_share=0.5", "--recall_pairs=5", "--block_size=24"],
-     "block_size=24 cannot hold 5 needles and their queries (30 tokens)"),
+    (
+        "recall in a short block",
+        [*FRESH, "--recall_share=0.5", "--recall_pairs=5", "--block_size=24"],
+        "block_size=24 cannot hold 5 needles and their queries (30 tokens)",
+    ),
     ("unknown optimizer", ["--optimizer=sgd"], "optimizer='sgd' must be one of adamw, muon"),
     ("no Newton-Schulz steps", ["--optimizer=muon", "--muon_ns_steps=0"], "muon_ns_steps=0 must be a positive integer"),
     ("muon_momentum >= 1", ["--optimizer=muon", "--muon_momentum=1"], "muon_momentum=1.0 must lie in [0, 1)"),
     ("resume, other optimizer", ["--optimizer=muon"], "optimizer: the run has 'adamw', now 'muon'"),
-    ("resume muon as adamw", ["--out_dir={root}/muon", "--optimizer=adamw"],
-     "optimizer: the run has 'muon', now 'adamw'"),
+    (
+        "resume muon as adamw",
+        ["--out_dir={root}/muon", "--optimizer=adamw"],
+        "optimizer: the run has 'muon', now 'adamw'",
+    ),
     ("resume, other recipe option", ["--qk_norm"], "qk_norm: the run has False, now True"),
-    ("resume, damaged metrics log", ["--out_dir={root}/badlog"],
-     "{root}/badlog/metrics.jsonl is damaged: line 1 is not a metrics line ('{{garbage'); delete that line"),
-    ("resume, damaged config.json", ["--out_dir={root}/damaged"],
-     "cannot resume: {root}/damaged/config.json is damaged"),
-    ("init_from another shape", ["--resume=false", "--out_dir={root}/ft", "--init_from={root}/run", "--n_embd=64"],
-     "init_from={root}/run is another model (n_embd: init_from={root}/run has 32, this run 64); a fine-tune keeps its "
-     "architecture and may change only block_size, dropout, original_len, rope_scaling, rope_scaling_factor"),
-    ("init_from learned, longer", ["--resume=false", "--out_dir={root}/ft", "--init_from={root}/learned",
-                                   "--pos_emb=learned", "--block_size=64"],
-     "block_size=64 is past init_from={root}/learned's learned position table (32 positions)"),
-    ("init_from missing", ["--resume=false", "--out_dir={root}/ft", "--init_from={root}/nowhere"],
-     "init_from={root}/nowhere: no such run folder or checkpoint file"),
-    ("gas not divisible by ranks", [*FRESH, "--gradient_accumulation_steps=3", "WORLD_SIZE=2"],
-     "gradient_accumulation_steps=3 must be divisible by the number of processes (2)"),
+    (
+        "resume, damaged metrics log",
+        ["--out_dir={root}/badlog"],
+        "{root}/badlog/metrics.jsonl is damaged: line 1 is not a metrics line ('{{garbage'); delete that line",
+    ),
+    (
+        "resume, damaged config.json",
+        ["--out_dir={root}/damaged"],
+        "cannot resume: {root}/damaged/config.json is damaged",
+    ),
+    (
+        "init_from another shape",
+        ["--resume=false", "--out_dir={root}/ft", "--init_from={root}/run", "--n_embd=64"],
+        "init_from={root}/run is another model (n_embd: init_from={root}/run has 32, this run 64); a fine-tune keeps its "
+        "architecture and may change only block_size, dropout, original_len, rope_scaling, rope_scaling_factor",
+    ),
+    (
+        "init_from learned, longer",
+        ["--resume=false", "--out_dir={root}/ft", "--init_from={root}/learned", "--pos_emb=learned", "--block_size=64"],
+        "block_size=64 is past init_from={root}/learned's learned position table (32 positions)",
+    ),
+    (
+        "init_from missing",
+        ["--resume=false", "--out_dir={root}/ft", "--init_from={root}/nowhere"],
+        "init_from={root}/nowhere: no such run folder or checkpoint file",
+    ),
+    (
+        "gas not divisible by ranks",
+        [*FRESH, "--gradient_accumulation_steps=3", "WORLD_SIZE=2"],
+        "gradient_accumulation_steps=3 must be divisible by the number of processes (2)",
+    ),
     ("one GPU named for all ranks", ["--device=cuda:1", "WORLD_SIZE=2"], "device='cuda:1' cannot serve 2 processes"),
 ]
 CONFIG_FILE_BATTERY = [  # a first argument that should be a TOML file
     ("unreadable TOML", "{root}/bad.toml", "is not valid TOML: Invalid value (at line 1, column 11)"),
     ("nonexistent config file", "{root}/nope.toml", "config file '{root}/nope.toml' does not exist (configs/ lists"),
-    ("key=value without --", "max_iters=10", "config file 'max_iters=10' does not exist; settings go as --max_iters=10"),
+    (
+        "key=value without --",
+        "max_iters=10",
+        "config file 'max_iters=10' does not exist; settings go as --max_iters=10",
+    ),
 ]
 
 
@@ -510,14 +615,22 @@ def test_battery_config_files(world, data_dir, case, first, expected, monkeypatc
 # as real commands: exit status, one stderr line, no traceback (python -m data.prepare and sample.py too)
 COMMANDS = [
     ("train: unknown key", ["train.py", "--max_iter=5"], "unknown config key 'max_iter'; did you mean 'max_iters'?"),
-    ("train: corrupt checkpoint", ["train.py", *TINY, "--data_dir={data}", "--out_dir={root}/corrupt", "--resume"],
-     "truncated or corrupt"),
-    ("prepare: empty corpus", ["-m", "data.prepare", "--input={root}/empty.txt", "--data_dir={root}/data"],
-     "is empty"),
-    ("prepare: binary corpus", ["-m", "data.prepare", "--input={root}/binary.txt", "--data_dir={root}/data"],
-     "is not UTF-8 text"),
-    ("sample: text outside the vocabulary", ["sample.py", "--out_dir={root}/smallrun", "--start=ROMEO:"],
-     "text contains 5 character(s) outside the vocabulary: 'R', 'O', 'M', 'E', ':'"),
+    (
+        "train: corrupt checkpoint",
+        ["train.py", *TINY, "--data_dir={data}", "--out_dir={root}/corrupt", "--resume"],
+        "truncated or corrupt",
+    ),
+    ("prepare: empty corpus", ["-m", "data.prepare", "--input={root}/empty.txt", "--data_dir={root}/data"], "is empty"),
+    (
+        "prepare: binary corpus",
+        ["-m", "data.prepare", "--input={root}/binary.txt", "--data_dir={root}/data"],
+        "is not UTF-8 text",
+    ),
+    (
+        "sample: text outside the vocabulary",
+        ["sample.py", "--out_dir={root}/smallrun", "--start=ROMEO:"],
+        "text contains 5 character(s) outside the vocabulary: 'R', 'O', 'M', 'E', ':'",
+    ),
 ]
 
 
@@ -535,14 +648,26 @@ def test_battery_commands(world, data_dir, case, args, expected):
 
 # ----------------------------------------------------------------------------- fine-tuning keeps L0
 
+
 def test_a_fine_tune_at_twice_the_context_keeps_every_default_that_is_relative_to_l0(data_dir, tmp_path):
     trained = {}
     for scheme in ("xpos", "rnope", "fire", "rope"):
         train.main(flags(data_dir, tmp_path / scheme, f"--pos_emb={scheme}", "--max_iters=1"))
         yarn = ["--rope_scaling=yarn", "--rope_scaling_factor=2"] if scheme != "fire" else []
-        train.main(flags(data_dir, tmp_path / f"{scheme}-ft", f"--pos_emb={scheme}", "--block_size=64", *yarn,
-                         f"--init_from={tmp_path / scheme}", "--max_iters=1"))
-        trained[scheme] = [model_from_checkpoint(load_checkpoint(tmp_path / d / "ckpt.pt")) for d in (scheme, f"{scheme}-ft")]
+        train.main(
+            flags(
+                data_dir,
+                tmp_path / f"{scheme}-ft",
+                f"--pos_emb={scheme}",
+                "--block_size=64",
+                *yarn,
+                f"--init_from={tmp_path / scheme}",
+                "--max_iters=1",
+            )
+        )
+        trained[scheme] = [
+            model_from_checkpoint(load_checkpoint(tmp_path / d / "ckpt.pt")) for d in (scheme, f"{scheme}-ft")
+        ]
     for base, tuned in trained.values():
         assert (base.config.block_size, tuned.config.block_size, tuned.config.original_len) == (32, 64, 32)
     (xpos, xpos_ft), (rnope, rnope_ft), (fire, fire_ft), (plain, plain_ft) = trained.values()
@@ -552,14 +677,21 @@ def test_a_fine_tune_at_twice_the_context_keeps_every_default_that_is_relative_t
     at_l0 = rope.scaled_frequencies(16, 10000.0, "yarn", 2.0, original_len=32)[0].float()
     assert torch.equal(plain_ft.pos.rotary.inv_freq.float(), at_l0)  # YaRN ramps against the L0 the model learned
     assert not torch.equal(at_l0, rope.scaled_frequencies(16, 10000.0, "yarn", 2.0, original_len=64)[0].float())
-    assert torch.equal(plain.reconfigure(rope_scaling="yarn", rope_scaling_factor=2.0).pos.rotary.inv_freq,
-                       plain_ft.pos.rotary.inv_freq)
+    assert torch.equal(
+        plain.reconfigure(rope_scaling="yarn", rope_scaling_factor=2.0).pos.rotary.inv_freq,
+        plain_ft.pos.rotary.inv_freq,
+    )
 
 
 def test_a_yarn_fine_tune_equals_one_that_set_l0_by_hand_and_another_l0_is_refused(data_dir, tmp_path, capsys):
     train.main(flags(data_dir, tmp_path / "base", "--max_iters=2"))
-    tune = ["--block_size=64", "--rope_scaling=yarn", "--rope_scaling_factor=2", f"--init_from={tmp_path / 'base'}",
-            "--max_iters=2"]
+    tune = [
+        "--block_size=64",
+        "--rope_scaling=yarn",
+        "--rope_scaling_factor=2",
+        f"--init_from={tmp_path / 'base'}",
+        "--max_iters=2",
+    ]
     train.main(flags(data_dir, tmp_path / "kept", *tune))
     train.main(flags(data_dir, tmp_path / "by-hand", *tune, "--original_len=32"))
     kept, by_hand = (load_checkpoint(tmp_path / d / "ckpt.pt") for d in ("kept", "by-hand"))
