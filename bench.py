@@ -37,8 +37,8 @@ from files import read_log
 from generate import Sampling, generate
 from lab.retrieval import Probe, ProbeSettings
 from model import GPT, GPTConfig
-from runtime import check_compile, decode_autocast, setup_runtime
 from optim import make_optimizer
+from runtime import check_compile, decode_autocast, setup_runtime
 from train import TrainConfig, train_step
 
 REPEATS = {"matmul_peak": 10, "train_step": 20, "generate": 5, "rope_apply": 20, "to_loss": 3, "probe": 3}
@@ -283,7 +283,9 @@ def bench_rope_apply(run):
     with torch.no_grad():
         for name, (layout, fn) in impls.items():
             want = x if layout is None else rope.apply_rope(x, cos, sin, layout)
-            torch.testing.assert_close(fn(x), want, msg=lambda m: f"rope_apply: {name} disagrees with apply_rope: {m}")
+            torch.testing.assert_close(
+                fn(x), want, msg=lambda m, name=name: f"rope_apply: {name} disagrees with apply_rope: {m}"
+            )
 
     def fwd_bwd(fn):
         return lambda: torch.autograd.grad(fn(x), x, grad)

@@ -17,7 +17,6 @@ import typing
 from dataclasses import field, fields
 from pathlib import Path
 
-
 # the checks a field may declare: (what the error says the value must be, the test it passes)
 POSITIVE = ("be a positive integer", lambda v: v > 0)
 NON_NEGATIVE = ("be a finite number >= 0", lambda v: 0 <= v < math.inf)

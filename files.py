@@ -97,7 +97,7 @@ class Stream:
     def __init__(self, path):
         self.path = Path(path)
         try:
-            self.f = open(self.path, "wb")
+            self.f = open(self.path, "wb")  # noqa: SIM115 (a stream: the caller closes it, through close or a with)
         except OSError as e:
             raise write_failure(self.path, e) from None
 

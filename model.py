@@ -15,7 +15,6 @@ import positions
 import rope
 from config import FRACTION, NON_NEGATIVE, POSITIVE, declared, one_of, opt, validate, weightless
 
-
 ACTIVATIONS = {  # mlp_act -> the MLP's nonlinearity
     "gelu": F.gelu,  # the exact (erf) GELU of GPT-2's paper
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),  # the approximation GPT-2's checkpoints were trained with
@@ -249,7 +248,8 @@ class GPT(nn.Module):
         return n - tables if non_embedding else n
 
     def flops_per_token(self, seq_len):
-        """Training FLOPs per token (forward + backward): 6N for the weights plus attention's 12·L·T·d (PaLM appendix B)."""
+        """Training FLOPs per token (forward + backward): 6N for the weights plus attention's 12·L·T·d
+        (PaLM appendix B)."""
         c = self.config
         return 6 * self.num_params() + 12 * c.n_layer * seq_len * c.n_embd
 

@@ -75,7 +75,7 @@ class Muon(torch.optim.Optimizer):
             for (rows, cols), members in blocks.items():
                 ortho = newton_schulz(torch.cat([u for _, u in members]), group["ns_steps"], self.ns_dtype)
                 lr = group["lr"] * math.sqrt(max(1.0, rows / cols))
-                for (p, _), o in zip(members, ortho.split(split)):
+                for (p, _), o in zip(members, ortho.split(split), strict=True):
                     p.mul_(1 - group["lr"] * group["weight_decay"])
                     p.add_(o.view_as(p), alpha=-lr)
 

@@ -44,7 +44,7 @@ def plot(runs, out):
     for i, (label, lines) in enumerate(runs):
         for key, (style, width, word) in STYLE.items():
             points = [m for m in lines if key in m]
-            for ax, x in zip(axes, ("iter", "elapsed_s")):
+            for ax, x in zip(axes, ("iter", "elapsed_s"), strict=True):
                 ax.plot(
                     [m[x] for m in points],
                     [m[key] for m in points],
@@ -55,7 +55,7 @@ def plot(runs, out):
                     alpha=0.5 if key == "train_loss" else 1.0,
                     label=f"{label} {word}",
                 )
-    for ax, xlabel in zip(axes, ("step", "wall seconds (evaluation included)")):
+    for ax, xlabel in zip(axes, ("step", "wall seconds (evaluation included)"), strict=True):
         ax.set(xlabel=xlabel, ylabel="loss (nats/token)")
         ax.grid(alpha=0.3)
     axes[1].legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1))  # beside the axes, not over a line

@@ -18,8 +18,8 @@ scheme that puts it in the model is positions.RoPE; this file knows nothing of t
 
 import inspect
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -144,7 +144,8 @@ class Scaling:
 
     @property
     def needs_original_len(self):
-        """Whether it reads L0, the length first trained: a dynamic scaling grows past it, band edges are turns in it."""
+        """Whether it reads L0, the length first trained: a dynamic scaling grows past it, band edges are turns
+        in it."""
         return self.dynamic or bool(self.bands)
 
     def band_defaults(self):

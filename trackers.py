@@ -72,13 +72,16 @@ def check(log):
     if log == "none":
         return
     package = optional_package(log, f"log={log}")  # imported once: W&B's login check below reuses it
-    if log == "wandb" and os.environ.get("WANDB_MODE") not in ("offline", "disabled", "dryrun"):
-        # login is False at once when no API key is set up: no network
-        if not package.login(prompt=False):
-            raise ValueError(
-                "log=wandb: not logged in to Weights & Biases; run `wandb login`, or set "
-                "WANDB_MODE=offline to keep the run on this machine"
-            )
+    # login is False at once when no API key is set up: no network
+    if (
+        log == "wandb"
+        and os.environ.get("WANDB_MODE") not in ("offline", "disabled", "dryrun")
+        and not package.login(prompt=False)
+    ):
+        raise ValueError(
+            "log=wandb: not logged in to Weights & Biases; run `wandb login`, or set "
+            "WANDB_MODE=offline to keep the run on this machine"
+        )
 
 
 def open_tracker(log, out, config, resume):

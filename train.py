@@ -25,7 +25,6 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import config
 import positions
 import trackers
-from trackers import Progress
 from checkpoint import fine_tune_config, load_source, pack, resumable_checkpoint, save_checkpoint, unpack
 from config import FRACTION, NON_NEGATIVE, POSITIVE, RATE, one_of, opt
 from data.batches import BatchConfig, make_batches
@@ -35,6 +34,7 @@ from files import RunLock, WriteError, atomic_write, trim_log
 from model import GPT, GPTConfig
 from optim import OPTIMIZERS, make_optimizer
 from runtime import DTYPES, Runtime, StopFlag, any_rank, mean_and_any, run_record, setup_runtime
+from trackers import Progress
 
 
 @dataclass

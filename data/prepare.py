@@ -42,7 +42,6 @@ from tqdm import tqdm
 
 import config
 from config import POSITIVE, opt, validate
-from files import Stream, atomic_write, staged_folder
 from data.tokenizer import (
     DATA_DIR,
     GPT2_PATTERN,
@@ -60,6 +59,7 @@ from data.tokenizer import (
     tokenizer_from_meta,
     train_bpe_from_counts,
 )
+from files import Stream, atomic_write, staged_folder
 
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 DEFAULT_BPE_VOCAB = 2048

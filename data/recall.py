@@ -32,7 +32,6 @@ Probe windows (synthetic, filler and needles; no dataset) are written here and s
 
 import torch
 
-
 KEYS, VALUES, FILLER = "abcdefghijklmnopqrstuvwxyz", "ABCDEFGHIJKLMNOPQRSTUVWXYZ", ". "
 NEEDLE = 3  # tokens of a needle or a query: the key and the two answer tokens
 

@@ -36,13 +36,12 @@ import rope
 import train
 from checkpoint import load_checkpoint
 from config import opt
-from data.tokenizer import tokenizer_from_meta
 from data.loader import Batch
+from data.tokenizer import tokenizer_from_meta
 from files import RunLock
 from generate import Sampling, generate
 from lab import ablate_report, diagnostics
 from lab.evaluation import checked_model, position_losses
-from lab.pool import Interrupted
 from lab.grid import (
     check_run,
     evaluated,
@@ -57,6 +56,7 @@ from lab.grid import (
     train_settings,
     write_json,
 )
+from lab.pool import Interrupted
 from lab.report import regime_rows
 from lab.retrieval import GOOD, THRESHOLDS, Probe, ProbeSettings, readout_errors
 from lab.sweep import Plan as SweepPlan, SweepSettings, tool_main

@@ -1,6 +1,7 @@
 """What every lab tool writes: the regime table (RoPE's dimensionless ratios against the papers' model), markdown
 tables, mean ± std, and PNG plots (matplotlib optional)."""
 
+import itertools
 import math
 
 import rope
@@ -114,7 +115,7 @@ def palette(plt, names):
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     if len(names) > len(colors):
         colors = [plt.get_cmap("tab20")(i) for i in range(20)]
-    return dict(zip(names, colors * len(names)))
+    return dict(zip(names, itertools.cycle(colors)))
 
 
 class Plots:

@@ -150,7 +150,7 @@ class Probe:
         assert W in self.windows, f"W={W} is not a probed length ({self.lengths})"
         rows = self.windows[W]
         right = self.whole_answers(model, torch.cat(list(rows.values())), query_keys(W + 1, 1), rt)  # (n, 1)
-        return {k: int(hits.sum()) for k, hits in zip(rows, right.split(self.settings.probe_trials))}
+        return {k: int(hits.sum()) for k, hits in zip(rows, right.split(self.settings.probe_trials), strict=True)}
 
     def by_slot(self, model, W, rt):
         """{str(j): share of whole answers} at query slot j = 1..pairs of windows of W = L0 tokens whose needles are
@@ -168,7 +168,7 @@ class Probe:
         x, y = rows[:, :-1], rows[:, 1:]
         per_forward = max(1, self.tokens_per_forward // x.shape[1])
         right = []
-        for xs, ys in zip(x.split(per_forward), y.split(per_forward)):
+        for xs, ys in zip(x.split(per_forward), y.split(per_forward), strict=True):
             with rt.autocast():
                 logits = model(xs.to(self.device), ys.to(self.device))[0]  # (b, W, vocab)
             guess = logits[:, at].argmax(-1).cpu()  # (b, queries, 2)
@@ -212,7 +212,7 @@ def band(cells, lo, hi):
 
 def bands(cells, L0, s):
     """{"inside L0", "L0 to sL0", "sL0 to 2sL0": band} at L0 and a factor s: the bands retrieval claims test."""
-    return dict(zip(BANDS, (band(cells, 0, L0), band(cells, L0, s * L0), band(cells, s * L0, 2 * s * L0))))
+    return dict(zip(BANDS, (band(cells, 0, L0), band(cells, L0, s * L0), band(cells, s * L0, 2 * s * L0)), strict=True))
 
 
 def reach(cells, threshold, per=1):
@@ -295,7 +295,7 @@ def distance_plots(plots, panels, L0, chance, file, title):
     cols = min(4, len(panels))
     n_rows = -(-len(panels) // cols)
     fig, axes = plt.subplots(n_rows, cols, figsize=(3.6 * cols, 2.8 * n_rows), squeeze=False, sharey=True)
-    for ax, (sub, grid) in zip(axes.flat, panels):
+    for ax, (sub, grid) in zip(axes.flat, panels, strict=True):
         for W, by_k in sorted(grid.items(), key=lambda item: int(item[0])):
             if by_k is not None:
                 ax.plot([int(k) for k in by_k], list(by_k.values()), marker=".", lw=1, label=f"{int(W) / L0:g}x")

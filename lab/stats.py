@@ -122,7 +122,7 @@ def verdicts(claims, alpha=ALPHA):
     differences = [None if c["expect"] == "same" else c["test"]["p"] for c in out]
     adjusted = holm(differences + [c["equivalence_p"] for c in out])
     family = sum(p is not None for p in adjusted)
-    for c, p, q in zip(out, adjusted, adjusted[len(out) :]):
+    for c, p, q in zip(out, adjusted[: len(out)], adjusted[len(out) :], strict=True):
         differs, same = p is not None and p < alpha, q is not None and q < alpha
         c |= {
             "p_holm": p,

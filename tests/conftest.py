@@ -132,7 +132,7 @@ def same_tensors(a, b):
     if isinstance(a, dict):
         return a.keys() == b.keys() and all(same_tensors(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(same_tensors(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(same_tensors(x, y) for x, y in zip(a, b, strict=True))
     return a == b
 
 

@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 
 import files
+import positions
 import train
+from checkpoint import load_checkpoint, model_from_checkpoint
 from conftest import TINY, run, same_tensors
 from lab import ablate, ablate_report
 from lab.sweep import MORE_RATES
-import positions
-from checkpoint import load_checkpoint, model_from_checkpoint
 from model import GPTConfig
 
 # 2 schemes x 2 seeds of a tiny model, a few steps; L0 = 32, scored at 16, 32 and 64 tokens

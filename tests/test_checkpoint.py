@@ -10,8 +10,7 @@ import torch
 
 import checkpoint
 import positions
-from conftest import ROOT, Payload, all_logits
-from conftest import tiny_model as tiny
+from conftest import ROOT, Payload, all_logits, tiny_model as tiny
 from model import GPT, GPTConfig
 
 

@@ -23,11 +23,9 @@ import tiktoken
 import tiktoken.load
 import torch
 
-from conftest import ROOT as REPO
 import files
-from conftest import FullDevice
-from data import prepare
-from data import tokenizer as tk
+from conftest import ROOT as REPO, FullDevice
+from data import prepare, tokenizer as tk
 from data.loader import Batches
 
 # whitespace runs, tabs, accents, CJK, emoji, a combining mark, a ZWJ sequence

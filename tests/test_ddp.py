@@ -9,9 +9,9 @@ import signal
 import subprocess
 import sys
 
+import pytest
 import torch
 
-import pytest
 import train
 from checkpoint import load_checkpoint
 from conftest import ONE_THREAD, ROOT, flags, last_logged, log, wait_for
@@ -79,7 +79,7 @@ def test_two_processes_train_as_one_and_checkpoints_cross_over(data_dir, tmp_pat
     train.main(flags(data_dir, single, *COMMON, f"--max_iters={k}", "--resume"))  # the same steps in one process
     a, b = log(single), log(ddp)
     assert [m["iter"] for m in a] == [m["iter"] for m in b] == list(range(1, k + 1))
-    for x, y in zip(a[2:], b[2:]):
+    for x, y in zip(a[2:], b[2:], strict=True):
         assert close(y["train_loss"], x["train_loss"], 1e-5) and close(y["grad_norm"], x["grad_norm"], 1e-4), (x, y)
     assert close(b[-1]["val_loss"], a[-1]["val_loss"], 1e-5)
     ref = torch.load(single / "ckpt.pt", weights_only=True)
@@ -92,7 +92,7 @@ def test_two_processes_train_as_one_and_checkpoints_cross_over(data_dir, tmp_pat
     assert close(log(ddp)[-1]["train_loss"], log(single)[-1]["train_loss"], 1e-5)
     print(
         f"DDP vs one process, iterations 3..{k}: train losses",
-        [(x["train_loss"], y["train_loss"]) for x, y in zip(a[2:], b[2:])],
+        [(x["train_loss"], y["train_loss"]) for x, y in zip(a[2:], b[2:], strict=True)],
     )
 
 

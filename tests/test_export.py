@@ -7,8 +7,8 @@ import tiktoken
 import torch
 
 import checkpoint
-import data.tokenizer
 import config
+import data.tokenizer
 import export
 import positions
 from conftest import ROOT, all_logits, run, tiny_model

@@ -68,13 +68,15 @@ def test_the_run_lock_refuses_a_second_process_until_the_holder_dies(tmp_path):
     )
     try:
         assert holder.stdout.readline() == "locked\n"
-        with pytest.raises(
-            ValueError,
-            match=rf"{tmp_path} is in use by another test run \(pid {holder.pid}, "
-            r"started .*: -c .*\); wait for it to finish",
+        with (
+            pytest.raises(
+                ValueError,
+                match=rf"{tmp_path} is in use by another test run \(pid {holder.pid}, "
+                r"started .*: -c .*\); wait for it to finish",
+            ),
+            files.RunLock(tmp_path, "test run"),
         ):
-            with files.RunLock(tmp_path, "test run"):
-                pass
+            pass
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()
@@ -136,11 +138,10 @@ def test_a_staged_folder_that_fails_leaves_the_old_folder_and_no_stage(tmp_path,
     (target / "meta.json").write_text("old")
     (tmp_path / ".dataset.tmp").mkdir()  # left by a run that was killed
     (tmp_path / ".dataset.tmp" / "stale").write_text("x")
-    with pytest.raises(type(stop)):
-        with files.staged_folder(target, "meta.json") as stage:
-            assert not (stage / "stale").exists()
-            (stage / "meta.json").write_text("new")
-            raise stop
+    with pytest.raises(type(stop)), files.staged_folder(target, "meta.json") as stage:
+        assert not (stage / "stale").exists()
+        (stage / "meta.json").write_text("new")
+        raise stop
     assert contents(target) == {"meta.json": "old"} and sorted(os.listdir(tmp_path)) == ["dataset"]
 
 

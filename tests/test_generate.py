@@ -8,8 +8,7 @@ import torch
 
 import positions
 import rope
-from conftest import all_logits
-from conftest import tiny_model as tiny
+from conftest import all_logits, tiny_model as tiny
 from generate import GREEDY, KVCache, Sampling, StaticKVCache, generate
 
 

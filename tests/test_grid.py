@@ -20,8 +20,8 @@ import torch
 
 import config
 import train
-from config import opt
 from checkpoint import load_checkpoint
+from config import opt
 from conftest import ONE_THREAD, ROOT, TINY, last_logged, same_tensors, wait_for
 from data.tokenizer import load_meta
 from lab import ablate, evaluation, grid, launch, pool, sweep

@@ -8,10 +8,9 @@ import torch
 import torch.nn.functional as F
 
 import positions
-from conftest import all_logits
-from conftest import tiny_model as tiny
 from checkpoint import Source, fine_tune_config
 from config import weightless
+from conftest import all_logits, tiny_model as tiny
 from model import GPTConfig
 
 

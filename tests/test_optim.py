@@ -5,8 +5,8 @@ import torch
 
 import optim
 from conftest import tiny_model
-from runtime import Runtime
 from data.loader import Batch
+from runtime import Runtime
 from train import TrainConfig, train_step
 
 
@@ -22,7 +22,7 @@ def quintic_steps(s, steps):
 def test_newton_schulz_maps_each_singular_value_through_the_quintic(shape):
     g = torch.randn(3, *shape, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     out = optim.newton_schulz(g, 5, torch.float64)
-    for gi, oi in zip(g, out):
+    for gi, oi in zip(g, out, strict=True):
         u, s, vh = torch.linalg.svd(gi, full_matrices=False)
         expected = quintic_steps(s / gi.norm(), 5)  # Frobenius-normalised, then the polynomial five times
         # U p(S) V^T: the singular vectors are kept, each singular value goes through p alone
@@ -51,13 +51,13 @@ def muon_pair(ns_dtype, weight_decay=0.1):
 def test_muon_in_bf16_steps_as_torch_optim_muon_does():
     ours, theirs, ours_opt, theirs_opt, gen = muon_pair(torch.bfloat16)
     for _ in range(3):  # momentum carries over: later steps test the buffer too
-        for p, q in zip(ours, theirs):
+        for p, q in zip(ours, theirs, strict=True):
             p.grad = torch.randn(p.shape, generator=gen)
             q.grad = p.grad.clone()
         before = [p.detach().clone() for p in ours]
         ours_opt.step()
         theirs_opt.step()
-        for p, q, b in zip(ours, theirs, before):
+        for p, q, b in zip(ours, theirs, before, strict=True):
             # within bf16's rounding (2^-8 of each entry) of each other; the float32 iteration differs from either
             # by about 1.4%, so this tells the precisions apart
             mine, ref = p.detach() - b, q.detach() - b
@@ -73,7 +73,7 @@ def test_muon_in_float32_is_closer_to_the_exact_update_than_bf16():
             p.grad = torch.randn(p.shape, generator=gen)
         before = [p.detach().clone() for p in ps]
         opt.step()
-        updates[dtype] = torch.cat([(p.detach() - b).flatten() for p, b in zip(ps, before)])
+        updates[dtype] = torch.cat([(p.detach() - b).flatten() for p, b in zip(ps, before, strict=True)])
     err = {d: (updates[d] - updates[torch.float64]).abs().max().item() for d in (torch.float32, torch.bfloat16)}
     assert err[torch.float32] < 1e-6 < 1e-4 < err[torch.bfloat16], err
 

@@ -13,8 +13,7 @@ import model
 import positions
 import rope
 from config import RATE, opt
-from conftest import all_logits
-from conftest import tiny_model as tiny
+from conftest import all_logits, tiny_model as tiny
 from generate import GREEDY, generate
 from model import GPTConfig
 from positions import Span

@@ -163,7 +163,10 @@ def test_a_latest_needle_copier_scores_chance_in_every_band_and_reaches_nothing_
 def test_the_windows_span_the_lengths_and_are_the_same_every_time():
     p = probe("1,2,4", trials=2)
     assert list(p.windows) == [64, 128, 256] and list(p.windows[64]) == distances(64, 32)
-    assert all(torch.equal(a, b) for a, b in zip(p.windows[64].values(), probe("1", trials=2).windows[64].values()))
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(p.windows[64].values(), probe("1", trials=2).windows[64].values(), strict=True)
+    )
 
 
 def test_seeds_cells_pool_into_shares_by_distance():
@@ -264,7 +267,11 @@ def test_a_97_percent_reader_reads_the_whole_window_and_one_at_chance_nothing_at
     rng, runs = np.random.default_rng(1), 2000
     for accuracy, threshold, whole in [(GOOD, THRESHOLDS["strict"], 0.95), (p.chance, THRESHOLDS["pi"], None)]:
         reads = [
-            reach({k: {"trials": int(n), "hits": int(h)} for k, n, h in zip(cells, trials, hits)}, threshold, 4)
+            reach(
+                {k: {"trials": int(n), "hits": int(h)} for k, n, h in zip(cells, trials, hits, strict=True)},
+                threshold,
+                4,
+            )
             for hits in rng.binomial(trials, accuracy, (runs, len(trials)))
         ]
         if whole:  # the whole window with >= 95% probability

@@ -153,7 +153,7 @@ def test_linear_at_two_puts_position_2p_where_plain_had_p():
     inv_freq, _ = rope.scaled_frequencies(64, 10000.0, "linear", 2.0)
     p = torch.arange(0, 4 * L0, 7)
     # dividing by 2 is exact in floating point, so the angles agree bit for bit
-    for a, b in zip(rope.rope_cache(inv_freq, 2 * p), tables(64, p)):
+    for a, b in zip(rope.rope_cache(inv_freq, 2 * p), tables(64, p), strict=True):
         assert torch.equal(a, b)
 
 

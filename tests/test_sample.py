@@ -10,10 +10,10 @@ import torch.nn.functional as F
 
 import export
 import sample
+from checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
 from conftest import TINY, run
 from data.tokenizer import TiktokenTokenizer, bpe_encoding
 from model import GPT, GPTConfig
-from checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
 
 SCHEMES = ("rope", "sinusoidal")
 PROMPT = "ROMEO:\nThe"
@@ -109,7 +109,7 @@ def test_text_streams_to_stdout_token_by_token(runs, capsys, monkeypatch):
 def test_streaming_waits_for_the_rest_of_a_multi_byte_character(monkeypatch):
     # a byte-level tokenizer spells "é" in two tokens: the stream must never show half of it
     def generate(*args, **kwargs):  # stands in for the decoding engine: yields the given token ids
-        yield from (torch.tensor([[b]]) for b in "aé!".encode("utf-8"))
+        yield from (torch.tensor([[b]]) for b in "aé!".encode())
 
     monkeypatch.setattr(sample, "generate", generate)
     sampler = object.__new__(sample.Sampler)

@@ -497,7 +497,8 @@ BATTERY = [
     (
         "truncated checkpoint",
         ["--out_dir={root}/truncated"],
-        "truncated or corrupt (RuntimeError: PytorchStreamReader failed reading zip archive: failed finding central directory)",
+        "truncated or corrupt (RuntimeError: PytorchStreamReader failed reading zip archive: "
+        "failed finding central directory)",
     ),
     ("checkpoint carrying code", ["--out_dir={root}/evil"], "refused to load '{root}/evil/ckpt.pt': it asks to call"),
     ("weights-only checkpoint", ["--out_dir={root}/weights_only"], "lacks optimizer, scaler, iter, best_val_loss, rng"),
@@ -547,8 +548,9 @@ BATTERY = [
     (
         "init_from another shape",
         ["--resume=false", "--out_dir={root}/ft", "--init_from={root}/run", "--n_embd=64"],
-        "init_from={root}/run is another model (n_embd: init_from={root}/run has 32, this run 64); a fine-tune keeps its "
-        "architecture and may change only block_size, dropout, original_len, rope_scaling, rope_scaling_factor",
+        "init_from={root}/run is another model (n_embd: init_from={root}/run has 32, this run 64); "
+        "a fine-tune keeps its architecture and may change only block_size, dropout, original_len, rope_scaling, "
+        "rope_scaling_factor",
     ),
     (
         "init_from learned, longer",
