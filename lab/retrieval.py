@@ -295,7 +295,8 @@ def distance_plots(plots, panels, L0, chance, file, title):
     cols = min(4, len(panels))
     n_rows = -(-len(panels) // cols)
     fig, axes = plt.subplots(n_rows, cols, figsize=(3.6 * cols, 2.8 * n_rows), squeeze=False, sharey=True)
-    for ax, (sub, grid) in zip(axes.flat, panels, strict=True):
+    axes = list(axes.flat)
+    for ax, (sub, grid) in zip(axes[: len(panels)], panels, strict=True):  # the last row may hold fewer panels
         for W, by_k in sorted(grid.items(), key=lambda item: int(item[0])):
             if by_k is not None:
                 ax.plot([int(k) for k in by_k], list(by_k.values()), marker=".", lw=1, label=f"{int(W) / L0:g}x")
@@ -306,7 +307,7 @@ def distance_plots(plots, panels, L0, chance, file, title):
         ax.set(ylim=(0, 1.02), xlabel="needle-to-query distance (tokens)", ylabel="whole answers")
         ax.set_title(sub, fontsize=8)
         ax.legend(fontsize=6, title="window", title_fontsize=6)
-    for ax in list(axes.flat)[len(panels) :]:
+    for ax in axes[len(panels) :]:
         ax.axis("off")
     fig.suptitle(title)
     plots.save(fig, file, title)
