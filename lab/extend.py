@@ -35,6 +35,9 @@ ExtendConfig (here, with the probe's and the launcher's), GPTConfig, TrainConfig
 lab.extend --help` lists them all.
 """
 
+if not __package__:  # typed as a path, the import path holds lab/ and not the project: the imports below would fail
+    raise SystemExit("run it as a module, from the project's folder: python -m lab.extend CONFIG [--key=value ...]")
+
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
