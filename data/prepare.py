@@ -20,6 +20,9 @@ raw, uint16 when the vocabulary fits, else uint32 (meta.json says which).
 
 from __future__ import annotations
 
+if not __package__:  # typed as a path, the import path holds data/ and not the project: the imports below would fail
+    raise SystemExit("run it as a module, from the project's folder: python -m data.prepare [--key=value ...]")
+
 import codecs
 import collections
 import glob

@@ -23,6 +23,9 @@ Settings: AblateConfig (here), GPTConfig (model.py) and TrainConfig (train.py) t
 the TOML file may set any of them. `python -m lab.ablate --help` lists them all.
 """
 
+if not __package__:  # typed as a path, the import path holds lab/ and not the project: the imports below would fail
+    raise SystemExit("run it as a module, from the project's folder: python -m lab.ablate CONFIG [--key=value ...]")
+
 import math
 import statistics
 import time

@@ -35,6 +35,9 @@ ExtendConfig (here, with the probe's and the launcher's), GPTConfig, TrainConfig
 lab.extend --help` lists them all.
 """
 
+if not __package__:  # typed as a path, the import path holds lab/ and not the project: the imports below would fail
+    raise SystemExit("run it as a module, from the project's folder: python -m lab.extend CONFIG [--key=value ...]")
+
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -51,7 +54,7 @@ from files import RunLock
 from lab import extend_report
 from lab.evaluation import checked_model, position_losses
 from lab.grid import check_records, check_run, evaluated, number_list, numbers, split_list, train_run, train_settings
-from lab.launch import launch_plan
+from lab.launch import Launch
 from lab.retrieval import Probe, ProbeSettings
 from lab.sweep import Plan, SweepSettings, tool_main
 from model import GPT
@@ -514,13 +517,13 @@ def run_lab(lab):
     sweeps = {arm: list(lab.lrs) for arm in arms}
     if lab.settings.dry_run:
         bases = screened_jobs(lab, {})[0]
-        print(
-            "dry run, screening: "
-            + launch_plan(bases, lab.settings, lab.needs, lab.pending, lab.label, lab.desc)
-            + f"; then, as each base model fails the gate, the next seed's, up to {lab.settings.screen_most} "
-            "seeds a role (launch 1 joins them once the selection seed passed)"
+        candidates = {seed for role in ROLES for seed in lab.settings.candidates(role, lab.tc)}
+        more = Launch(
+            f"the next seed's, up to {lab.settings.screen_most} seeds a role",
+            most=len(candidates) * len(lab.bases) - len(bases),
+            when="as each base model fails the gate",
         )
-        lab.dry_run(sweeps)
+        lab.dry_run(sweeps, screening=[Launch("screening", bases), more])
     with RunLock(lab.out, "context-extension lab"):
         done, sweeps, rates = lab.sweep_and_test(arms, sweeps, screen=lambda done: screened_jobs(lab, done))
         found = screening(lab, done)

@@ -1,10 +1,11 @@
 """Where a grid's runs train and the command line of a lab tool: LaunchSettings, which every lab tool's settings
 inherit; run_jobs, which runs jobs in this process, in worker processes (lab/pool.py) or as Slurm jobs
-(lab/slurm.py), or prints what it would launch; and command, a lab tool's main."""
+(lab/slurm.py), or prints what it would launch; launch_plan, a dry run's plan of launches on either launcher; and
+command, a lab tool's main."""
 
 import shlex
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tqdm import tqdm
 
@@ -40,7 +41,8 @@ class LaunchSettings:
     )
     dry_run: bool = opt(
         False,
-        "print every launch the command would make (with slurm: the job arrays and their resources); train nothing",
+        "print every launch the command would make, each with its job count (with slurm: the job arrays, each job's "
+        "resources and the GPU- and CPU-hours requested in all, at most); train nothing",
     )
     slurm_partition: str = opt("", "Slurm partition of the jobs (empty: the cluster's default)")
     slurm_gpus: int = opt(1, "GPUs per Slurm job (one run each)", check=config.NON_NEGATIVE)
@@ -88,7 +90,7 @@ def run_jobs(
     SIGINT or SIGTERM stops every run at a checkpoint and raises Interrupted; a worker that dies or a Slurm job that
     fails raises Failed naming its run. With dry_run it prints what it would launch and raises DryRun."""
     if launch.dry_run:
-        print("dry run: " + launch_plan(jobs, launch, needs, pending, label, desc))
+        print(launch_plan([Launch("", jobs)], launch, needs, pending, label, desc))
         raise DryRun
     with tqdm(total=len(jobs), desc=desc, unit="run", dynamic_ncols=True, disable=not progress) as bar:
         if launch.launcher == "slurm":
@@ -114,25 +116,66 @@ def slurm_module():
     return slurm
 
 
-def launch_plan(jobs, launch, needs=lambda job: None, pending=lambda job: True, label=str, desc="runs"):
-    """What run_jobs would launch, for dry_run: the runs, and with slurm the job arrays, their resources and logs."""
-    if launch.launcher == "local":
-        return f"{len(jobs)} runs here, {launch.workers} at a time: " + ", ".join(map(label, jobs))
-    todo = [job for job in jobs if pending(job)]
+@dataclass
+class Launch:
+    """One launch of a lab's plan, for its dry run: its jobs where they are known before anything trains, else at most
+    `most` jobs that results choose; `what` names them, `when` says what the launch waits for ("": nothing)."""
+
+    what: str
+    jobs: list = field(default_factory=list)
+    most: int = 0
+    when: str = ""
+
+
+def launch_plan(launches, launch, needs=lambda job: None, pending=lambda job: True, label=str, desc="runs"):
+    """What run_jobs would launch, for dry_run: each of launches (Launch, in order) with its job count and what it
+    waits for. Local: the runs of each. Slurm: first the resources each job requests (as executor() in lab/slurm.py
+    asks for them), then each launch's jobs not finished yet in their arrays, and in all at most so many GPU- and
+    CPU-hours (jobs x time limit x GPUs or CPUs)."""
+    slurm, lines = launch.launcher == "slurm", []
+    if slurm:
+        where = f"partition {launch.slurm_partition}" if launch.slurm_partition else "the default partition"
+        lines.append(
+            f"dry run: Slurm jobs named {desc!r}, each {launch.slurm_gpus} GPU(s), {launch.slurm_cpus} CPUs, the "
+            f"partition's default memory and {launch.slurm_time} min on {where}, at most "
+            f"{launch.slurm_array_parallelism} of an array at once; logs in {launch.slurm_folder}/"
+        )
+    jobs = 0  # Slurm jobs, at most
+    for each in launches:
+        when = f", {each.when}" if each.when else ""
+        if not each.jobs:
+            lines.append(f"then at most {each.most} {'jobs' if slurm else 'runs'}{when}: {each.what}")
+            jobs += each.most
+        elif slurm:
+            todo = [job for job in each.jobs if pending(job)]
+            finished = f"{len(each.jobs) - len(todo)} of the {len(each.jobs)} runs finished already"
+            lines += [f"{each.what + ': ' if each.what else ''}{len(todo)} jobs ({finished})"]
+            lines += arrays(todo, needs, label, f"submitted {each.when or 'at once'}")
+            jobs += len(todo)
+        else:
+            named, runs = f", {each.what}" if each.what else "", ", ".join(map(label, each.jobs))
+            lines.append(f"dry run{named}: {len(each.jobs)} runs here, {launch.workers} at a time{when}: {runs}")
+    if slurm:
+        hours = jobs * launch.slurm_time / 60
+        lines.append(
+            f"in all at most {jobs} jobs of {launch.slurm_time} min: {hours * launch.slurm_gpus:,g} GPU-hours and "
+            f"{hours * launch.slurm_cpus:,g} CPU-hours requested (a job requeued requests its time again)"
+        )
+    return "\n".join(lines)
+
+
+def arrays(todo, needs, label, first):
+    """The lines of the job arrays lab/slurm.py submits todo in: the first one `first` (when it is submitted), each
+    next one as the runs it needs, in the array before, are done."""
     depth = {}
     for job in todo:  # needs come earlier in jobs; a need that is finished already waits for nothing
         depth[job] = depth[needs(job)] + 1 if needs(job) in depth else 0
-    where = f"partition {launch.slurm_partition}" if launch.slurm_partition else "the default partition"
-    lines = [
-        f"{len(todo)} Slurm jobs named {desc!r} ({len(jobs) - len(todo)} of the {len(jobs)} runs finished "
-        f"already), each {launch.slurm_gpus} GPU(s), {launch.slurm_cpus} CPUs and {launch.slurm_time} min on "
-        f"{where}, at most {launch.slurm_array_parallelism} of an array at once; logs in {launch.slurm_folder}/"
-    ]
+    lines = []
     for level in sorted(set(depth.values())):
         group = [label(job) for job in todo if depth[job] == level]
-        when = "submitted at once" if level == 0 else "each submitted once the run it needs is done"
+        when = first if level == 0 else "each submitted once the run it needs is done"
         lines.append(f"  array {level + 1}, {when}, {len(group)} jobs: {', '.join(group)}")
-    return "\n".join(lines)
+    return lines
 
 
 def command(argv, doc, settings, run):

@@ -11,6 +11,9 @@ results.json, results.md (steps and seconds to the target, mean ± std over seed
 val_loss.png. Rerunning the same command skips finished runs and resumes an interrupted one.
 """
 
+if not __package__:  # typed as a path, the import path holds lab/ and not the project: the imports below would fail
+    raise SystemExit("run it as a module, from the project's folder: python -m lab.recipe CONFIG [--key=value ...]")
+
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 

@@ -17,7 +17,7 @@ from data.tokenizer import load_meta
 from files import atomic_write
 from lab.evaluation import eval_runtime, eval_sets
 from lab.grid import SeedSettings, write_json
-from lab.launch import DryRun, LaunchSettings, command, launch_plan, run_jobs
+from lab.launch import DryRun, Launch, LaunchSettings, command, launch_plan, run_jobs
 from lab.report import NO_PLOTS
 from model import GPTConfig
 from runtime import Runtime
@@ -164,23 +164,32 @@ class Plan:
 
         return self.launch(wanted), sweeps, rates
 
-    def dry_run(self, sweeps, after=()):
-        """Print every launch sweep_and_test would make, each with its job count, and raise DryRun."""
-        sel, jobs = self.settings.selection_seed, self.first_launch(sweeps, after)
+    def dry_run(self, sweeps, after=(), screening=()):
+        """Print every launch sweep_and_test would make, each with its job count and what it waits for, after the
+        launches of screening (Launch records) where a screen decides the seeds, and raise DryRun."""
+        sel, jobs, seeds = self.settings.selection_seed, self.first_launch(sweeps, after), self.seeds
         for job in jobs:
             self.check(job)
-        print("dry run, launch 1: " + launch_plan(jobs, self.settings, self.needs, self.pending, self.label, self.desc))
-        if any(len(rates) > 1 for rates in sweeps.values()):
-            print(
-                f"then, as each arm's sweep finishes, up to {MORE_RATES} more rates on selection seed {sel} for each "
-                f"arm whose best rate lies at an edge of its sweep"
-            )
-        if sweeps:
-            print(
-                f"then at most {len(sweeps) * len(self.seeds)} jobs, test seeds {', '.join(map(str, self.seeds))} "
-                f"of {len(sweeps)} arms, each arm's as soon as its sweep chooses its rate (none that launch 1 holds "
-                f"already)"
-            )
+        widening = sum(len(rates) > 1 for rates in sweeps.values())  # the arms whose sweep may widen
+        launches = [
+            *screening,
+            Launch("launch 1", jobs, when="once the selection seed passed the screening" if screening else ""),
+            Launch(
+                f"up to {MORE_RATES} more rates on selection seed {sel} for each arm whose best rate lies at an edge "
+                "of its sweep",
+                most=MORE_RATES * widening,
+                when="as each arm's sweep finishes",
+            ),
+            Launch(
+                f"test seeds {', '.join(map(str, seeds))} of {len(sweeps)} arms, each at its arm's chosen rate (none "
+                "that launch 1 holds already)",
+                most=len(sweeps) * len(seeds),
+                when="as each arm's sweep chooses its rate"
+                + (" and each test seed passes the screening" if screening else ""),
+            ),
+        ]
+        launches = [each for each in launches if each.jobs or each.most]
+        print(launch_plan(launches, self.settings, self.needs, self.pending, self.label, self.desc))
         raise DryRun
 
     def write_results(self, results, plots, markdown, t0, also=()):

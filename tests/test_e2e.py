@@ -87,3 +87,16 @@ def test_the_installed_project_puts_none_of_its_modules_on_other_projects_import
         check=True,
     )
     assert found.stdout.strip() == "[]"
+
+
+def test_a_tool_typed_as_a_path_says_in_one_line_how_to_run_it():
+    """python lab/extend.py, as nanoGPT's users type a tool: the import path then holds lab/, not the project, so every
+    tool under lab/ and data/ stops before its imports, with one line naming its module form and no traceback."""
+    modules = sorted([*ROOT.glob("lab/*.py"), *ROOT.glob("data/*.py")])
+    tools = [p for p in modules if 'if __name__ == "__main__":' in p.read_text()]
+    assert len(tools) >= 4  # ablate, extend, recipe, prepare
+    for path in tools:
+        said = run(path.relative_to(ROOT), "--help", check=False)
+        module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        assert said.returncode != 0 and not said.stdout and len(said.stderr.splitlines()) == 1, said.stderr
+        assert f"from the project's folder: python -m {module} " in said.stderr

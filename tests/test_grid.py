@@ -172,10 +172,13 @@ def test_a_dry_run_prints_the_arrays_it_would_submit(data_dir, tmp_path, capsys)
         )
     )
     assert capsys.readouterr().out.splitlines() == [
-        f"dry run: 2 Slurm jobs named 'runs' (1 of the 3 runs finished already), each 2 GPU(s), 4 CPUs and 30 min on "
+        "dry run: Slurm jobs named 'runs', each 2 GPU(s), 4 CPUs, the partition's default memory and 30 min on "
         f"partition gpu, at most 5 of an array at once; logs in {tmp_path / 'logs'}/",
+        "2 jobs (1 of the 3 runs finished already)",
         "  array 1, submitted at once, 1 jobs: b seed 1",
         "  array 2, each submitted once the run it needs is done, 1 jobs: ft-b seed 1",
+        "in all at most 2 jobs of 30 min: 2 GPU-hours and 4 CPU-hours requested (a job requeued requests its time "
+        "again)",
     ]
     assert not (tmp_path / "b").exists() and not (tmp_path / "logs").exists()
 
