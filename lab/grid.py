@@ -11,6 +11,7 @@ extend, recipe) build on these modules and never on each other.
 import contextlib
 import json
 import math
+import os
 import statistics
 import sys
 import typing
@@ -27,6 +28,9 @@ from lab.pool import Failed, Interrupted
 from model import GPTConfig
 
 NOT_SETTINGS = config.weightless(train.TrainConfig)  # train fields declared to change no weight of a run
+# the train settings that name a file or folder: a lab folder that moved (into an archive, from a cluster to a laptop)
+# still records them as they were, a fine-tune's base inside the lab folder under its old path
+PATHS = ("train.data_dir", "train.init_from")
 
 
 @dataclass
@@ -121,7 +125,8 @@ def check_run(out, settings, grown=()):
     """Refuse the run folder out unless the settings it records (its config.json, written as training starts) are
     settings (train_settings'), naming those that differ and the folder; grown names the settings ("group.key") of
     a run grown stage by stage, which it records as it goes (its max_iters, a step its schedule fixes on the way)
-    and are taken as recorded. A folder without them (nothing trained yet) passes."""
+    and are taken as recorded; a path (PATHS) is the same where it names the same place relative to the folder, which
+    may have moved (same_place). A folder without them (nothing trained yet) passes."""
     if (out / "config.json").is_file():
         saved = read_json(out / "config.json", delete=out)
         for group, key in (name.split(".") for name in grown):
@@ -130,6 +135,8 @@ def check_run(out, settings, grown=()):
 
 
 def check_same_settings(path, settings, saved):
+    # the run folder's own path as it was recorded, against which the paths it records are read once it has moved
+    there = saved.get("train", {}).get("out_dir")
     # a setting newer than the run folder was there at its default (how every option starts)
     defaults = train_settings(GPTConfig(), train.TrainConfig())
     saved = {group: defaults[group] | saved.get(group, {}) for group in settings}
@@ -137,13 +144,21 @@ def check_same_settings(path, settings, saved):
         f"{group}.{k}: {saved[group].get(k)!r} there, {v!r} now"
         for group in settings
         for k, v in settings[group].items()
-        if saved[group].get(k) != v
+        if not same_place(f"{group}.{k}", saved[group].get(k), v, there, path)
     ]
     if diff:
         raise ValueError(
             f"{path} was made with other settings ({'; '.join(diff[:4])}); use another out_dir, "
             f"or delete that run folder to redo it"
         )
+
+
+def same_place(name, a, b, there, here):
+    """Whether setting name is a there and b here (a run folder, recorded at path there): the same value, or for a
+    path (PATHS) the same place relative to the run folder, which has moved with what it holds."""
+    if a == b:
+        return True
+    return name in PATHS and bool(a and b and there) and os.path.relpath(a, there) == os.path.relpath(b, here)
 
 
 def check_records(out, rebuilt=()):

@@ -73,6 +73,24 @@ def test_position_losses_match_the_model_loss_on_each_prefix(data_dir):
     assert torch.equal(again.eval_starts["val"], batches.eval_starts["val"])
 
 
+def test_a_run_folder_that_moved_with_its_source_is_the_same_and_another_source_is_refused(tmp_path):
+    def settings(lab, source, data="/data"):
+        tc = train.TrainConfig(out_dir=str(lab / "sweep" / "ft"), init_from=str(source), data_dir=data)
+        return grid.train_settings(GPTConfig(), tc)
+
+    old, new = tmp_path / "scratch" / "lab", tmp_path / "archive" / "lab"
+    saved = settings(old, old / "base" / "b1")
+    saved["train"]["out_dir"] = str(old / "sweep" / "ft")  # as train.py records it: where the folder was
+    out = new / "sweep" / "ft"
+    out.mkdir(parents=True)
+    grid.write_json(out / "config.json", saved)
+    grid.check_run(out, settings(new, new / "base" / "b1"))  # moved with its base
+    grid.check_run(out, settings(new, old / "base" / "b1"))  # the base where it was, named by that path
+    for source, data, named in [(new / "base" / "b2", "/data", "init_from"), (new / "base" / "b1", "/d", "data_dir")]:
+        with pytest.raises(ValueError, match=f"was made with other settings \\(train.{named}: '[^;]*' now\\);"):
+            grid.check_run(out, settings(new, source, data))
+
+
 # ----------------------------------------------------------------------------- launching: a toy lab tool
 
 
