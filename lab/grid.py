@@ -3,9 +3,10 @@ training and summary, JSON records written atomically and read back with errors 
 of the lists and entries the lab's settings are written in.
 
 A run is one train.py training in its own folder, resumed where an interrupted one stopped; a folder is reused only
-when the settings it records are the ones asked for, so a rerun never mixes two grids. Where runs train is
-lab/launch.py's; the frame of a tool that sweeps rates and tests seeds, lab/sweep.py's. The lab's tools (ablate,
-extend, recipe) build on these modules and never on each other.
+when the settings it records are the ones asked for, so a rerun never mixes two grids, and an evaluation cached in it
+only with the lab settings it read (`evaluated`); the paths a run records are read against its folder, which may have
+moved. Where runs train is lab/launch.py's; the frame of a tool that sweeps rates and tests seeds, lab/sweep.py's. The
+lab's tools (ablate, extend, recipe) build on these modules and never on each other.
 """
 
 import contextlib
@@ -31,6 +32,7 @@ NOT_SETTINGS = config.weightless(train.TrainConfig)  # train fields declared to 
 # the train settings that name a file or folder: a lab folder that moved (into an archive, from a cluster to a laptop)
 # still records them as they were, a fine-tune's base inside the lab folder under its old path
 PATHS = ("train.data_dir", "train.init_from")
+MADE_WITH = "made_with"  # the key of a cached evaluation's JSON under which it records the lab settings it read
 
 
 @dataclass
@@ -161,6 +163,15 @@ def same_place(name, a, b, there, here):
     return name in PATHS and bool(a and b and there) and os.path.relpath(a, there) == os.path.relpath(b, here)
 
 
+def differences(saved, now):
+    """["key: its value there, its value now"] for each key of saved or now ({key: value} each) where they differ."""
+    return [
+        f"{k}: {saved.get(k)!r} there, {now.get(k)!r} now"
+        for k in dict.fromkeys([*now, *saved])
+        if saved.get(k) != now.get(k)
+    ]
+
+
 def check_records(out, rebuilt=()):
     """Refuse the run folder out if a JSON record in it cannot be read, naming it: a finished run's result is
     reused only with the records it was made from intact. Those named in rebuilt are made again when damaged."""
@@ -228,16 +239,43 @@ def read_json(path, delete=None):
         ) from None
 
 
-def evaluated(path, compute):
-    """The JSON at path, computed and written (atomically: it marks a finished step) the first time, and again
-    in place of a copy that cannot be read (truncated when a device filled, edited), which is named on stderr:
-    what compute() makes can be made again."""
+class Gone(ValueError):
+    """The model an evaluation scores is gone: training has moved past the step it was at."""
+
+
+def evaluated(path, compute, settings):
+    """The JSON object at path, computed and written (atomically: it marks a finished step) the first time, recording
+    settings ({name: value}: every lab setting compute reads beyond the run's own, which check_run compares) under
+    MADE_WITH, which the object returned leaves out. A copy made with other settings is computed again, and so is one
+    that cannot be read (truncated when a device filled, edited), which is named on stderr: a rerun with other
+    settings asks for them, and an evaluation costs a fraction of the training it reads. Where it cannot be (Gone:
+    training has moved past the step it scored) the rerun is refused, naming the settings that differ; a copy that
+    records none, made before copies recorded them, is then kept, so that a lab begun then still resumes."""
+    settings = json.loads(json.dumps(settings))  # as a copy reads them back: tuples as lists, keys as strings
+    kept, why = None, "is missing"
     if path.is_file():
         try:
-            return json.loads(path.read_text())
+            kept = json.loads(path.read_text())
         except (OSError, ValueError) as e:
-            print(f"{path} cannot be read ({e}); computing it again", file=sys.stderr)
-    obj = compute()
+            why = f"cannot be read ({e})"
+            print(f"{path} {why}; computing it again", file=sys.stderr)
+        else:
+            made_with = kept.pop(MADE_WITH, None)
+            if made_with == settings:
+                return kept
+            if made_with is not None:
+                kept, why = None, f"was made with other settings ({'; '.join(differences(made_with, settings))})"
+    try:
+        obj = compute()
+    except Gone as e:
+        if kept is not None:
+            return kept
+        raise ValueError(
+            f"{path} {why} and cannot be made again: {e}; use another out_dir, or delete {path.parent} to redo that run"
+        ) from None
+    assert MADE_WITH not in obj, f"{path}: {MADE_WITH} is the key of the settings it records"
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_json(path, obj)
-    return read_json(path)
+    write_json(path, obj | {MADE_WITH: settings})
+    obj = read_json(path)
+    del obj[MADE_WITH]
+    return obj
