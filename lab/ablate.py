@@ -52,12 +52,10 @@ from lab.grid import (
     number_list,
     numbers,
     parse_changes,
-    read_json,
     run_dir,
     split_list,
     train_run,
     train_settings,
-    write_json,
 )
 from lab.pool import Interrupted
 from lab.report import regime_rows
@@ -297,6 +295,7 @@ def staged_training(plan, job):
             slots[str(step)] = evaluated(
                 out / f"slots{step}.json",
                 lambda: plan.probe.by_slot(checked_model(out, plan.rt, step), gcfg.block_size, plan.rt),
+                plan.probe.made_with,
             )
     return summary | {"slots": slots, "threads": torch.get_num_threads()}
 
@@ -315,44 +314,48 @@ def finish_run(plan, job):
     """Train, evaluate and sample one run (scheme, scale, seed), reusing whatever an earlier invocation finished;
     (summary, eval). The summary records the CPU threads it trained on, which its tokens/s depend on."""
     name, scale, seed = job
-    gcfg, tc, out = plan.grid[name], plan.run_tc(name, seed, scale), plan.folder(job)
-    summary = evaluated(out / "summary.json", lambda: staged_training(plan, job))
+    out, probing = plan.folder(job), {} if plan.probe is None else plan.probe.made_with
+    summary = evaluated(out / "summary.json", lambda: staged_training(plan, job), probing)
     ac, first = plan.settings, seed == plan.seeds[0]
     sampled = ac.sample_tokens > 0 and first  # one sample per scheme
-    settings = {
+    settings = probing | {
         "lengths": plan.lengths,
         "eval_tokens": ac.eval_tokens,
         "scalings": plan.scalings,
         "sample": [ac.sample_prompt, ac.sample_tokens, ac.sample_temperature] if sampled else None,
-        "probe": None if plan.probe is None else [ac.probe_lengths, ac.probe_distances, ac.probe_trials],
+        "inside": first,
+        "probe_lengths": None if plan.probe is None else plan.probe.lengths,
     }
-    ev = read_json(out / "eval.json", out / "eval.json") if (out / "eval.json").is_file() else None
-    if ev is None or ev["settings"] != settings:
-        t0 = time.perf_counter()
-        model = checked_model(out, plan.rt, tc.max_iters)
-        # sample and look inside first: extrapolate leaves the model reconfigured with its last scaling
-        sample = sample_text(model, plan.meta, ac, seed, plan.rt) if sampled else None
-        inside = (
-            {
-                "attention": diagnostics.attention_stats(model, plan.windows[gcfg.block_size], plan.rt),
-                "biases": diagnostics.bias_curves(model, max(plan.lengths)),
-            }
-            if first
-            else {}
-        )
-        retrieval = retrieval_counts(plan, model) if plan.probe else None
-        loss, position = extrapolate(model, plan.windows, plan.scalings, plan.rt)
-        ev = {
-            "settings": settings,
-            "loss": loss,
-            "position": position,
-            "sample": sample,
-            "retrieval": retrieval,
-            **inside,
-            "eval_s": time.perf_counter() - t0,
+    return summary, evaluated(out / "eval.json", lambda: evaluate(plan, job, sampled, first), settings)
+
+
+def evaluate(plan, job, sampled, first):
+    """A run's scores at every length and scaling and on the probe, with its sample where sampled, and what its first
+    seed shows inside (attention, biases) where first."""
+    name, scale, seed = job
+    gcfg, tc, out = plan.grid[name], plan.run_tc(name, seed, scale), plan.folder(job)
+    t0 = time.perf_counter()
+    model = checked_model(out, plan.rt, tc.max_iters)
+    # sample and look inside first: extrapolate leaves the model reconfigured with its last scaling
+    sample = sample_text(model, plan.meta, plan.settings, seed, plan.rt) if sampled else None
+    inside = (
+        {
+            "attention": diagnostics.attention_stats(model, plan.windows[gcfg.block_size], plan.rt),
+            "biases": diagnostics.bias_curves(model, max(plan.lengths)),
         }
-        write_json(out / "eval.json", ev)
-    return summary, ev
+        if first
+        else {}
+    )
+    retrieval = retrieval_counts(plan, model) if plan.probe else None
+    loss, position = extrapolate(model, plan.windows, plan.scalings, plan.rt)
+    return {
+        "loss": loss,
+        "position": position,
+        "sample": sample,
+        "retrieval": retrieval,
+        **inside,
+        "eval_s": time.perf_counter() - t0,
+    }
 
 
 # ----------------------------------------------------------------------------- results

@@ -5,6 +5,7 @@ import torch
 
 from checkpoint import load_checkpoint, model_from_checkpoint
 from data.loader import Batches
+from lab.grid import Gone
 from runtime import Runtime, pick_device, pick_dtype
 
 
@@ -41,8 +42,12 @@ def eval_runtime(tc):
 
 def checked_model(out, rt, step=None, **changes):
     """The model of out's checkpoint, at iteration step where given (a figure is never filed under another step),
-    reconfigured by changes (GPT.reconfigure) where given."""
+    reconfigured by changes (GPT.reconfigure) where given. Raises Gone where training has moved past step."""
     ckpt = load_checkpoint(out / "ckpt.pt", rt.device)
+    if step is not None and ckpt["iter"] > step:  # the run keeps its latest checkpoint alone
+        raise Gone(
+            f"the model it scores, at iteration {step}, is gone ({out / 'ckpt.pt'} is at iteration {ckpt['iter']})"
+        )
     assert step is None or ckpt["iter"] == step, f"{out / 'ckpt.pt'} is at iteration {ckpt['iter']}, not {step}"
     model = model_from_checkpoint(ckpt, rt.device).eval()
     return model.reconfigure(**changes) if changes else model

@@ -303,7 +303,19 @@ class Lab(Plan):
     def run(self, job):
         """The figures of one run, kept in its folder's result.json once it is complete, so a rerun reads them."""
         work = (lambda: base_run(self, *job[1:])) if job[0] == "base" else lambda: finetune_run(self, *job[1:])
-        return evaluated(self.folder(job) / "result.json", work)
+        return evaluated(self.folder(job) / "result.json", work, self.reads(job))
+
+    def reads(self, job):
+        """The lab settings the figures of job's run read beyond its run folder's own (lab/grid.evaluated records
+        them): its scores', and the steps it reads, which it grows to (check_run takes them as recorded)."""
+        if job[0] == "base":
+            return scoring(self) | {"max_iters": self.tc.max_iters}
+        ec = self.settings
+        return scoring(self, not self.sweeping(job[4])) | {
+            "finetune_steps": self.steps,
+            "plateau_span": ec.plateau_span,
+            "plateau_tol": ec.plateau_tol,
+        }
 
     def folder(self, job):
         return self.base(*job[1:])[0] if job[0] == "base" else self.finetune(*job[1:])[0]
@@ -348,6 +360,12 @@ def loss_at(model, lab, L):
     return position_losses(model, lab.windows[L], lab.rt).mean().item()
 
 
+def scoring(lab, probed=True):
+    """The lab settings a score reads beyond its run folder's own (lab/grid.evaluated records them): its loss's
+    validation windows', and where it probes retrieval, the probe's."""
+    return {"eval_tokens": lab.settings.eval_tokens} | (lab.probe.made_with if probed else {})
+
+
 def activation_bytes(gcfg, tc, bc, lab):
     """Bytes autograd saves for backward in one micro-batch of a run's shape: what a longer row costs in memory, the
     measure PoSE's claim is about (it keeps L0-long rows), the same on any device."""
@@ -381,7 +399,7 @@ def base_run(lab, b, seed):
 
     def probe_after(step, schedule):
         train_run("base", gcfg, replace(tc, max_iters=step), out, lab.bc, schedule)
-        curve[str(step)] = evaluated(out / f"curve{step}.json", lambda: probed(lab, out, step))
+        curve[str(step)] = evaluated(out / f"curve{step}.json", lambda: probed(lab, out, step), scoring(lab))
         return min(curve[str(step)]["slot"].values()) >= ec.base_gate
 
     while gate is None and stage < tc.max_iters:
@@ -420,32 +438,37 @@ def finetune_run(lab, b, method, s, seed, lr):
     choose a rate, are scored on loss alone."""
     out, gcfg, tc, bc = lab.finetune(b, method, s, seed, lr)
     base_out, L0, ec = lab.base(b, seed)[0], lab.L0, lab.settings
-    lengths = [L0, round(s * L0), round(2 * s * L0)]
+    lengths, probing = [L0, round(s * L0), round(2 * s * L0)], not lab.sweeping(seed)
+
+    def windows(step):
+        """The probe's windows at step: the target s L0 (PI's passkey test spreads its distances over the target
+        window), and at the read step 2s L0 too, past it (the probe's dearest windows, which only claims read)."""
+        if not probing:
+            return {}
+        return {"target": lengths[1]} | ({"past": lengths[2]} if step == lab.steps[-1] else {})
 
     def scores(where, step=None, **changes):
-        """Loss at L0, s L0 and 2s L0; the probe's counts in windows of the target s L0 (PI's passkey test spreads
-        its distances over the target window), and at the read step in windows of 2s L0 too, past it (the probe's
-        dearest windows, which only claims read)."""
+        """Loss at L0, s L0 and 2s L0; the probe's counts in its windows at step."""
         model = checked_model(where, lab.rt, step, **changes)
-        windows = {"target": lengths[1]} | ({"past": lengths[2]} if step == lab.steps[-1] else {})
-        found = (
-            {}
-            if lab.sweeping(seed)
-            else {"retrieval": {name: lab.probe.counts(model, W, lab.rt) for name, W in windows.items()}}
-        )
-        return {"loss": {str(L): loss_at(model, lab, L) for L in lengths}} | found
+        found = {"retrieval": {name: lab.probe.counts(model, W, lab.rt) for name, W in windows(step).items()}}
+        return {"loss": {str(L): loss_at(model, lab, L) for L in lengths}} | (found if probing else {})
+
+    def made_with(step):
+        return scoring(lab, probing) | {"windows": windows(step)}
 
     scaled = {"rope_scaling": gcfg.rope_scaling, "rope_scaling_factor": gcfg.rope_scaling_factor}
-    done = {"0": evaluated(out / "step0.json", lambda: scores(base_out, **scaled))}
+    done = {"0": evaluated(out / "step0.json", lambda: scores(base_out, **scaled), made_with(None))}
     l0_curve = {"0": done["0"]["loss"][str(L0)]}
     for step in range(ec.finetune_eval, lab.steps[-1] + 1, ec.finetune_eval):
         train_run(method, gcfg, replace(tc, max_iters=step), out, bc)
         if step in lab.steps:  # scores holds the L0 loss: one load and one L0 loss, not two
-            done[str(step)] = evaluated(out / f"step{step}.json", lambda: scores(out, step))
+            done[str(step)] = evaluated(out / f"step{step}.json", lambda: scores(out, step), made_with(step))
             l0_curve[str(step)] = done[str(step)]["loss"][str(L0)]
         else:
             l0_curve[str(step)] = evaluated(
-                out / f"l0-{step}.json", lambda: {"loss": loss_at(checked_model(out, lab.rt, step), lab, L0)}
+                out / f"l0-{step}.json",
+                lambda: {"loss": loss_at(checked_model(out, lab.rt, step), lab, L0)},
+                scoring(lab, probed=False),
             )["loss"]
     return {
         "l0_curve": l0_curve,

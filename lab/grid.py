@@ -3,14 +3,16 @@ training and summary, JSON records written atomically and read back with errors 
 of the lists and entries the lab's settings are written in.
 
 A run is one train.py training in its own folder, resumed where an interrupted one stopped; a folder is reused only
-when the settings it records are the ones asked for, so a rerun never mixes two grids. Where runs train is
-lab/launch.py's; the frame of a tool that sweeps rates and tests seeds, lab/sweep.py's. The lab's tools (ablate,
-extend, recipe) build on these modules and never on each other.
+when the settings it records are the ones asked for, so a rerun never mixes two grids, and an evaluation cached in it
+only with the lab settings it read (`evaluated`); the paths a run records are read against its folder, which may have
+moved. Where runs train is lab/launch.py's; the frame of a tool that sweeps rates and tests seeds, lab/sweep.py's. The
+lab's tools (ablate, extend, recipe) build on these modules and never on each other.
 """
 
 import contextlib
 import json
 import math
+import os
 import statistics
 import sys
 import typing
@@ -27,6 +29,10 @@ from lab.pool import Failed, Interrupted
 from model import GPTConfig
 
 NOT_SETTINGS = config.weightless(train.TrainConfig)  # train fields declared to change no weight of a run
+# the train settings that name a file or folder: a lab folder that moved (into an archive, from a cluster to a laptop)
+# still records them as they were, a fine-tune's base inside the lab folder under its old path
+PATHS = ("train.data_dir", "train.init_from")
+MADE_WITH = "made_with"  # the key of a cached evaluation's JSON under which it records the lab settings it read
 
 
 @dataclass
@@ -121,7 +127,8 @@ def check_run(out, settings, grown=()):
     """Refuse the run folder out unless the settings it records (its config.json, written as training starts) are
     settings (train_settings'), naming those that differ and the folder; grown names the settings ("group.key") of
     a run grown stage by stage, which it records as it goes (its max_iters, a step its schedule fixes on the way)
-    and are taken as recorded. A folder without them (nothing trained yet) passes."""
+    and are taken as recorded; a path (PATHS) is the same where it names the same place relative to the folder, which
+    may have moved (same_place). A folder without them (nothing trained yet) passes."""
     if (out / "config.json").is_file():
         saved = read_json(out / "config.json", delete=out)
         for group, key in (name.split(".") for name in grown):
@@ -130,6 +137,8 @@ def check_run(out, settings, grown=()):
 
 
 def check_same_settings(path, settings, saved):
+    # the run folder's own path as it was recorded, against which the paths it records are read once it has moved
+    there = saved.get("train", {}).get("out_dir")
     # a setting newer than the run folder was there at its default (how every option starts)
     defaults = train_settings(GPTConfig(), train.TrainConfig())
     saved = {group: defaults[group] | saved.get(group, {}) for group in settings}
@@ -137,13 +146,30 @@ def check_same_settings(path, settings, saved):
         f"{group}.{k}: {saved[group].get(k)!r} there, {v!r} now"
         for group in settings
         for k, v in settings[group].items()
-        if saved[group].get(k) != v
+        if not same_place(f"{group}.{k}", saved[group].get(k), v, there, path)
     ]
     if diff:
         raise ValueError(
             f"{path} was made with other settings ({'; '.join(diff[:4])}); use another out_dir, "
             f"or delete that run folder to redo it"
         )
+
+
+def same_place(name, a, b, there, here):
+    """Whether setting name is a there and b here (a run folder, recorded at path there): the same value, or for a
+    path (PATHS) the same place relative to the run folder, which has moved with what it holds."""
+    if a == b:
+        return True
+    return name in PATHS and bool(a and b and there) and os.path.relpath(a, there) == os.path.relpath(b, here)
+
+
+def differences(saved, now):
+    """["key: its value there, its value now"] for each key of saved or now ({key: value} each) where they differ."""
+    return [
+        f"{k}: {saved.get(k)!r} there, {now.get(k)!r} now"
+        for k in dict.fromkeys([*now, *saved])
+        if saved.get(k) != now.get(k)
+    ]
 
 
 def check_records(out, rebuilt=()):
@@ -213,16 +239,43 @@ def read_json(path, delete=None):
         ) from None
 
 
-def evaluated(path, compute):
-    """The JSON at path, computed and written (atomically: it marks a finished step) the first time, and again
-    in place of a copy that cannot be read (truncated when a device filled, edited), which is named on stderr:
-    what compute() makes can be made again."""
+class Gone(ValueError):
+    """The model an evaluation scores is gone: training has moved past the step it was at."""
+
+
+def evaluated(path, compute, settings):
+    """The JSON object at path, computed and written (atomically: it marks a finished step) the first time, recording
+    settings ({name: value}: every lab setting compute reads beyond the run's own, which check_run compares) under
+    MADE_WITH, which the object returned leaves out. A copy made with other settings is computed again, and so is one
+    that cannot be read (truncated when a device filled, edited), which is named on stderr: a rerun with other
+    settings asks for them, and an evaluation costs a fraction of the training it reads. Where it cannot be (Gone:
+    training has moved past the step it scored) the rerun is refused, naming the settings that differ; a copy that
+    records none, made before copies recorded them, is then kept, so that a lab begun then still resumes."""
+    settings = json.loads(json.dumps(settings))  # as a copy reads them back: tuples as lists, keys as strings
+    kept, why = None, "is missing"
     if path.is_file():
         try:
-            return json.loads(path.read_text())
+            kept = json.loads(path.read_text())
         except (OSError, ValueError) as e:
-            print(f"{path} cannot be read ({e}); computing it again", file=sys.stderr)
-    obj = compute()
+            why = f"cannot be read ({e})"
+            print(f"{path} {why}; computing it again", file=sys.stderr)
+        else:
+            made_with = kept.pop(MADE_WITH, None)
+            if made_with == settings:
+                return kept
+            if made_with is not None:
+                kept, why = None, f"was made with other settings ({'; '.join(differences(made_with, settings))})"
+    try:
+        obj = compute()
+    except Gone as e:
+        if kept is not None:
+            return kept
+        raise ValueError(
+            f"{path} {why} and cannot be made again: {e}; use another out_dir, or delete {path.parent} to redo that run"
+        ) from None
+    assert MADE_WITH not in obj, f"{path}: {MADE_WITH} is the key of the settings it records"
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_json(path, obj)
-    return read_json(path)
+    write_json(path, obj | {MADE_WITH: settings})
+    obj = read_json(path)
+    del obj[MADE_WITH]
+    return obj

@@ -72,7 +72,8 @@ def run_recipes(rc, gcfg, tc, bc):
     runs = {name: [] for name in recipes}  # name -> [per seed: {"seed", "reached", "evals"}]
     for name, g, t, out in (bar := tqdm(grid, desc="recipe", unit="run")):
         bar.set_postfix_str(f"{name} seed {t.seed}")
-        evaluated(out / "summary.json", lambda: train_run(name, g, t, out, bc))
+        # the summary reads the run's own settings alone (check_run compares them); the target is read below
+        evaluated(out / "summary.json", lambda: train_run(name, g, t, out, bc), {})
         hit, evals = reached(out, rc.target_loss)
         runs[name].append({"seed": t.seed, "reached": hit, "evals": evals})
     results = {

@@ -122,6 +122,12 @@ class Probe:
         self.forced = {W: {k for k in rows if len(self.recall.ranks(W, k)) == 1} for W, rows in self.windows.items()}
 
     @property
+    def made_with(self):
+        """The settings its windows at a length are made from: what a score of it records (lab/grid.evaluated)."""
+        s = self.settings
+        return {"probe_trials": s.probe_trials, "probe_distances": s.probe_distances, "probe_pairs": self.recall.pairs}
+
+    @property
     def chance(self):
         """Whole answers by distance of a model that copies a needle without reading the query's key."""
         return self.recall.chance

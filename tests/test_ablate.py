@@ -141,6 +141,13 @@ def test_grid_writes_every_output_and_a_rerun_skips_finished_runs(data_dir, tmp_
     code, _, err = ablate_main(capsys, *GRID, f"--data_dir={data_dir}", f"--out_dir={out}", "--recall_fewest=1")
     assert code == 1 and "recall_fewest: None there, 1 now" in err
     assert {r: (out / "runs" / r / "ckpt.pt").stat().st_mtime_ns for r in runs} == stamps
+    # other probe settings: the models the slot probe scored before the last step are gone, so the rerun is refused,
+    # naming them; the final model's evaluation, at other lengths, is made again
+    code, _, err = ablate_main(capsys, *GRID, f"--data_dir={data_dir}", f"--out_dir={out}", "--probe_trials=3")
+    assert code == 1 and "slots2.json was made with other settings (probe_trials: 2 there, 3 now) and cannot" in err
+    code, _, _ = ablate_main(capsys, *GRID, f"--data_dir={data_dir}", f"--out_dir={out}", "--eval_lengths=1,2")
+    assert code == 0 and json.loads((out / "results.json").read_text())["lengths"] == [32, 64]
+    assert {r: (out / "runs" / r / "ckpt.pt").stat().st_mtime_ns for r in runs} == stamps
 
 
 def test_an_interrupted_run_resumes_to_the_uninterrupted_result(data_dir, tmp_path, capsys, monkeypatch):

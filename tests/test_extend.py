@@ -5,6 +5,7 @@ stated Holm family; resume by rerun."""
 
 import json
 import re
+import shutil
 
 import pytest
 
@@ -105,6 +106,29 @@ def test_the_lab_reads_every_arm_at_equal_steps_keeps_each_seeds_cells_and_a_rer
     code, err = extend_main(capsys, *args)
     assert code == 1 and err.startswith(f"error: {step} cannot be read (") and f"delete {step.parent} and" in err, err
     step.write_text(intact)
+
+    # a lab folder that moved reruns reusing everything; a fine-tune from another base model is still refused
+    moved = tmp_path / "moved"
+    shutil.copytree(out, moved)  # the files' times kept
+    moved_args = [*LAB, f"--data_dir={data_dir}", f"--out_dir={moved}"]
+    kept = {p.relative_to(moved): p.stat().st_mtime_ns for p in moved.rglob("*.pt")}
+    extend.main(moved_args)
+    assert {p.relative_to(moved): p.stat().st_mtime_ns for p in moved.rglob("*.pt")} == kept
+    assert json.loads((moved / "results.json").read_text())["finetune"] == res["finetune"]
+    ft = moved / "sweep" / "rope-b200-none-x2-lr0.003-seed1000" / "config.json"
+    ft.write_text(ft.read_text().replace("base/rope-b200-seed1000", "base/rope-b200-seed1337"))
+    code, err = extend_main(capsys, *moved_args)
+    assert code == 1 and f"{ft.parent} was made with other settings (train.init_from: " in err, err
+
+    # other probe settings: the models its cells scored at steps training has passed are gone, so the rerun is
+    # refused, naming them, and changes nothing; a reading of the cached scores is made again
+    code, err = extend_main(capsys, *args, "--probe_trials=3", "--probe_distances=5")
+    assert code == 1 and "(probe_trials: 2 there, 3 now; probe_distances: 4 there, 5 now) and cannot" in err, err
+    assert json.loads((out / "results.json").read_text())["settings"]["extend"]["probe_trials"] == 2
+    extend.main([*args, "--plateau_tol=1"])  # every L0 loss fell by less than 1 over 2 steps: levelled at step 2
+    levelled = json.loads((out / "results.json").read_text())["finetune"]
+    assert {r["plateau"] for arm in levelled.values() for r in arm["runs"].values()} == {2}
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*.pt")} == stamps
 
     # the stages add up to one run: fine-tuning straight to the last step gives the same weights
     folder = out / "finetune" / "rope-b200-linear-x2-lr{:g}-seed1337".format(pi["lr"])

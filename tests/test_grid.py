@@ -73,6 +73,54 @@ def test_position_losses_match_the_model_loss_on_each_prefix(data_dir):
     assert torch.equal(again.eval_starts["val"], batches.eval_starts["val"])
 
 
+def test_a_cached_evaluation_follows_the_settings_it_read_and_where_its_model_is_gone_names_them(tmp_path):
+    path, calls = tmp_path / "run" / "step2.json", []
+
+    def compute(value):
+        def work():
+            calls.append(value)
+            return {"hits": value}
+
+        return work
+
+    def gone():
+        raise grid.Gone("the model it scores, at iteration 2, is gone")
+
+    assert grid.evaluated(path, compute(1), {"probe_trials": 2, "windows": (64,)}) == {"hits": 1}
+    assert grid.evaluated(path, compute(9), {"probe_trials": 2, "windows": [64]}) == {"hits": 1}  # as recorded
+    assert json.loads(path.read_text()) == {"hits": 1, grid.MADE_WITH: {"probe_trials": 2, "windows": [64]}}
+    assert grid.evaluated(path, compute(3), {"probe_trials": 3, "windows": [64]}) == {"hits": 3}  # made again
+    assert calls == [1, 3] and json.loads(path.read_text())[grid.MADE_WITH]["probe_trials"] == 3
+    with pytest.raises(ValueError) as refused:
+        grid.evaluated(path, gone, {"probe_trials": 4, "windows": [64]})
+    assert str(refused.value) == (
+        f"{path} was made with other settings (probe_trials: 3 there, 4 now) and cannot be made again: the model it "
+        f"scores, at iteration 2, is gone; use another out_dir, or delete {path.parent} to redo that run"
+    )
+    assert json.loads(path.read_text())["hits"] == 3  # left as it was
+    path.write_text(json.dumps({"hits": 5}))  # made before copies recorded their settings: kept where it must be
+    assert grid.evaluated(path, gone, {"probe_trials": 4}) == {"hits": 5}
+    assert grid.evaluated(path, compute(6), {"probe_trials": 4}) == {"hits": 6}  # and made again where it can be
+
+
+def test_a_run_folder_that_moved_with_its_source_is_the_same_and_another_source_is_refused(tmp_path):
+    def settings(lab, source, data="/data"):
+        tc = train.TrainConfig(out_dir=str(lab / "sweep" / "ft"), init_from=str(source), data_dir=data)
+        return grid.train_settings(GPTConfig(), tc)
+
+    old, new = tmp_path / "scratch" / "lab", tmp_path / "archive" / "lab"
+    saved = settings(old, old / "base" / "b1")
+    saved["train"]["out_dir"] = str(old / "sweep" / "ft")  # as train.py records it: where the folder was
+    out = new / "sweep" / "ft"
+    out.mkdir(parents=True)
+    grid.write_json(out / "config.json", saved)
+    grid.check_run(out, settings(new, new / "base" / "b1"))  # moved with its base
+    grid.check_run(out, settings(new, old / "base" / "b1"))  # the base where it was, named by that path
+    for source, data, named in [(new / "base" / "b2", "/data", "init_from"), (new / "base" / "b1", "/d", "data_dir")]:
+        with pytest.raises(ValueError, match=f"was made with other settings \\(train.{named}: '[^;]*' now\\);"):
+            grid.check_run(out, settings(new, source, data))
+
+
 # ----------------------------------------------------------------------------- launching: a toy lab tool
 
 
@@ -92,7 +140,7 @@ def toy_run(context, job):
         dataset="nowhere" if name == "bad" else tc.dataset,
         init_from=str(Path(tc.out_dir) / name[3:]) if name.startswith("ft-") else "",
     )
-    return grid.evaluated(out / "summary.json", lambda: grid.train_run(name, gcfg, tc, out))
+    return grid.evaluated(out / "summary.json", lambda: grid.train_run(name, gcfg, tc, out), {})
 
 
 def toy_needs(job):
