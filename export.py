@@ -96,7 +96,7 @@ class ExportConfig(SourceSettings):
         super().__post_init__()
         if not self.hf_dir:
             raise ValueError("hf_dir is empty; name the folder to write, e.g. --hf_dir=hf-out")
-        if self.rope_scaling is not None:  # no length to stretch L0 to here: refused now without its factor
+        if self.rope_scaling is not None:  # export has no length to stretch L0 to: no factor, refused before loading
             rope.scaling_pair(self.rope_scaling, self.rope_scaling_factor)
 
 

@@ -169,8 +169,8 @@ class Scaling:
         return original_len if self.dynamic else max(block_size, round(original_len * factor))
 
 
-# The scalings' names, written here alone (configs, docs and tests aside): code that means one of them takes its
-# constant.
+# The scalings' names. Outside configs, docs and tests they are written here alone: code that means one of them
+# takes its constant.
 NO_SCALING = "none"  # plain RoPE
 LINEAR = "linear"  # Position Interpolation (PI)
 NTK = "ntk"  # NTK-aware: plain RoPE of a larger base
