@@ -36,10 +36,9 @@ from pathlib import Path
 import config
 import hf
 import rope
-from checkpoint import CHECKPOINTS, load_source
-from config import one_of, opt
+from checkpoint import SourceSettings, load_source
+from config import opt
 from data.tokenizer import tokenizer_from_meta
-from model import GPTConfig
 
 RUN_FILES = ("ckpt.pt", "best.pt", "metrics.jsonl")  # a folder holding one is a run: its config.json is not ours
 PROBE_TOLERANCE = 1e-3  # largest logit difference, relative to the largest logit, that float32 rounding explains
@@ -88,31 +87,17 @@ def ranks_converter(tf):
 
 
 @dataclass
-class ExportConfig:
-    out_dir: str = opt("out", "the training run's folder (best.pt / ckpt.pt) or a checkpoint file")
+class ExportConfig(SourceSettings):
     hf_dir: str = opt(
         "", "the transformers model folder to write (created; files of an earlier export there are replaced)"
     )
-    checkpoint: str = opt("best", "best.pt or ckpt.pt (latest)", check=one_of(tuple(CHECKPOINTS)))
-    rope_scaling: str | None = opt(
-        None, "a RoPE scaling to export the model with (RoPE models)", check=config.check_of(GPTConfig, "rope_scaling")
-    )
-    rope_scaling_factor: float | None = opt(
-        None,
-        "its factor s: the model is set up for s times block_size",
-        check=config.check_of(GPTConfig, "rope_scaling_factor"),
-    )
 
     def __post_init__(self):
-        config.validate(self)
+        super().__post_init__()
         if not self.hf_dir:
             raise ValueError("hf_dir is empty; name the folder to write, e.g. --hf_dir=hf-out")
-        if (self.rope_scaling, self.rope_scaling_factor) != (None, None):  # none: the model's own
-            pair = rope.scaling_pair(self.rope_scaling, self.rope_scaling_factor)
-            # normalised once, here, for export() to use; a factor alone (1, as another is refused) keeps the
-            # model's own scaling
-            if self.rope_scaling is not None:
-                self.rope_scaling, self.rope_scaling_factor = pair
+        if self.rope_scaling is not None:  # export has no length to stretch L0 to: no factor, refused before loading
+            rope.scaling_pair(self.rope_scaling, self.rope_scaling_factor)
 
 
 def export(ec):
@@ -120,10 +105,9 @@ def export(ec):
     hf_dir = Path(ec.hf_dir)
     if hf_dir.is_file() or any((hf_dir / name).exists() for name in RUN_FILES):
         raise ValueError(f"hf_dir={ec.hf_dir}: a file or a training run's folder; name a new folder for the export")
-    source = load_source(ec.out_dir, "out_dir", ec.checkpoint)
+    source = load_source(ec.spec(), "out_dir", ec.checkpoint)
     model = source.model().float().eval()  # written, and checked, in float32
-    if ec.rope_scaling is not None:  # normalised by __post_init__
-        model.reconfigure(rope_scaling=ec.rope_scaling, rope_scaling_factor=ec.rope_scaling_factor)
+    ec.rescale(model)
     try:
         model_hf = hf.exported(model, source.meta)
     except ValueError as e:

@@ -101,13 +101,13 @@ class ModelConfig:
 
     @property
     def scaled(self):
-        """Whether a RoPE scaling changes anything: every scaling is plain RoPE at factor 1."""
-        return self.rope_scaling != rope.NO_SCALING and self.rope_scaling_factor != 1
+        """Whether a RoPE scaling changes anything (rope.in_force)."""
+        return rope.in_force(self.rope_scaling, self.rope_scaling_factor) != rope.NO_SCALING
 
     @property
     def scaling(self):
-        """The RoPE scaling in force (a rope.Scaling): plain RoPE at factor 1."""
-        return rope.SCALINGS[self.rope_scaling if self.scaled else rope.NO_SCALING]
+        """The RoPE scaling in force (a rope.Scaling)."""
+        return rope.SCALINGS[rope.in_force(self.rope_scaling, self.rope_scaling_factor)]
 
     def with_scheme(self, name):
         """This config with pos_emb=name, the settings that do not apply to that scheme back at their defaults."""

@@ -170,15 +170,27 @@ class Scaling:
         return original_len if self.dynamic else max(block_size, round(original_len * factor))
 
 
-NO_SCALING = "none"  # the name of plain RoPE among the scalings
+# The scalings' names. Outside configs, docs and tests they are written here alone: code that means one of them
+# takes its constant.
+NO_SCALING = "none"  # plain RoPE
+LINEAR = "linear"  # Position Interpolation (PI)
+NTK = "ntk"  # NTK-aware: plain RoPE of a larger base
+DYNAMIC = "dynamic"  # Dynamic NTK: the base grows with the length past L0
+YARN = "yarn"
+LLAMA3 = "llama3"
 SCALINGS = {
     NO_SCALING: Scaling(_none, rope_type="default"),
-    "linear": Scaling(_linear, rope_type="linear"),
-    "ntk": Scaling(_ntk, new_base=ntk_base),
-    "dynamic": Scaling(_dynamic, dynamic=True, rope_type="dynamic"),
-    "yarn": Scaling(_yarn, rope_type="yarn", bands=("beta_fast", "beta_slow"), tempered=True),
-    "llama3": Scaling(_llama3, rope_type="llama3", bands=("low_freq_factor", "high_freq_factor")),
+    LINEAR: Scaling(_linear, rope_type="linear"),
+    NTK: Scaling(_ntk, new_base=ntk_base),
+    DYNAMIC: Scaling(_dynamic, dynamic=True, rope_type="dynamic"),
+    YARN: Scaling(_yarn, rope_type="yarn", bands=("beta_fast", "beta_slow"), tempered=True),
+    LLAMA3: Scaling(_llama3, rope_type="llama3", bands=("low_freq_factor", "high_freq_factor")),
 }
+
+
+def in_force(scaling, factor):
+    """The scaling that acts: at factor 1 every scaling is plain RoPE (each formula reduces to it bitwise)."""
+    return NO_SCALING if factor == 1 else scaling
 
 
 def from_hf(params, max_len):
@@ -386,9 +398,9 @@ class Rotary(torch.nn.Module):
         self.head_dim, self.rot_dim, self.base, self.layout = head_dim, rot_dim, base, layout
         self.scaling, self.factor, self.original_len, self.keep = scaling, factor, original_len, keep
         self._build(max_len, device=None)  # first: it refuses an unknown scaling with a ValueError naming them
-        # the rule of GPTConfig.scaling (and so of generate.py's static cache): dynamic at factor 1 is plain RoPE,
-        # whose fixed table serves every length
-        self.dynamic = SCALINGS[scaling].dynamic and factor != 1
+        # past L0 a dynamic scaling in force has no fixed table (GPTConfig.scaling, and generate.py's static cache,
+        # read the same rule)
+        self.dynamic = SCALINGS[in_force(scaling, factor)].dynamic
 
     def extra_repr(self):
         return (

@@ -26,12 +26,10 @@ import torch
 from tqdm import tqdm
 
 import config
-import rope
-from checkpoint import CHECKPOINTS, checkpoint_in, load_source
+from checkpoint import SourceSettings, load_source
 from config import NON_NEGATIVE, POSITIVE, one_of, opt
 from data.tokenizer import tokenizer_from_meta
 from generate import Sampling, context_length, generate
-from model import GPTConfig
 from runtime import check_compile, decode_autocast, pick_device
 
 FORMATS = ("columns", "text", "markdown")
@@ -43,14 +41,8 @@ SEPARATOR = "-" * 40  # between samples of one model
 
 
 @dataclass
-class SampleConfig:
-    out_dir: str = opt(
-        "",
-        "the model: a run folder (best.pt, else ckpt.pt), a checkpoint file, or hf:NAME_OR_PATH; "
-        "default out/, else the newest out*/ folder here with a checkpoint",
-    )
+class SampleConfig(SourceSettings):
     compare: str = opt("", "models to sample side by side, comma-separated (run folders, files or hf:NAME_OR_PATH)")
-    checkpoint: str = opt("best", "best.pt or ckpt.pt (latest) of a run folder", check=one_of(tuple(CHECKPOINTS)))
     start: str = opt("\n", "prompt text, or FILE:path; empty starts from the start token")
     num_samples: int = opt(1, "samples per model", check=POSITIVE)
     max_new_tokens: int = opt(500, "tokens to generate per sample", check=POSITIVE)
@@ -66,16 +58,6 @@ class SampleConfig:
         None,
         "tokens attended to (default block_size; more lets rope, alibi, none, sinusoidal run past the trained length)",
         check=POSITIVE,
-    )
-    rope_scaling: str | None = opt(
-        None,
-        "a RoPE scaling at sampling time, for the models that take one (default: each model's own)",
-        check=config.check_of(GPTConfig, "rope_scaling"),
-    )
-    rope_scaling_factor: float | None = opt(
-        None,
-        "its factor (default max_context / L0, at least 1: L0 stretched to max_context)",
-        check=config.check_of(GPTConfig, "rope_scaling_factor"),
     )
     kv_cache: bool = opt(True, "reuse keys and values across steps")
     compile: bool = opt(
@@ -97,11 +79,9 @@ class SampleConfig:
     )
 
     def __post_init__(self):
-        config.validate(self)
+        super().__post_init__()
         if self.out_dir and self.compare:
             raise ValueError("out_dir and compare exclude each other: sample one model, or compare several")
-        if self.rope_scaling_factor is not None:  # the scaling without one is each model's, decided by its L0
-            rope.scaling_pair(self.rope_scaling, self.rope_scaling_factor)
         if self.compile and not self.kv_cache:
             raise ValueError("compile=true compiles the cached decoding; it needs kv_cache=true")
         if self.static_cache and not self.kv_cache:
@@ -123,18 +103,6 @@ def read_prompt(start):
 # ----------------------------------------------------------------------------- models
 
 
-def default_run(which):
-    """out/ (train.py's default), else the newest out*/ folder in the working directory: the run just trained."""
-    runs = [p for p in Path().glob("out*") if p.is_dir() and checkpoint_in(p, which)]
-    if not runs:
-        raise ValueError(
-            "no checkpoint in out/ or any other out*/ folder here; train a model first "
-            "(python train.py ...) or name its folder with --out_dir"
-        )
-    out = Path("out")
-    return out if out in runs else max(runs, key=lambda p: checkpoint_in(p, which).stat().st_mtime)
-
-
 class Sampler:
     """One model ready to sample: the model (with any sampling-time RoPE scaling), tokenizer and prompt ids."""
 
@@ -147,11 +115,8 @@ class Sampler:
         cfg = self.model.config
         try:
             self.max_context = context_length(cfg, sc.max_context)
-            if sc.rope_scaling is not None and cfg.takes("rope_scaling"):
-                scaling, factor = rope.scaling_pair(
-                    sc.rope_scaling, sc.rope_scaling_factor, stretch=max(1.0, self.max_context / cfg.L0)
-                )
-                self.model.reconfigure(rope_scaling=scaling, rope_scaling_factor=factor)
+            if cfg.takes("rope_scaling"):  # a scaling without its factor stretches L0 to max_context
+                sc.rescale(self.model, stretch=max(1.0, self.max_context / cfg.L0))
             ids = self.tok.encode(prompt) if prompt else []
         except ValueError as e:
             raise ValueError(f"{flag}={spec}: {e}") from None
@@ -232,7 +197,7 @@ def load_all(specs, flag, prompt, sc, device):
 
 
 def sample_one(sc, prompt, device, reason):
-    (m,) = load_all([sc.out_dir or str(default_run(sc.checkpoint))], "out_dir", prompt, sc, device)
+    (m,) = load_all([sc.spec()], "out_dir", prompt, sc, device)
     print(f"{m.describe()}; device {device} ({reason})", file=sys.stderr)
     g = generator_for(sc.seed, device)
 

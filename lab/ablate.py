@@ -153,7 +153,10 @@ class AblateConfig(ProbeSettings, SweepSettings):
         check=config.POSITIVE,
     )
     eval_lengths: str = opt("0.5,1,2,4,8", "context lengths to evaluate at, as multiples of block_size")
-    rope_scalings: str = opt("linear,ntk,yarn", "inference-time RoPE scalings scored beyond block_size (factor L/L0)")
+    rope_scalings: str = opt(
+        ",".join((rope.LINEAR, rope.NTK, rope.YARN)),
+        "inference-time RoPE scalings scored beyond block_size (factor L/L0)",
+    )
     sample_prompt: str = opt("ROMEO:", "prompt of the one sample per scheme")
     sample_tokens: int = opt(200, "tokens per sample (0: no samples)", check=config.NON_NEGATIVE)
     sample_temperature: float = opt(0.8, "sampling temperature of the samples (0: greedy)", check=config.NON_NEGATIVE)

@@ -139,6 +139,13 @@ def own(x):
     return x.get("tuned", x["shared"])
 
 
+# The ablation's two claims, each made for every scheme against the reference: its final val loss is lower
+# (verdicts_against) and which of the two learns retrieval first (learning_order). A claim's id names the scheme
+# and the reference, e.g. "alibi-loss-vs-rope"; results.json, results.md, tests and the guide name it by that id.
+LOSS_CLAIM = "{scheme}-loss-vs-{reference}"
+ORDER_CLAIM = "{scheme}-learns-first-vs-{reference}"
+
+
 def verdicts_against(schemes, reference, ranking, margin):
     """Each scheme's final val loss minus the reference's, seed by seed over the seeds both ran, in one ranking
     (shared: every scheme at the shared rate; tuned: each at its best): stats.verdicts over the table, "lower"
@@ -155,7 +162,14 @@ def verdicts_against(schemes, reference, ranking, margin):
         if name != reference:
             mine = dict(zip(x[ranking]["seeds"], x[ranking]["final_val_loss"]["values"]))
             common = sorted(mine.keys() & ref_loss.keys())
-            claims.append({"scheme": name, "diffs": [mine[s] - ref_loss[s] for s in common], "expect": "lower"})
+            claims.append(
+                {
+                    "id": LOSS_CLAIM.format(scheme=name, reference=reference),
+                    "scheme": name,
+                    "diffs": [mine[s] - ref_loss[s] for s in common],
+                    "expect": "lower",
+                }
+            )
     for c in claims:
         if len(c["diffs"]) > 1 and equivalence_can_pass(
             len(c["diffs"]), statistics.stdev(c["diffs"]), margin, 2 * len(claims)
@@ -193,6 +207,7 @@ def learning_order(schemes, reference, ranking, alpha=ALPHA):
             untied = sum(d != 0 for d in signs)
             claims.append(
                 {
+                    "id": ORDER_CLAIM.format(scheme=name, reference=reference),
                     "scheme": name,
                     "earlier": signs.count(-1),
                     "later": signs.count(1),
@@ -377,6 +392,7 @@ def md_ranking(r, ranking):
         rows.append(
             [
                 name,
+                "—" if c is None else c["id"],
                 f"x{f['scale']:g}",
                 pm(f["final_val_loss"]),
                 diff,
@@ -411,6 +427,7 @@ def md_ranking(r, ranking):
         + md_table(
             [
                 "scheme",
+                "claim",
                 "lr",
                 "val loss",
                 f"Δ vs {ref} [95% CI]",
@@ -422,6 +439,7 @@ def md_ranking(r, ranking):
                 "seeds",
             ],
             rows,
+            text_columns=2,
         )
     )
 
@@ -540,6 +558,7 @@ def md_learning(r):
         tests = [
             [
                 c["scheme"],
+                c["id"],
                 f"{c['earlier']} / {c['later']} / {c['ties']}",
                 fmt(c["p"]),
                 fmt(c["p_holm"]),
@@ -569,8 +588,18 @@ def md_learning(r):
                 )
                 + ". A difference is a finding only where p (Holm) < 0.05.\n\n"
                 + md_table(
-                    ["scheme", f"first: scheme / {ref} / tie", "p", "p (Holm)", "smallest p", "can settle", "verdict"],
+                    [
+                        "scheme",
+                        "claim",
+                        f"first: scheme / {ref} / tie",
+                        "p",
+                        "p (Holm)",
+                        "smallest p",
+                        "can settle",
+                        "verdict",
+                    ],
                     tests,
+                    text_columns=2,
                 )
             )
     return "\n\n".join(parts)

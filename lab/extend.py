@@ -17,8 +17,9 @@ the verdicts their tests allow.
    worker is free and what it needs is known (the selection seed's sweep once that seed passed, a test seed's
    fine-tunes once it is included and its arm's rate chosen), so no worker waits for a round to end.
 3. Fine-tuning at s x L0 for each s in `factors` and each of `methods`: none (direct fine-tuning at the new
-   length), linear (Position Interpolation, PI), ntk, yarn, and PoSE (L0-long rows whose position ids skip ahead
-   to s x L0, with linear scaling: `pose` at PI's steps and rows, `pose-tokens` at PI's tokens). The tokens per step
+   length), linear (Position Interpolation, PI), ntk, dynamic, yarn, llama3 (each RoPE scaling, by its name), and
+   PoSE (L0-long rows whose position ids skip ahead to s x L0, with linear scaling: `pose` at PI's steps and rows,
+   `pose-tokens` at PI's tokens). The tokens per step
    are kept (batch_size / s rows of s x L0), the optimizer restarts (train.py's init_from), the rate warms up for
    `finetune_warmup` steps and then stays constant. Every fine-tune runs the same `finetune_steps` (the last is
    the step every claim reads) and is scored at step 0 (the base model with the scaling alone) and at each of
@@ -60,14 +61,13 @@ from lab.sweep import Plan, SweepSettings, tool_main
 from model import GPT
 from runtime import run_record
 
-# method -> (the RoPE scaling it fine-tunes with, whether its rows are PoSE's, whether PoSE keeps PI's tokens)
-METHODS = {
-    "none": (rope.NO_SCALING, False, False),
-    "linear": ("linear", False, False),
-    "ntk": ("ntk", False, False),
-    "yarn": ("yarn", False, False),
-    "pose": ("linear", True, False),
-    "pose-tokens": ("linear", True, True),
+# method -> (the RoPE scaling it fine-tunes with, whether its rows are PoSE's, whether PoSE keeps PI's tokens). Each
+# scaling is a method of its name (none: direct fine-tuning). PoSE is no scaling but a way to fill the rows: L0 long,
+# their position ids skipping ahead to s L0, with PI's scaling as in its paper's main runs, at PI's steps and rows
+# or at PI's tokens (its two names are extend_report's, whose claims name them too).
+METHODS = {name: (name, False, False) for name in rope.SCALINGS} | {
+    extend_report.POSE: (rope.LINEAR, True, False),
+    extend_report.POSE_TOKENS: (rope.LINEAR, True, True),
 }
 ROLES = ("selection", "test")  # the seeds screened: the one that chooses the rates, those the claims test
 
@@ -81,7 +81,8 @@ class ExtendConfig(ProbeSettings, SweepSettings):
         check=number_list(float, 1.0, "200,10000"),
     )
     methods: str = opt(
-        "none,linear,ntk,yarn", "fine-tuning methods: " + ", ".join(METHODS) + " (none: direct fine-tuning; linear: PI)"
+        ",".join((rope.NO_SCALING, rope.LINEAR, rope.NTK, rope.YARN)),
+        f"fine-tuning methods: {', '.join(METHODS)} ({rope.NO_SCALING}: direct fine-tuning; {rope.LINEAR}: PI)",
     )
     factors: str = opt(
         "2,4", "extension factors s: fine-tune at s x block_size, comma-separated", check=number_list(float, 1.0, "2,4")
@@ -269,13 +270,14 @@ class Lab(Plan):
         """(out, model config, train config, batch config) of a fine-tune of RoPE base b, up to steps (default the
         last read step); sweep runs (the selection seed) in sweep/, test runs in finetune/."""
         scaling, pose, pose_tokens = METHODS[method]
+        scaling, factor = rope.scaling_pair(scaling, None, stretch=float(s))  # direct fine-tuning: none, factor 1
         base_out, base_cfg, _ = self.base(b, seed)
         L0 = self.L0
         gcfg = replace(
             base_cfg,
             block_size=L0 if pose else round(s * L0),
             rope_scaling=scaling,
-            rope_scaling_factor=float(s) if scaling != rope.NO_SCALING else 1.0,
+            rope_scaling_factor=factor,
             original_len=L0,
         )
         rows = self.tc.batch_size if pose_tokens else max(1, round(self.tc.batch_size / s))

@@ -4,7 +4,9 @@ module knows nothing of training."""
 
 import math
 import statistics
+from dataclasses import dataclass
 
+import rope
 from lab.report import Plots, dress, md_regime, md_table, pm, regime_rows
 from lab.retrieval import BANDS, THRESHOLDS, distance_plots, readout as read_cells, readout_errors as errors, shares
 from lab.stats import (
@@ -163,89 +165,171 @@ def readout_errors(r):
 
 # ----------------------------------------------------------------------------- the papers' claims at this scale
 
+# the lab's methods that are no RoPE scaling (lab/extend.py's METHODS says how each fine-tunes): PoSE's rows at PI's
+# steps and rows, and at PI's tokens
+POSE, POSE_TOKENS = "pose", "pose-tokens"
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One of the papers' claims, a row of CLAIMS, made for every base and factor the lab ran: per test seed, arm
+    a's figure minus arm b's (two methods fine-tuned from the same base model to the same factor s), read at the
+    read step, the same for every arm (untuned: at step 0, the scaling alone). expect "lower" or "higher" is tested
+    by the paired t-test (the exact sign test where every seed gives the same difference), "same" by an equivalence
+    test within margin where it can pass (judge); every test in one Holm family. The sentence is results.md's, its
+    fields filled in for each base and factor (claims' words)."""
+
+    id: str  # stable: code, results.json, tests and the guides name the claim by it
+    a: str  # methods (lab/extend.py's METHODS)
+    b: str
+    figure: str  # "loss" at a length, or "band": the accuracy over a band
+    at: str  # the length ("L0", "sL0" or "2sL0") or the band (of retrieval.BANDS)
+    expect: str  # "lower", "higher" or "same"
+    sentence: str
+    untuned: bool = False
+    margin: float | None = None  # a "same" claim's, in nats
+
+
+DIRECT, PI, NTK, YARN = rope.NO_SCALING, rope.LINEAR, rope.NTK, rope.YARN  # the methods as the papers name them
+CLAIMS = (
+    Claim(
+        "ntk-loss-below-pi-untuned",
+        a=NTK,
+        b=PI,
+        figure="loss",
+        at="sL0",
+        expect="lower",
+        sentence="(a) without fine-tuning, NTK has a lower loss than PI at {near} tokens {at}",
+        untuned=True,
+    ),
+    Claim(
+        "yarn-loss-below-pi-untuned",
+        a=YARN,
+        b=PI,
+        figure="loss",
+        at="sL0",
+        expect="lower",
+        sentence="(a) without fine-tuning, YaRN has a lower loss than PI at {near} tokens {at}",
+        untuned=True,
+    ),
+    Claim(
+        "pi-loss-below-direct",
+        a=PI,
+        b=DIRECT,
+        figure="loss",
+        at="sL0",
+        expect="lower",
+        sentence="(b) after {read} steps, PI has a lower loss than direct fine-tuning at {near} tokens {at}",
+    ),
+    Claim(
+        "yarn-loss-below-pi",
+        a=YARN,
+        b=PI,
+        figure="loss",
+        at="sL0",
+        expect="lower",
+        sentence="(c) after {read} steps, YaRN has a lower loss than PI at {near} tokens {at}",
+    ),
+    Claim(
+        "yarn-loss-below-pi-past-sL0",
+        a=YARN,
+        b=PI,
+        figure="loss",
+        at="2sL0",
+        expect="lower",
+        sentence="(d) after {read} steps, YaRN has a lower loss than PI at {far} tokens, past the fine-tuned "
+        "length {at}",
+    ),
+    Claim(
+        "pi-L0-loss-same-as-direct",
+        a=PI,
+        b=DIRECT,
+        figure="loss",
+        at="L0",
+        expect="same",
+        sentence="(e) after {read} steps, PI's loss at L0 = {L0} is within {margin} nats of direct fine-tuning's {at}",
+        margin=SAME_MARGIN,
+    ),
+    Claim(
+        "pi-retrieves-more-than-direct",
+        a=PI,
+        b=DIRECT,
+        figure="band",
+        at="L0 to sL0",
+        expect="higher",
+        sentence="(f) after {read} steps, PI retrieves more than direct fine-tuning from L0 to s L0 (band accuracy) "
+        "{at}",
+    ),
+    Claim(
+        "yarn-retrieves-more-than-pi-past-sL0",
+        a=YARN,
+        b=PI,
+        figure="band",
+        at="sL0 to 2sL0",
+        expect="higher",
+        sentence="(g) after {read} steps, YaRN retrieves more than PI from s L0 to 2s L0, past the fine-tuned length "
+        "(band accuracy) {at}",
+    ),
+    Claim(
+        "pose-loss-same-as-pi",
+        a=POSE,
+        b=PI,
+        figure="loss",
+        at="sL0",
+        expect="same",
+        sentence="(h) after {read} steps, PoSE at PI's steps and rows has a loss at {near} tokens within {margin} nats "
+        "of PI's {at}",
+        margin=SAME_MARGIN,
+    ),
+    Claim(
+        "pose-tokens-loss-same-as-pi",
+        a=POSE_TOKENS,
+        b=PI,
+        figure="loss",
+        at="sL0",
+        expect="same",
+        sentence="(h) after {read} steps, PoSE at PI's tokens has a loss at {near} tokens within {margin} nats of PI's "
+        "{at}",
+        margin=SAME_MARGIN,
+    ),
+)
+
 
 def claims(r):
-    """The papers' claims for every base and factor, each once, as per-seed differences A - B with the side
-    expected: without fine-tuning (step 0) where the claim is about that, else at the read step, the same for every
-    arm. A claim whose methods the lab did not run is left out."""
+    """Every claim of CLAIMS for every base and factor, in that order, as per-seed differences A - B with the side
+    expected: {"id", "claim" (its sentence), "diffs", "expect", "margin"}. A claim whose methods the lab did not
+    run, or that lacks a figure (a band without distances), is left out."""
     L0, read, out = r["block_size"], str(r["read_step"]), []
-
-    def values(b, m, s, step, get):
-        arm = r["finetune"].get(key(b, m, s))
-        return None if arm is None else [get(run["scores"][step]) for run in arm["runs"].values()]
-
-    def claim(text, a, b, expect, margin=None):
-        if a is not None and b is not None and None not in a + b:  # None: the lab did not run it, or has no band
-            out.append({"claim": text, "diffs": [x - y for x, y in zip(a, b)], "expect": expect, "margin": margin})
-
-    for b in r["bases"]:
+    for base in r["bases"]:
         for s in r["factors"]:
-            near, far, at = str(round(s * L0)), str(round(2 * s * L0)), f"(base {b:g}, s = {s:g})"
-
-            def loss(m, step, L=near):
-                return values(b, m, s, step, lambda sc: sc["loss"][L])
-
-            def accuracy(m, name):
-                return values(b, m, s, read, lambda sc: sc["bands"][name] and sc["bands"][name]["accuracy"])
-
-            for m, name in (("ntk", "NTK"), ("yarn", "YaRN")):
-                claim(
-                    f"(a) without fine-tuning, {name} has a lower loss than PI at {near} tokens {at}",
-                    loss(m, "0"),
-                    loss("linear", "0"),
-                    "lower",
-                )
-            claim(
-                f"(b) after {read} steps, PI has a lower loss than direct fine-tuning at {near} tokens {at}",
-                loss("linear", read),
-                loss("none", read),
-                "lower",
-            )
-            claim(
-                f"(c) after {read} steps, YaRN has a lower loss than PI at {near} tokens {at}",
-                loss("yarn", read),
-                loss("linear", read),
-                "lower",
-            )
-            claim(
-                f"(d) after {read} steps, YaRN has a lower loss than PI at {far} tokens, past the fine-tuned length "
-                f"{at}",
-                loss("yarn", read, far),
-                loss("linear", read, far),
-                "lower",
-            )
-            claim(
-                f"(e) after {read} steps, PI's loss at L0 = {L0} is within {SAME_MARGIN} nats of direct "
-                f"fine-tuning's {at}",
-                loss("linear", read, str(L0)),
-                loss("none", read, str(L0)),
-                "same",
-                SAME_MARGIN,
-            )
-            claim(
-                f"(f) after {read} steps, PI retrieves more than direct fine-tuning from L0 to s L0 (band accuracy) "
-                f"{at}",
-                accuracy("linear", "L0 to sL0"),
-                accuracy("none", "L0 to sL0"),
-                "higher",
-            )
-            claim(
-                f"(g) after {read} steps, YaRN retrieves more than PI from s L0 to 2s L0, past the fine-tuned length "
-                f"(band accuracy) {at}",
-                accuracy("yarn", "sL0 to 2sL0"),
-                accuracy("linear", "sL0 to 2sL0"),
-                "higher",
-            )
-            for m, how in (("pose", "at PI's steps and rows"), ("pose-tokens", "at PI's tokens")):
-                claim(
-                    f"(h) after {read} steps, PoSE {how} has a loss at {near} tokens within {SAME_MARGIN} nats of "
-                    f"PI's {at}",
-                    loss(m, read),
-                    loss("linear", read),
-                    "same",
-                    SAME_MARGIN,
-                )
+            near, far = str(round(s * L0)), str(round(2 * s * L0))
+            lengths = {"L0": str(L0), "sL0": near, "2sL0": far}
+            words = {"near": near, "far": far, "L0": L0, "read": read, "at": f"(base {base:g}, s = {s:g})"}
+            for c in CLAIMS:
+                step = "0" if c.untuned else read
+                a, b = (seed_figures(r["finetune"].get(key(base, m, s)), c, step, lengths) for m in (c.a, c.b))
+                if a is not None and b is not None and None not in a + b:
+                    out.append(
+                        {
+                            "id": c.id,
+                            "claim": c.sentence.format_map(words | {"margin": c.margin}),
+                            "diffs": [x - y for x, y in zip(a, b, strict=True)],
+                            "expect": c.expect,
+                            "margin": c.margin,
+                        }
+                    )
     return out
+
+
+def seed_figures(arm, c, step, lengths):
+    """Claim c's figure of an arm on each test seed at step (lengths: c.at's in tokens); None where the lab did not
+    run the arm, a seed's None where it has no such band."""
+    if arm is None:
+        return None
+    scores = [run["scores"][step] for run in arm["runs"].values()]
+    if c.figure == "loss":
+        return [sc["loss"][lengths[c.at]] for sc in scores]
+    return [sc["bands"][c.at] and sc["bands"][c.at]["accuracy"] for sc in scores]
 
 
 def can_pass(c, family):
@@ -619,6 +703,7 @@ def md_claims(r):
         )
         rows.append(
             [
+                c["id"],
                 c["claim"],
                 f"{t['mean']:+.3f}",
                 ci,
@@ -647,6 +732,7 @@ def md_claims(r):
         f"after Holm (at its strictest level, {ALPHA:g} / {family}), at that spread (stats.smallest_effect).\n\n"
         + md_table(
             [
+                "id",
                 "claim",
                 "mean A − B",
                 "95% CI (unadjusted)",
@@ -659,7 +745,7 @@ def md_claims(r):
                 f"detectable at {POWER:.0%} power",
             ],
             rows,
-            text_columns=1,
+            text_columns=2,
         )
     )
 

@@ -17,9 +17,21 @@ def test_verdicts_pair_the_seeds_both_ran_and_skip_a_missing_reference():
         "learned": ranked([1, 2, 3], [3.1, 3.4, 3.15]),
     }  # seed 4: the reference's alone
     (claim,) = ablate_report.verdicts_against(schemes, "rope", "shared", 0.01)
-    assert claim["scheme"] == "learned" and claim["diffs"] == pytest.approx([0.1, 0.2, 0.05])
+    assert claim["id"] == "learned-loss-vs-rope" and claim["diffs"] == pytest.approx([0.1, 0.2, 0.05])
     assert claim["expect"] == "lower" and claim["margin"] == 0.01 and "verdict" in claim
     assert ablate_report.verdicts_against({"alibi": ranked([1], [3.0])}, "rope", "shared", 0.01) == []
+
+
+def test_each_claim_of_who_learns_first_is_named_by_the_scheme_and_the_reference():
+    def learning(steps):
+        return {"shared": {"seeds": [1, 2], "learning": {"steps": steps, "learned": [True, True]}}}
+
+    schemes = {"rope": learning([4, 4]), "alibi": learning([2, 4]), "learned": learning([6, 6])}
+    order = ablate_report.learning_order(schemes, "rope", "shared")
+    assert [(c["id"], c["earlier"], c["later"]) for c in order] == [
+        ("alibi-learns-first-vs-rope", 1, 0),
+        ("learned-learns-first-vs-rope", 0, 2),
+    ]
 
 
 def test_verdict_words_say_which_side_or_that_nothing_was_shown():

@@ -2,6 +2,8 @@
 logits, our greedy tokens and our token ids; every shipped config's model exports; what transformers cannot run
 is refused with one line."""
 
+from pathlib import Path
+
 import pytest
 import tiktoken
 import torch
@@ -273,6 +275,13 @@ def test_the_export_says_what_it_wrote(tmp_path, capsys):
         "tokenizer.json",
         "tokenizer_config.json",
     }
+
+
+def test_without_out_dir_the_newest_run_here_is_exported_as_sample_reads_it(tmp_path, capsys, monkeypatch):
+    save_run(tmp_path / "out-rope", "rope")
+    monkeypatch.chdir(tmp_path)
+    export.main(["--hf_dir=hf"])
+    assert capsys.readouterr().out.startswith(f"{Path('out-rope') / 'ckpt.pt'} -> hf/ as GPTNeoXForCausalLM (rope;")
 
 
 def test_the_command_refuses_with_exit_1(tmp_path):

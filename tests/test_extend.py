@@ -330,32 +330,44 @@ def test_claims_pair_the_seeds_at_the_read_step_and_skip_methods_not_run():
             ),
         },
     }
-    made = {c["claim"][:3]: c for c in extend_report.claims(r)}
-    assert set(made) == {"(b)", "(e)", "(f)"}  # ntk, yarn and PoSE did not run: each claim once
-    assert made["(b)"]["diffs"] == pytest.approx([2.2 - 2.3, 2.35 - 2.4, 2.45 - 2.4])  # step 4, never step 2
-    assert made["(f)"]["diffs"] == pytest.approx([0.4, 0.4, 0.6]) and made["(f)"]["expect"] == "higher"
-    judged = {c["claim"][:3]: c for c in extend_report.judge(list(made.values()))}
-    # (e)'s TOST cannot pass with 3 seeds this spread: its CI against the margin, and the family holds (b) and (f)
-    assert judged["(e)"]["verdict"] == extend_report.UNTESTED and judged["(e)"]["equivalence_p"] is None
-    assert judged["(b)"]["family"] == judged["(e)"]["family"] == 2
-    assert judged["(f)"]["power"] > judged["(f)"]["test"]["ci"][1] - judged["(f)"]["test"]["mean"] > 0
+    made = {c["id"]: c for c in extend_report.claims(r)}
+    pi_loss, pi_l0, pi_band = "pi-loss-below-direct", "pi-L0-loss-same-as-direct", "pi-retrieves-more-than-direct"
+    assert list(made) == [pi_loss, pi_l0, pi_band]  # ntk, yarn and PoSE did not run: each claim once
+    assert made[pi_loss]["diffs"] == pytest.approx([2.2 - 2.3, 2.35 - 2.4, 2.45 - 2.4])  # step 4, never step 2
+    assert made[pi_loss]["claim"].startswith("(b) after 4 steps, PI has a lower loss than direct fine-tuning at 64")
+    assert made[pi_band]["diffs"] == pytest.approx([0.4, 0.4, 0.6]) and made[pi_band]["expect"] == "higher"
+    judged = {c["id"]: c for c in extend_report.judge(list(made.values()))}
+    # the L0 claim's TOST cannot pass with 3 seeds this spread: its CI against the margin, and the family holds the
+    # other two
+    assert judged[pi_l0]["verdict"] == extend_report.UNTESTED and judged[pi_l0]["equivalence_p"] is None
+    assert judged[pi_loss]["family"] == judged[pi_l0]["family"] == 2
+    assert judged[pi_band]["power"] > judged[pi_band]["test"]["ci"][1] - judged[pi_band]["test"]["mean"] > 0
     row = next(
         line
         for line in extend_report.md_claims({"claims": list(judged.values())}).splitlines()
-        if line.startswith("| (e)")
+        if line.startswith(f"| {pi_l0} |")
     )
     assert f"| none: CI against ±{extend_report.SAME_MARGIN:g} |" in row and "one family of 2 tests" not in row
 
 
 def test_a_same_claim_is_tested_where_its_equivalence_test_can_pass():
     tight = {
-        "claim": "(e)",
+        "id": "pi-L0-loss-same-as-direct",
         "diffs": [0.001, -0.001, 0.002, 0.0, -0.002, 0.001],
         "expect": "same",
         "margin": extend_report.SAME_MARGIN,
     }
     (c,) = extend_report.judge([tight])
     assert c["verdict"] == "holds" and c["family"] == 1 and c["equivalence_p_holm"] < 0.05
+
+
+def test_each_claim_is_one_row_of_the_table_with_its_own_id_between_two_methods_of_the_lab():
+    ids = [c.id for c in extend_report.CLAIMS]
+    assert len(set(ids)) == len(ids) and all(re.fullmatch(r"[a-z0-9]+(-[a-zA-Z0-9]+)+", i) for i in ids)
+    for c in extend_report.CLAIMS:
+        assert {c.a, c.b} <= set(extend.METHODS) and c.a != c.b, c.id
+        assert c.at in (extend_report.BANDS if c.figure == "band" else ("L0", "sL0", "2sL0")), c.id
+        assert (c.expect == "same") == (c.margin is not None) and c.expect in ("lower", "higher", "same"), c.id
 
 
 @pytest.mark.parametrize("name", ["extend_gpu.toml", "extend_l256_cpu.toml"])

@@ -3,6 +3,7 @@
 import os
 import re
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import fields
 
 import pytest
 import torch
@@ -10,7 +11,7 @@ import torch.nn.functional as F
 
 import export
 import sample
-from checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
+from checkpoint import SourceSettings, load_checkpoint, model_from_checkpoint, save_checkpoint
 from conftest import TINY, run
 from data.tokenizer import TiktokenTokenizer, bpe_encoding
 from model import GPT, GPTConfig
@@ -383,6 +384,15 @@ def test_a_scaling_and_its_factor_follow_one_rule_in_the_model_sampling_and_expo
         refusals
         == ["rope_scaling_factor=2 does nothing without a rope_scaling (linear, ntk, dynamic, yarn, llama3)"] * 3
     )
+
+
+def test_sample_and_export_read_the_model_source_from_one_declaration():
+    shared = {f.name for f in fields(SourceSettings)}
+    assert shared == {"out_dir", "checkpoint", "rope_scaling", "rope_scaling_factor"}
+    declared = [
+        {f.name: f for f in fields(tool) if f.name in shared} for tool in (sample.SampleConfig, export.ExportConfig)
+    ]
+    assert declared[0] == declared[1] and {f.default for f in declared[0].values()} == {"", "best", None}
 
 
 def test_a_sampling_scalings_default_factor_stretches_l0_to_max_context(tmp_path):
