@@ -229,7 +229,7 @@ def compare(sc, prompt, device, reason):
     with tqdm(total=total, desc="sampling", unit="tok", leave=False, disable=None) as bar:
         for m in samplers:
             g = generator_for(sc.seed, device)
-            texts, rates = zip(*(m.sample(sc, g, on_token=bar.update) for _ in range(sc.num_samples)))
+            texts, rates = zip(*(m.sample(sc, g, on_token=bar.update) for _ in range(sc.num_samples)), strict=True)
             rows.append(
                 {
                     "model": m.name,
@@ -263,7 +263,7 @@ def stats_table(rows):
     """The STATS of each model as aligned text columns."""
     table = [STATS] + [tuple(r[k] for k in STATS) for r in rows]
     widths = [max(len(line[i]) for line in table) for i in range(len(STATS))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in table)
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in table)
 
 
 def as_blocks(rows, head):
@@ -277,7 +277,7 @@ def as_columns(rows, head):
     if width < MIN_COLUMN:
         return as_blocks(rows, head)
     lines = [[clip(f"{r['model']} ({r['pos_emb']})", width) for r in rows]]  # each line: one cell per model
-    for samples in zip(*(r["samples"] for r in rows)):  # the models' first samples, then their second ...
+    for samples in zip(*(r["samples"] for r in rows), strict=True):  # the models' first samples, then their second ...
         lines += [["-" * width] * len(rows), *zip_longest(*(wrap(s, width) for s in samples), fillvalue="")]
     text = "\n".join(gap.join(cell.ljust(width) for cell in line).rstrip() for line in lines)
     return "\n\n".join([head, stats_table(rows), text])
@@ -305,7 +305,7 @@ def as_markdown(rows, head):
     lines = [cell(head), "", line(STATS), "|---|---|" + "---:|" * (len(STATS) - 2)]
     lines += [line(cell(r[k]) for k in STATS) for r in rows]
     lines += ["", line(cell(f"{r['model']} ({r['pos_emb']})") for r in rows), "|---" * len(rows) + "|"]
-    lines += [line(map(cell, samples)) for samples in zip(*(r["samples"] for r in rows))]
+    lines += [line(map(cell, samples)) for samples in zip(*(r["samples"] for r in rows), strict=True)]
     return "\n".join(lines)
 
 

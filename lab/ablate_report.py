@@ -6,6 +6,7 @@ Statistics are lab/stats.py's, the output formats lab/report.py's.
 
 import csv
 import io
+import itertools
 import math
 import statistics
 
@@ -26,7 +27,7 @@ def scheme_figures(runs, evals, L0, gate, per, chance):
     own figures under "per_seed" (seed_figures); over the seeds, steps-to-learn with the share that learned by the
     ceiling, and the retrieval readout's mean ± std."""
     curves = np.array([[loss for _, loss in r["val_curve"]] for r in runs])  # (seeds, evaluations)
-    per_seed = [seed_figures(r, e, L0, gate, per, chance) for r, e in zip(runs, evals)]
+    per_seed = [seed_figures(r, e, L0, gate, per, chance) for r, e in zip(runs, evals, strict=True)]
     threads = sorted({r.get("threads") for r in runs}, key=str)
     return {
         "seeds": [r["seed"] for r in runs],
@@ -121,8 +122,8 @@ def retrieval_summary(per_seed, L0):
         "longest": longest,
         "worst_slot": over(lambda f: min(f["slots"][max(f["slots"], key=int)].values())),
         "bands": {"inside L0": over(lambda f: accuracy(f, at_L0, "inside L0"))}
-        | {b: over(lambda f: accuracy(f, longest, b)) for b in BEYOND},
-        "reach": {n: over(lambda f: f["windows"][longest]["reach"][n]) for n in THRESHOLDS},
+        | {b: over(lambda f, b=b: accuracy(f, longest, b)) for b in BEYOND},
+        "reach": {n: over(lambda f, n=n: f["windows"][longest]["reach"][n]) for n in THRESHOLDS},
         "effective_length": over(length),
     }
     # each window's shares over the seeds, their hits pooled (every seed has the same trials in a cell)
@@ -156,11 +157,11 @@ def verdicts_against(schemes, reference, ranking, margin):
     ref = schemes.get(reference)
     if ref is None:
         return []
-    ref_loss = dict(zip(ref[ranking]["seeds"], ref[ranking]["final_val_loss"]["values"]))
+    ref_loss = dict(zip(ref[ranking]["seeds"], ref[ranking]["final_val_loss"]["values"], strict=True))
     claims = []
     for name, x in schemes.items():
         if name != reference:
-            mine = dict(zip(x[ranking]["seeds"], x[ranking]["final_val_loss"]["values"]))
+            mine = dict(zip(x[ranking]["seeds"], x[ranking]["final_val_loss"]["values"], strict=True))
             common = sorted(mine.keys() & ref_loss.keys())
             claims.append(
                 {
@@ -218,7 +219,7 @@ def learning_order(schemes, reference, ranking, alpha=ALPHA):
             )
     adjusted = holm([c["p"] for c in claims])
     family = sum(p is not None for p in adjusted)
-    for c, p in zip(claims, adjusted):
+    for c, p in zip(claims, adjusted, strict=True):
         side = "earlier" if c["earlier"] > c["later"] else "later"
         c |= {
             "p_holm": p,
@@ -235,7 +236,7 @@ def first_learned(figures):
     learning = figures["learning"]
     return {
         seed: step if learned else math.inf
-        for seed, step, learned in zip(figures["seeds"], learning["steps"], learning["learned"])
+        for seed, step, learned in zip(figures["seeds"], learning["steps"], learning["learned"], strict=True)
     }
 
 
@@ -483,7 +484,7 @@ def md_retrieval(r):
     errors = "; ".join(
         f"at {th:.0%}: a reader at chance passes a cell with probability {e['false_pass']:.2g}, a "
         f"{probe['good']:.0%} reader misses the whole window with probability {e['false_fail']:.2g}"
-        for th, e in zip(THRESHOLDS.values(), probe["error_rates"].values())
+        for th, e in zip(THRESHOLDS.values(), probe["error_rates"].values(), strict=True)
     )
     return (
         f"## Retrieval by distance at step {r['settings']['train']['max_iters']}\n\n"
@@ -495,9 +496,10 @@ def md_retrieval(r):
         f"Bands: whole answers over the distances inside L0 (from the {L0}-token windows, where most of them "
         f"lie), from L0 to {s:g} L0 and from {s:g} L0 to {2 * s:g} L0 (from the {longest}-token windows). k_max "
         f"is the PI paper's effective window (section 3.3: every distance up to k retrieved at "
-        f"{THRESHOLDS['pi']:.0%} at least), beside it our {THRESHOLDS['strict']:.0%}, in the longest window, read so that no single "
-        f"distance decides it: {probe['per']} consecutive distances pooled into a cell of {probe['cell_trials']} "
-        f"trials, a cell failing only when its 95% Clopper-Pearson interval lies wholly below the threshold. "
+        f"{THRESHOLDS['pi']:.0%} at least), beside it our {THRESHOLDS['strict']:.0%}, in the longest window, read "
+        f"so that no single distance decides it: {probe['per']} consecutive distances pooled into a cell of "
+        f"{probe['cell_trials']} trials, a cell failing only when its 95% Clopper-Pearson interval lies wholly "
+        f"below the threshold. "
         f"Error rates at these trials ({probe['cells']} cells): {errors}. Effective length: RULER's reading, k_max "
         f"at the model's own accuracy inside L0. Worst slot: the worst query slot's whole answers at L0 when "
         f"every needle is queried once in a random order (elimination would score {elim} at slots 1 onwards). "
@@ -541,7 +543,9 @@ def md_learning(r):
         rows = [
             [
                 name,
-                ", ".join(str(st) if ok else f">{t['max_iters']}" for st, ok in zip(lg["steps"], lg["learned"])),
+                ", ".join(
+                    str(st) if ok else f">{t['max_iters']}" for st, ok in zip(lg["steps"], lg["learned"], strict=True)
+                ),
                 f"{sum(lg['learned'])} of {len(lg['learned'])} [{lg['ci'][0]:.2f}, {lg['ci'][1]:.2f}]",
             ]
             for name, x in r["schemes"].items()
@@ -632,7 +636,13 @@ def md_attention(r):
     if not inside:
         return ""
     rows = [
-        [name, *(f"{sum(d) / len(d):.1f} / {sum(e) / len(e):.2f}" for d, e in zip(a["distance"], a["entropy"]))]
+        [
+            name,
+            *(
+                f"{sum(d) / len(d):.1f} / {sum(e) / len(e):.2f}"
+                for d, e in zip(a["distance"], a["entropy"], strict=True)
+            ),
+        ]
         for name, a in inside.items()
     ]
     uniform = next(iter(inside.values()))["uniform_entropy"]
@@ -703,7 +713,7 @@ def write_plots(results, out):
     dashes = dict(
         zip(
             [AS_TRAINED, *results["settings"]["ablate"]["rope_scalings"].split(",")],
-            ["-", "--", ":", "-.", (0, (5, 1)), (0, (1, 3))],
+            itertools.cycle(["-", "--", ":", "-.", (0, (5, 1)), (0, (1, 3))]),
         )
     )
 
@@ -726,7 +736,7 @@ def write_plots(results, out):
                 by_len = {str(L0): lengths[AS_TRAINED][str(L0)], **by_len}
             pts = [(int(L), v["mean"], v["std"] or 0.0) for L, v in by_len.items() if v is not None]
             if pts:
-                Ls, means, stds = zip(*pts)
+                Ls, means, stds = zip(*pts, strict=True)
                 ax.errorbar(
                     Ls,
                     means,
@@ -786,7 +796,9 @@ def write_plots(results, out):
     inside = [(name, own(x)["attention"]) for name, x in schemes.items() if own(x)["attention"]]
     if inside:
         fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
-        for ax, key, label in zip(axes, ("distance", "entropy"), ("attention distance (tokens)", "entropy (nats)")):
+        for ax, key, label in zip(
+            axes, ("distance", "entropy"), ("attention distance (tokens)", "entropy (nats)"), strict=True
+        ):
             for name, a in inside:
                 heads = np.array(a[key])  # (layers, heads)
                 ax.plot(
@@ -804,7 +816,7 @@ def write_plots(results, out):
     learned = [(name, own(x)["biases"]) for name, x in schemes.items() if own(x)["biases"]]
     if learned:
         fig, axes = plt.subplots(1, len(learned), figsize=(4.5 * len(learned), 3.8), squeeze=False)
-        for ax, (name, by_layer) in zip(axes[0], learned):
+        for ax, (name, by_layer) in zip(axes[0], learned, strict=True):
             for layer, heads in by_layer.items():
                 color = plt.get_cmap("viridis")(int(layer) / max(1, len(by_layer) - 1))
                 for h, curve in enumerate(heads):

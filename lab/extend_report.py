@@ -141,9 +141,12 @@ def by_step(runs, steps, s, L0):
 
     return {
         str(st): {
-            "loss": {L: over(st, lambda sc: sc["loss"][L]) for L in lengths},
-            "bands": {name: over(st, lambda sc: sc["bands"][name] and sc["bands"][name]["accuracy"]) for name in BANDS},
-            "kmax": {name: over(st, lambda sc: sc["kmax"][name]) for name in THRESHOLDS},
+            "loss": {L: over(st, lambda sc, L=L: sc["loss"][L]) for L in lengths},
+            "bands": {
+                name: over(st, lambda sc, name=name: sc["bands"][name] and sc["bands"][name]["accuracy"])
+                for name in BANDS
+            },
+            "kmax": {name: over(st, lambda sc, name=name: sc["kmax"][name]) for name in THRESHOLDS},
             "effective": over(st, lambda sc: sc["effective"] and sc["effective"]["length"]),
         }
         for st in steps
@@ -766,7 +769,7 @@ def write_plots(r, out):
         fig, axes = plt.subplots(2, len(r["factors"]), figsize=(6 * len(r["factors"]), 7), squeeze=False)
         for col, s in enumerate(r["factors"]):
             for x in (x for x in arms if x["factor"] == s):
-                for name, style in zip(BANDS, ("o:", "o-", "x--")):
+                for name, style in zip(BANDS, ("o:", "o-", "x--"), strict=True):
                     axes[0, col].plot(
                         [max(st, 1) for st in steps],
                         [mean(x["by_step"][str(st)]["bands"][name]) for st in steps],

@@ -14,6 +14,7 @@ val_loss.png. Rerunning the same command skips finished runs and resumes an inte
 if not __package__:  # typed as a path, the import path holds lab/ and not the project: the imports below would fail
     raise SystemExit("run it as a module, from the project's folder: python -m lab.recipe CONFIG [--key=value ...]")
 
+import functools
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
@@ -73,7 +74,7 @@ def run_recipes(rc, gcfg, tc, bc):
     for name, g, t, out in (bar := tqdm(grid, desc="recipe", unit="run")):
         bar.set_postfix_str(f"{name} seed {t.seed}")
         # the summary reads the run's own settings alone (check_run compares them); the target is read below
-        evaluated(out / "summary.json", lambda: train_run(name, g, t, out, bc), {})
+        evaluated(out / "summary.json", functools.partial(train_run, name, g, t, out, bc), {})
         hit, evals = reached(out, rc.target_loss)
         runs[name].append({"seed": t.seed, "reached": hit, "evals": evals})
     results = {

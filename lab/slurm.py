@@ -112,7 +112,7 @@ def run_jobs(jobs, run, rebuild, launch, needs, label, desc, bar):
             ready = [job for job in waiting if needs(job) not in jobs or needs(job) in done]
             if ready:
                 submitted = submit(ex, [Task(run, rebuild, job, launch.slurm_cpus) for job in ready])
-                running |= dict(zip(submitted, ready))
+                running |= dict(zip(submitted, ready, strict=True))
                 waiting = [job for job in waiting if job not in ready]
             if not running:
                 break

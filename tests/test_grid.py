@@ -63,7 +63,9 @@ def test_position_losses_match_the_model_loss_on_each_prefix(data_dir):
     model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=12, vocab_size=meta["vocab_size"])).eval()
     rt = Runtime("cpu", torch.float32, False)
     curve = evaluation.position_losses(model, batches, rt)
-    x, y = map(torch.cat, zip(*batches.eval_batches("val")))  # (4, 12) each: 48 tokens, 2 windows per forward
+    x, y = map(
+        torch.cat, zip(*batches.eval_batches("val"), strict=True)
+    )  # (4, 12) each: 48 tokens, 2 windows per forward
     assert len(x) == 4
     with torch.no_grad():
         prefix = [0.0] + [model(x[:, :p], y[:, :p])[1].item() * p for p in range(1, 13)]

@@ -191,7 +191,7 @@ def test_compare_prints_each_model_with_its_stats_and_samples(runs, capsys, monk
     dirs = [runs / f"out-{s}" for s in SCHEMES]
     args = ["--seed=1", f"--start={PROMPT}", "--max_new_tokens=40", "--device=cpu"]
     out = cli(capsys, "--compare=" + ",".join(map(str, dirs)), *args)[0]
-    for (scheme, params, best, prompt_loss), d in zip(expected_stats(runs), dirs):
+    for (scheme, params, best, prompt_loss), d in zip(expected_stats(runs), dirs, strict=True):
         row = next(line for line in out.splitlines() if line.startswith(str(d)))
         name, pos_emb, params_, iters, best_, prompt_loss_, rate = row.split()
         assert (pos_emb, params_, iters, best_, prompt_loss_) == (scheme, params, "200", best, prompt_loss)
@@ -216,7 +216,7 @@ def test_compare_text_format_has_one_block_per_model(runs, capsys):
         "--max_new_tokens=40",
         "--device=cpu",
     )[0]
-    for d, scheme in zip(dirs, SCHEMES):
+    for d, scheme in zip(dirs, SCHEMES, strict=True):
         alone = cli(
             capsys, f"--out_dir={d}", "--temperature=0", f"--start={PROMPT}", "--max_new_tokens=40", "--device=cpu"
         )[0]
@@ -237,11 +237,15 @@ def test_compare_markdown_is_a_table_of_stats_and_one_of_samples(runs, capsys):
     lines = out.splitlines()
     head = lines.index("| model | pos_emb | params | iters | best val loss | prompt loss | tokens/s |")
     assert re.fullmatch(r"\|---\|---\|(---:\|){5}", lines[head + 1])
-    for line, (scheme, params, best, prompt_loss), d in zip(lines[head + 2 :], expected_stats(runs), dirs):
+    for line, (scheme, params, best, prompt_loss), d in zip(
+        lines[head + 2 : head + 2 + len(dirs)], expected_stats(runs), dirs, strict=True
+    ):
         cells = [c.strip() for c in line.strip("|").split(" | ")]
         assert cells[:6] == [str(d).replace("_", "\\_"), scheme, params, "200", best, prompt_loss]
         assert float(cells[6].replace(",", "")) > 0
-    titles = lines.index("| " + " | ".join(f"{d} ({s})".replace("_", "\\_") for d, s in zip(dirs, SCHEMES)) + " |")
+    titles = lines.index(
+        "| " + " | ".join(f"{d} ({s})".replace("_", "\\_") for d, s in zip(dirs, SCHEMES, strict=True)) + " |"
+    )
     assert lines[titles + 1] == "|---|---|"
     samples = lines[titles + 2].strip("|").split(" | ")
     assert len(samples) == 2 and all(s.strip().startswith("ROMEO:<br>The") for s in samples)
