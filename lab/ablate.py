@@ -145,12 +145,6 @@ class AblateConfig(ProbeSettings, SweepSettings):
         "retrieves at least this share of whole answers at L0 (steps-to-learn)",
         check=config.SHARE,
     )
-    probe_pool: int = opt(
-        4,
-        "consecutive probed distances pooled into one cell when k_max and the effective length "
-        "are read, so that no single distance's trials decide them",
-        check=config.POSITIVE,
-    )
     eval_lengths: str = opt("0.5,1,2,4,8", "context lengths to evaluate at, as multiples of block_size")
     rope_scalings: str = opt("linear,ntk,yarn", "inference-time RoPE scalings scored beyond block_size (factor L/L0)")
     sample_prompt: str = opt("ROMEO:", "prompt of the one sample per scheme")

@@ -133,12 +133,6 @@ class ExtendConfig(ProbeSettings, SweepSettings):
         check=POSITIVE,
     )
     plateau_tol: float = opt(0.01, "see plateau_span (nats)", check=RATE)
-    probe_per: int = opt(
-        4,
-        "consecutive probed distances pooled into one cell of k_max's and the effective "
-        "length's reading, so that one unlucky cell decides nothing",
-        check=POSITIVE,
-    )
 
     def __post_init__(self):
         ProbeSettings.__post_init__(self)
