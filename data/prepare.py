@@ -43,6 +43,8 @@ from tqdm import tqdm
 import config
 from config import POSITIVE, opt, validate
 from files import Stream, atomic_write, staged_folder
+from data.bpe import encode_with_merges, pretokenize, train_bpe_from_counts
+from data.hub import hf_tokenizer_fields
 from data.tokenizer import (
     DATA_DIR,
     GPT2_PATTERN,
@@ -52,13 +54,9 @@ from data.tokenizer import (
     TOKENIZERS,
     TiktokenTokenizer,
     dtype_for_vocab,
-    encode_with_merges,
     gpt2_encoding,
-    hf_tokenizer_fields,
-    pretokenize,
     ranks_to_text,
     tokenizer_from_meta,
-    train_bpe_from_counts,
 )
 
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
