@@ -38,6 +38,7 @@ from checkpoint import load_checkpoint
 from config import opt
 from data.tokenizer import tokenizer_from_meta
 from data.loader import Batch
+from data.recall import Recall
 from files import RunLock
 from generate import Sampling, generate
 from lab import ablate_report, diagnostics
@@ -483,7 +484,7 @@ class Plan(SweepPlan):
                 tc.batch_size * gcfg.block_size,
                 common["rt"].device,
             )
-            if bc.recall_share
+            if bc.task_class is Recall
             else None
         )
         for name, drop in drops.items():

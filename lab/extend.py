@@ -47,6 +47,7 @@ import train
 from checkpoint import load_checkpoint
 from config import NON_NEGATIVE, POSITIVE, RATE, opt
 from data.batches import make_batches
+from data.recall import Recall
 from files import RunLock
 from lab import extend_report
 from lab.evaluation import checked_model, position_losses
@@ -200,9 +201,9 @@ class Lab(Plan):
         for m in methods:
             if m not in METHODS:
                 raise ValueError(f"methods: {m!r} is unknown; choose from {', '.join(METHODS)}")
-        if not bc.recall_share:
+        if bc.task_class is not Recall:
             raise ValueError(
-                "recall_share=0: the lab's retrieval probe needs the task in training; set recall_share, e.g. 0.75"
+                f"task={bc.task}: the lab's retrieval probe needs the recall task in training; set task=recall"
             )
         selection, test = (ec.candidates(role, tc) for role in ROLES)
         if set(selection) & set(test):
