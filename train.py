@@ -310,16 +310,8 @@ def start(gcfg, tc, bc, schedule):
             **run_record(),
             "world_size": rt.world_size,
         }
-        run = Run(
-            gcfg,
-            tc,
-            rt,
-            batches,
-            out,
-            state,
-            schedule,
-            {"train_config": asdict(tc), "tokenizer": meta, "record": record},
-        )
+        info = {"train_config": asdict(tc), "tokenizer": meta, "record": record}
+        run = Run(gcfg, tc, rt, batches, out, state, schedule, info)
         if rt.master:
             trim_log(out / "metrics.jsonl", state.iter)  # a fresh run's log starts empty, a resumed one's at its step
             if tc.resume:
@@ -407,13 +399,9 @@ def loop(run):
                 )
             line = None
             if rt.master and (eval_due or done % tc.log_interval == 0):
-                line = {
-                    "iter": done,
-                    "train_loss": train_loss,
-                    "grad_norm": grad_norm.item(),
-                    "lr": lr,
-                    "tokens_per_s": tokens_per_s,
-                }
+                line = dict(
+                    iter=done, train_loss=train_loss, grad_norm=grad_norm.item(), lr=lr, tokens_per_s=tokens_per_s
+                )
                 if rt.device_type == "cuda":
                     line["mfu"] = flops_per_token * tokens_per_s / rt.peak_flops()
             if eval_due:
@@ -472,17 +460,13 @@ def main(argv=None):
             if dist.is_initialized():
                 dist.destroy_process_group()
 
-    config.main(
-        argv,
-        __doc__,
-        SETTINGS,
-        run,
-        read=lambda argv, *classes: run_settings(argv, RECORD, TrainConfig.out_dir),
-        error=error_line,
-        interrupted=lambda e: (
-            f"{rank_prefix()}interrupted: quit at once, without a new checkpoint; those on disk are whole"
-        ),
-    )
+    def read(argv, *classes):  # a resume's settings are the run's own: checkpoint.py reads them
+        return run_settings(argv, RECORD, TrainConfig.out_dir)
+
+    def interrupted(e):
+        return f"{rank_prefix()}interrupted: quit at once, without a new checkpoint; those on disk are whole"
+
+    config.main(argv, __doc__, SETTINGS, run, read, error_line, interrupted)
 
 
 if __name__ == "__main__":
