@@ -209,13 +209,9 @@ def chosen_by(key, classes):
     """What to type to choose the object whose setting key is (a hint for an unknown key), or ""."""
     for cls in classes:
         for name in getattr(cls, "choices", ()):
-            if key in fields_of(cls.chosen(name)):
+            if key in cls.chosen(name).__dataclass_fields__:
                 return f"it is a setting of {cls.chooser}={name}: give --{cls.chooser}={name}; "
     return ""
-
-
-def fields_of(cls):
-    return {f.name for f in fields(cls)}
 
 
 def given(argv, *classes):
@@ -236,7 +232,9 @@ def given(argv, *classes):
 
 def build(values, *classes):
     """One instance of each dataclass (or of the class its chooser picks) from {key: value}, defaults elsewhere."""
-    return tuple(cls(**{k: values[k] for k in fields_of(cls) if k in values}) for cls in chosen(classes, values))
+    return tuple(
+        cls(**{f.name: values[f.name] for f in fields(cls) if f.name in values}) for cls in chosen(classes, values)
+    )
 
 
 def resumed(typed, run, classes, where):
