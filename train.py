@@ -466,7 +466,7 @@ def main(argv=None):
     def interrupted(e):
         return f"{rank_prefix()}interrupted: quit at once, without a new checkpoint; those on disk are whole"
 
-    config.main(argv, __doc__, SETTINGS, run, read, error_line, interrupted)
+    config.main(argv, __doc__, SETTINGS, run, read=read, error=error_line, interrupted=interrupted)
 
 
 if __name__ == "__main__":
