@@ -35,7 +35,7 @@ from data.loader import Batch
 from data.tokenizer import load_meta
 from files import read_log
 from generate import Sampling, generate
-from lab.retrieval import Probe, ProbeSettings
+from lab.retrieval import Probe, ProbeWindows
 from model import GPT, GPTConfig
 from optim import make_optimizer
 from runtime import check_compile, decode_autocast, setup_runtime
@@ -51,7 +51,7 @@ ROPE_SHAPE, ROPE_SHAPE_QUICK = (8, 6, 256, 64), (2, 2, 32, 16)  # (B, H, T, d): 
 
 
 @dataclass
-class BenchConfig(ProbeSettings):  # the probe bench's windows, declared where the lab's probe declares its own
+class BenchConfig:
     json: bool = opt(False, "print one JSON object a line instead of a table")
     device: str | None = opt(None, "auto, cpu, cuda, cuda:N or mps (default: the config's, auto)")
     dtype: str | None = opt(None, "auto, float32, bfloat16 or float16 (default: the config's)")
@@ -80,7 +80,6 @@ class BenchConfig(ProbeSettings):  # the probe bench's windows, declared where t
     )
 
     def __post_init__(self):
-        ProbeSettings.__post_init__(self)
         config.validate(self)
 
 
@@ -327,7 +326,7 @@ def bench_probe(run):
     meta = load_meta(Path(run.tc.data_dir) / run.tc.dataset)
     gcfg = replace(run.gcfg, vocab_size=meta["vocab_size"])
     L0 = gcfg.block_size
-    probe = Probe(meta, L0, run.probe_settings, run.probe_settings.probe_pairs, run.tc.batch_size * L0, run.rt.device)
+    probe = Probe(meta, L0, run.probe_windows, run.probe_windows.probe_pairs, run.tc.batch_size * L0, run.rt.device)
     torch.manual_seed(run.tc.seed)
     model = GPT(gcfg).to(run.rt.device).eval()
 
@@ -452,9 +451,10 @@ DEFAULT_BENCHES = [name for name in BENCHES if name not in ("to_loss", "probe")]
 
 
 class Run:
-    """What every bench needs: the model and training config, the runtime, and the run's options."""
+    """What every bench needs: the model and training config, the runtime, and the run's options (args, a BenchConfig;
+    probe_windows, the probe bench's ProbeWindows)."""
 
-    def __init__(self, args):
+    def __init__(self, args, probe_windows):
         self.quick = args.quick
         if args.quick and not args.config:
             self.gcfg, self.tc = GPTConfig(**QUICK[0]), TrainConfig(**QUICK[1])
@@ -466,7 +466,7 @@ class Run:
         self.config_path = str(Path(args.config or DEFAULT_CONFIG).resolve())
         self.nanogpt = args.nanogpt
         self.tc = replace(self.tc, device=args.device or self.tc.device, dtype=args.dtype or self.tc.dtype)
-        self.probe_settings = args
+        self.probe_windows = probe_windows
         if args.threads or args.quick:
             torch.set_num_threads(args.threads or 1)
         # the benches time eager and compiled side by side (see compile_note); the header reports the runtime
@@ -567,9 +567,9 @@ def table_header(run, only):
     return "\n".join(lines)
 
 
-def bench(args):
+def bench(args, probe_windows):
     only = parse_only(args.only)
-    run = Run(args)
+    run = Run(args, probe_windows)
     if not args.json:
         print(table_header(run, only), flush=True)
     for name in BENCHES:
@@ -585,7 +585,7 @@ def bench(args):
 
 
 def main(argv=None):
-    config.main(argv, __doc__, (BenchConfig,), bench)
+    config.main(argv, __doc__, (BenchConfig, ProbeWindows), bench)  # the probe's windows declared where the lab's are
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ A checkpoint is a plain dict of tensors, numbers and strings, so torch.load(weig
 it; model weights are saved from the unwrapped module, without any compile prefix.
 """
 
+import json
 import random
 import re
 import time
@@ -18,7 +19,7 @@ import torch
 
 import positions
 import rope
-from config import check_of, current_names, declared, one_of, opt, validate, weightless
+from config import build, check_of, current_names, declared, given, one_of, opt, resumed, validate, weightless
 from data.tokenizer import HF_PREFIX
 from files import atomic_write
 from model import GPT, GPTConfig
@@ -284,6 +285,28 @@ def fine_tune_config(source, config, meta, where):
             + (f" (at block_size={config.block_size}, L0 = {L0})" if L0 != source.config.L0 else "")
         )
     return replace(source.config, **{k: getattr(config, k) for k in kept} | {"original_len": L0})
+
+
+def run_settings(argv, parts, out_dir):
+    """The settings of a training command, [CONFIG.toml] [--key=value ...]: one instance of each class of parts
+    ({config.json's part: its settings class}). A resume continues the run as it was started, with the settings it
+    recorded (out_dir/config.json; out_dir: the setting's default) but for those the command gives (config.resumed),
+    each read under the name it has now (a setting renamed since the run started, rope_original_len -> original_len,
+    is checked as the one it is); a folder without a config.json leaves the checkpoint's own checks."""
+    classes = tuple(parts.values())
+    typed = given(argv, *classes)
+    path = Path(typed.get("out_dir", out_dir)) / "config.json"
+    if not typed.get("resume") or not path.is_file():
+        return build(typed, *classes)
+    try:
+        record = json.loads(path.read_text())
+        run = {k: v for part, cls in parts.items() for k, v in current_names(cls, record.get(part, {})).items()}
+    except (OSError, ValueError, AttributeError) as e:
+        raise ValueError(
+            f"cannot resume: {path} is damaged ({type(e).__name__}: {str(e)[:120]}); pass every "
+            "setting of the run with --resume, or use a new out_dir"
+        ) from None
+    return resumed(typed, run, classes, path)
 
 
 def resumable_checkpoint(path, config, meta, max_iters, optimizer="adamw"):

@@ -9,6 +9,7 @@ dataclasses parsed together, so a flat TOML file or command line can set any of 
 import contextlib
 import difflib
 import importlib
+import itertools
 import math
 import sys
 import tomllib
@@ -29,11 +30,12 @@ def one_of(choices):
     return "be one of " + ", ".join(choices), lambda v: v in choices
 
 
-def opt(default, help, applies=None, weights=True, check=None, built=False, resume=False, renamed=()):
+def opt(default, help, applies=None, weights=True, check=None, built=False, resume=False, renamed=(), older=None):
     """A dataclass field with its help string. applies: what the setting acts on (the owner checks a setting that
     is not at its default against it); weights=False: no weight depends on it, so it may change on a built or
     loaded model, unless built=True: modules are built with it; resume=True: a resume may change it; renamed: the
-    names it had before, which older files may carry; check: one of the checks above, which `validate` applies
+    names it had before, which older files may carry; older: for a file recorded before the setting existed, its
+    value there, a function of the file's settings; check: one of the checks above, which `validate` applies
     (None values pass: a default rule)."""
     return field(
         default=default,
@@ -45,6 +47,7 @@ def opt(default, help, applies=None, weights=True, check=None, built=False, resu
             "built": built,
             "resume": resume,
             "renamed": renamed,
+            "older": older,
         },
     )
 
@@ -65,9 +68,13 @@ def declared(what, *classes):
 
 
 def current_names(cls, settings):
-    """settings (a dict, e.g. read from an older file) with every renamed field of cls under its name now."""
+    """settings (a dict, e.g. read from an older file) with every renamed field of cls under its name now, and each
+    field of cls that declares its value in files older than it (`older`) added where settings lack it."""
     now = {old: f.name for f in fields(cls) for old in f.metadata.get("renamed", ())}
-    return {now.get(k, k): v for k, v in settings.items()}
+    out = {now.get(k, k): v for k, v in settings.items()}
+    return {
+        f.name: f.metadata["older"](out) for f in fields(cls) if f.metadata.get("older") and f.name not in out
+    } | out
 
 
 def validate(settings):
@@ -173,26 +180,78 @@ def command_line(args, known):
     return cli
 
 
+def split(argv):
+    """(the settings of the TOML file, the --key=value arguments) of [CONFIG.toml] [--key=value ...]."""
+    args = list(argv)
+    return (read_toml(args.pop(0)) if args and not args[0].startswith("--") else {}), args
+
+
+def chosen(classes, values, args=()):
+    """classes, each one that declares a `chooser` (a field naming an object with settings of its own, as
+    data.batches' task) swapped for the class cls.chosen(name) that holds them: name as the last --chooser=NAME of
+    args gives it, else values (a TOML file's, or settings already typed), else the field's default."""
+    out = []
+    for cls in classes:
+        key = getattr(cls, "chooser", None)
+        if key is not None:
+            name = values.get(key, cls.__dataclass_fields__[key].default)
+            for arg, following in itertools.pairwise([*args, None]):
+                typed, eq, value = arg.partition("=")
+                if typed == f"--{key}" and (eq or following is not None):
+                    name = value if eq else following
+            cls = cls.chosen(name)
+        out.append(cls)
+    return tuple(out)
+
+
+def chosen_by(key, classes):
+    """What to type to choose the object whose setting key is (a hint for an unknown key), or ""."""
+    for cls in classes:
+        for name in getattr(cls, "choices", ()):
+            if key in cls.chosen(name).__dataclass_fields__:
+                return f"it is a setting of {cls.chooser}={name}: give --{cls.chooser}={name}; "
+    return ""
+
+
 def given(argv, *classes):
     """{key: value} of what [CONFIG.toml] [--key=value ...] sets, each value of its field's type: the settings typed,
     told apart from defaults even where they are equal."""
-    known = known_keys(classes)
-    args = list(argv)
-    values = read_toml(args.pop(0)) if args and not args[0].startswith("--") else {}
+    values, args = split(argv)
+    known = known_keys(chosen(classes, values, args))
     cli = command_line(args, known)
     out = {}
     for key, value in (values | cli).items():
         if key not in known:
             close = difflib.get_close_matches(key, known, n=1)
-            hint = f"did you mean {close[0]!r}? " if close else ""
+            hint = chosen_by(key, classes) or (f"did you mean {close[0]!r}? " if close else "")
             raise ValueError(f"unknown config key {key!r}; {hint}--help lists every key")
         out[key] = coerce(key, value, known[key][1], key in cli)
     return out
 
 
 def build(values, *classes):
-    """One instance of each dataclass from {key: value} (their defaults elsewhere)."""
-    return tuple(cls(**{f.name: values[f.name] for f in fields(cls) if f.name in values}) for cls in classes)
+    """One instance of each dataclass (or of the class its chooser picks) from {key: value}, defaults elsewhere."""
+    return tuple(
+        cls(**{f.name: values[f.name] for f in fields(cls) if f.name in values}) for cls in chosen(classes, values)
+    )
+
+
+def resumed(typed, run, classes, where):
+    """The settings a resume continues with: the run's own (run: {key: value}, as recorded in where) but for those
+    typed, each of which must be one a resume may change (declared resume=True) or equal the run's."""
+    built = build(run | typed, *classes)  # a typed value is checked where it is declared first
+    free = declared("resume", *classes)
+    clash = [
+        f"{k}: the run has {run[k]!r}, now {v!r}"
+        for k, v in typed.items()
+        if k in run and k not in free and run[k] != v
+    ]
+    if clash:
+        raise ValueError(
+            f"cannot resume: this command contradicts the run in {where} ({'; '.join(clash)}); leave "
+            f"them out to continue with the run's, which a resume keeps but for {', '.join(sorted(free))}"
+        )
+    return built
 
 
 def parse(argv, *classes):
@@ -205,14 +264,16 @@ def help_text(*classes):
 
 
 def main(argv, doc, classes, run, read=parse, error=lambda e: f"error: {e}", interrupted=lambda e: ""):
-    """Every command's main: --help prints doc and every setting of classes; else run(*read(argv, *classes)). Bad input
-    (any ValueError e) prints the one line error(e) (None: nothing, another process says it) and exits 1; Ctrl-C
-    (KeyboardInterrupt) prints interrupted(e) and exits 130."""
+    """Every command's main: --help prints doc and every setting of classes (with those of the objects the other
+    arguments choose); else run(*read(argv, *classes)). Bad input (any ValueError e) prints the one line error(e)
+    (None: nothing, another process says it) and exits 1; Ctrl-C (KeyboardInterrupt) prints interrupted(e) and exits
+    130."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    if "-h" in argv or "--help" in argv:
-        print(doc + "\nSettings (defaults < CONFIG.toml < --key=value):\n" + help_text(*classes))
-        return
     try:
+        if "-h" in argv or "--help" in argv:
+            shown = chosen(classes, *split(a for a in argv if a not in ("-h", "--help")))
+            print(doc + "\nSettings (defaults < CONFIG.toml < --key=value):\n" + help_text(*shown))
+            return
         run(*read(argv, *classes))
     except ValueError as e:
         line = error(e)

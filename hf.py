@@ -13,7 +13,7 @@ import torch
 import config
 import positions
 import rope
-from data.tokenizer import hf_checkpoint, hf_tokenizer_fields
+from data.hub import hf_checkpoint, hf_tokenizer_fields
 from model import GPTConfig
 
 # mlp_act -> the activation's name in transformers (hidden_act, activation_function): the same functions

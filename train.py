@@ -25,7 +25,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import config
 import positions
 import trackers
-from checkpoint import fine_tune_config, load_source, pack, resumable_checkpoint, save_checkpoint, unpack
+from checkpoint import fine_tune_config, load_source, pack, resumable_checkpoint, run_settings, save_checkpoint, unpack
 from config import FRACTION, NON_NEGATIVE, POSITIVE, RATE, one_of, opt
 from data.batches import BatchConfig, make_batches
 from data.loader import DROPOUT, micro_seed
@@ -310,16 +310,8 @@ def start(gcfg, tc, bc, schedule):
             **run_record(),
             "world_size": rt.world_size,
         }
-        run = Run(
-            gcfg,
-            tc,
-            rt,
-            batches,
-            out,
-            state,
-            schedule,
-            {"train_config": asdict(tc), "tokenizer": meta, "record": record},
-        )
+        info = {"train_config": asdict(tc), "tokenizer": meta, "record": record}
+        run = Run(gcfg, tc, rt, batches, out, state, schedule, info)
         if rt.master:
             trim_log(out / "metrics.jsonl", state.iter)  # a fresh run's log starts empty, a resumed one's at its step
             if tc.resume:
@@ -407,13 +399,9 @@ def loop(run):
                 )
             line = None
             if rt.master and (eval_due or done % tc.log_interval == 0):
-                line = {
-                    "iter": done,
-                    "train_loss": train_loss,
-                    "grad_norm": grad_norm.item(),
-                    "lr": lr,
-                    "tokens_per_s": tokens_per_s,
-                }
+                line = dict(
+                    iter=done, train_loss=train_loss, grad_norm=grad_norm.item(), lr=lr, tokens_per_s=tokens_per_s
+                )
                 if rt.device_type == "cuda":
                     line["mfu"] = flops_per_token * tokens_per_s / rt.peak_flops()
             if eval_due:
@@ -448,49 +436,8 @@ def save(state, val_loss, out, info):
     save_checkpoint(pack(state, info), out / "ckpt.pt")
 
 
-SETTINGS = (GPTConfig, TrainConfig, BatchConfig)
-
-
-def run_settings(path):
-    """{key: value} of every setting a run recorded in its config.json (path)."""
-    try:
-        record = json.loads(path.read_text())
-        # each part under its settings' current names (as checkpoint.py reads a checkpoint's), so that a setting
-        # renamed since the run started (rope_original_len -> original_len) is read, and checked, as the one it is now
-        return {
-            k: v
-            for cls, part in ((GPTConfig, "model"), (TrainConfig, "train"), (BatchConfig, "batches"))
-            for k, v in config.current_names(cls, record.get(part, {})).items()
-        }
-    except (OSError, ValueError, AttributeError) as e:
-        raise ValueError(
-            f"cannot resume: {path} is damaged ({type(e).__name__}: {str(e)[:120]}); pass every "
-            "setting of the run with --resume, or use a new out_dir"
-        ) from None
-
-
-def settings(argv, *classes):
-    """The settings of [CONFIG.toml] [--key=value ...]. A resume continues the run as it was started: its settings
-    are the run's own (out_dir/config.json) but for those the command gives, which must be ones a resume may change
-    (declared resume=True) or equal the run's. A folder without a config.json leaves the checkpoint's own checks."""
-    typed = config.given(argv, *classes)
-    recorded = Path(typed.get("out_dir", TrainConfig.out_dir)) / "config.json"
-    if not typed.get("resume") or not recorded.is_file():
-        return config.build(typed, *classes)
-    run = run_settings(recorded)
-    built = config.build(run | typed, *classes)  # a typed value is checked where it is declared first
-    free = config.declared("resume", *classes)
-    clash = [
-        f"{k}: the run has {run[k]!r}, now {v!r}"
-        for k, v in typed.items()
-        if k in run and k not in free and run[k] != v
-    ]
-    if clash:
-        raise ValueError(
-            f"cannot resume: this command contradicts the run in {recorded} ({'; '.join(clash)}); leave "
-            f"them out to continue with the run's, which a resume keeps but for {', '.join(sorted(free))}"
-        )
-    return built
+RECORD = {"model": GPTConfig, "train": TrainConfig, "batches": BatchConfig}  # config.json's parts: their settings
+SETTINGS = tuple(RECORD.values())
 
 
 def error_line(e):
@@ -513,17 +460,13 @@ def main(argv=None):
             if dist.is_initialized():
                 dist.destroy_process_group()
 
-    config.main(
-        argv,
-        __doc__,
-        SETTINGS,
-        run,
-        read=settings,
-        error=error_line,
-        interrupted=lambda e: (
-            f"{rank_prefix()}interrupted: quit at once, without a new checkpoint; those on disk are whole"
-        ),
-    )
+    def read(argv, *classes):  # a resume's settings are the run's own: checkpoint.py reads them
+        return run_settings(argv, RECORD, TrainConfig.out_dir)
+
+    def interrupted(e):
+        return f"{rank_prefix()}interrupted: quit at once, without a new checkpoint; those on disk are whole"
+
+    config.main(argv, __doc__, SETTINGS, run, read=read, error=error_line, interrupted=interrupted)
 
 
 if __name__ == "__main__":

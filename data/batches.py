@@ -1,14 +1,24 @@
-"""What a run's training batches carry beyond the corpus's text, chosen from its settings: the associative-recall
-task written into a share of the rows (data/recall.py), and PoSE's skipped position ids. train.py asks for its
-batches here and knows neither."""
+"""What a run's training batches carry beyond the corpus's text, chosen from its settings: a task written into a share
+of the rows, and PoSE's skipped position ids. train.py asks for its batches here and knows neither.
 
-from dataclasses import dataclass
+A task is to the batches what a positional scheme is to the model: a class that declares its own settings (`settings`,
+as positions.py's schemes do), chosen by one setting, `task`. Its settings join BatchConfig's, as flat keys, only
+when it is chosen (`BatchConfig.chosen`), so that a run takes them, and --help lists them, only then; its module is
+imported only then, so a plain run reads none of it. Besides its settings a task class gives `check(bc)`, the rules
+between them, and `writer(bc, tokenizer, block_size)`, what writes its rows and the share of rows it takes.
+"""
+
+import functools
+import importlib
+from dataclasses import asdict, dataclass, field, make_dataclass
 
 import torch
 
-from config import POSITIVE, SHARE, opt, validate
+from config import POSITIVE, one_of, opt, validate
 from data.loader import Batches
 from data.tokenizer import tokenizer_from_meta
+
+TASKS = {"text": None, "recall": "data.recall.Recall"}  # task name -> its class, by path (None: text alone)
 
 # PoSE's ids reach pose_factor x block_size - 1: past 2^24, float32 (the precision of the scores the distances enter)
 # no longer tells a position from its neighbour, so a longer target would train positions the model cannot tell apart
@@ -17,25 +27,13 @@ POSE_MOST_POSITIONS = 1 << 24
 
 @dataclass
 class BatchConfig:
-    recall_share: float = opt(
-        0.0, "share of training sequences that carry the associative-recall task (data/recall.py)", check=SHARE
-    )
-    recall_pairs: int = opt(
-        4,
-        "needles in a sequence that carries the recall task",
-        check=("lie in [1, 13]: each needle has a key letter and two capitals of its own", lambda v: 1 <= v <= 13),
-    )
-    recall_queries: int | None = opt(
-        None,
-        "queries at the end of a recall sequence, each a needle drawn with replacement (default recall_pairs)",
-        check=POSITIVE,
-    )
-    recall_fewest: int | None = opt(
-        None,
-        "fewest needles in a recall sequence: each draws its count from recall_fewest "
-        "to recall_pairs, so that rows ask every slot a probe of recall_pairs "
-        "needles asks (default recall_pairs: every row holds that many)",
-        check=POSITIVE,
+    task: str = opt(
+        "text",
+        "what the training rows carry: text alone, or recall (data/recall.py: the associative-recall task in a share "
+        "of them); --help with --task=NAME lists the task's settings",
+        check=one_of(tuple(TASKS)),
+        # a run recorded before tasks were chosen by name trained the recall task where it gave it a share
+        older=lambda record: "recall" if record.get("recall_share") else "text",
     )
     pose_factor: float | None = opt(
         None,
@@ -46,12 +44,17 @@ class BatchConfig:
     )
     pose_chunks: int = opt(2, "PoSE's chunks a row is cut into (the paper's N = 2)", check=POSITIVE)
 
+    # config.py's parsing asks chosen(the task typed) for the class that holds its settings
+    chooser, choices = "task", tuple(TASKS)
+    task_class = None  # the chosen task's class: none for text alone
+
     def __post_init__(self):
         validate(self)
+        assert type(self) is self.chosen(self.task), f"task={self.task!r}: make it with BatchConfig.chosen"
         if self.pose_chunks != 2 and self.pose_factor is None:
             raise ValueError(f"pose_chunks={self.pose_chunks} does nothing without a pose_factor")
-        if self.recall_fewest is not None and self.recall_fewest > self.recall_pairs:
-            raise ValueError(f"recall_fewest={self.recall_fewest} must lie in [1, recall_pairs={self.recall_pairs}]")
+        if self.task_class:
+            self.task_class.check(self)
 
     def check_model(self, gcfg, scheme):
         """Refuse PoSE where the model in force (gcfg, its positional scheme class `scheme`) cannot act on it."""
@@ -77,6 +80,16 @@ class BatchConfig:
                 f"{POSE_MOST_POSITIONS // gcfg.block_size:,}"
             )
 
+    @classmethod
+    def chosen(cls, task):
+        """The settings class of task: BatchConfig with the task's own settings as fields."""
+        if not isinstance(task, str) or task not in TASKS:
+            raise ValueError(f"task={task!r} is unknown; choose one of {', '.join(TASKS)}")
+        return with_task(task)
+
+    def __reduce__(self):  # a class made by with_task pickles (to a lab's spawned workers) by its task's name
+        return rebuild, (self.task, asdict(self))
+
 
 class PoSE:
     """Positional Skip-wise training (Zhu et al. 2024, section 3.2, eq. 3-4): a row's L_c = block_size tokens are cut
@@ -101,14 +114,31 @@ class PoSE:
         return torch.arange(length)[None, :] + torch.stack(u, 1).gather(1, chunk)  # (n, length)
 
 
-def make_batches(bc, dataset_dir, meta, block_size, batch_size, seed, device, eval_iters):
-    """The Batches of a run: text, with the recall task in a share of the training rows and PoSE's ids as bc says."""
-    task = None
-    if bc.recall_share:
-        from data.recall import Recall  # a lab task: imported where one is asked for, so a plain run reads none of it
+@functools.cache
+def with_task(task):
+    """BatchConfig with the settings of task (a name in TASKS) as fields of its own, flat keys as GPTConfig gathers
+    each scheme's, its task defaulting to the name: made once, when the task is first chosen."""
+    if TASKS[task] is None:
+        return BatchConfig
+    module, _, name = TASKS[task].rpartition(".")
+    task_class = getattr(importlib.import_module(module), name)
+    chooser = BatchConfig.__dataclass_fields__["task"]
+    own = [(key, type_, f) for key, (type_, f) in task_class.settings.items()]
+    return make_dataclass(
+        "BatchConfig",
+        [("task", str, field(default=task, metadata=chooser.metadata)), *own],
+        bases=(BatchConfig,),
+        namespace={"__module__": __name__, "task_class": task_class},
+    )
 
-        task = Recall(tokenizer_from_meta(meta), bc.recall_pairs, bc.recall_queries, bc.recall_fewest)
-        task.insert(torch.zeros(1, block_size + 1, dtype=torch.long), 1.0, 0)  # a row too short fails now
+
+def rebuild(task, settings):
+    return BatchConfig.chosen(task)(**settings)
+
+
+def make_batches(bc, dataset_dir, meta, block_size, batch_size, seed, device, eval_iters):
+    """The Batches of a run: text, with bc's task in a share of the training rows and PoSE's ids as bc says."""
+    task, share = bc.task_class.writer(bc, tokenizer_from_meta(meta), block_size) if bc.task_class else (None, 0.0)
     pose = None
     if bc.pose_factor is not None:
         # here, not in check_model: it needs block_size alone, and every caller passes here (lab/extend.py does not
@@ -116,4 +146,4 @@ def make_batches(bc, dataset_dir, meta, block_size, batch_size, seed, device, ev
         if bc.pose_chunks > block_size:
             raise ValueError(f"pose_chunks={bc.pose_chunks} exceeds block_size={block_size}: each chunk holds a token")
         pose = PoSE(bc.pose_factor, bc.pose_chunks)
-    return Batches(dataset_dir, meta, block_size, batch_size, seed, device, eval_iters, task, bc.recall_share, pose)
+    return Batches(dataset_dir, meta, block_size, batch_size, seed, device, eval_iters, task, share, pose)

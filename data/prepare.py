@@ -45,6 +45,8 @@ from tqdm import tqdm
 
 import config
 from config import POSITIVE, opt, validate
+from data.bpe import encode_with_merges, pretokenize, train_bpe_from_counts
+from data.hub import hf_tokenizer_fields
 from data.tokenizer import (
     DATA_DIR,
     GPT2_PATTERN,
@@ -54,13 +56,9 @@ from data.tokenizer import (
     TOKENIZERS,
     TiktokenTokenizer,
     dtype_for_vocab,
-    encode_with_merges,
     gpt2_encoding,
-    hf_tokenizer_fields,
-    pretokenize,
     ranks_to_text,
     tokenizer_from_meta,
-    train_bpe_from_counts,
 )
 from files import Stream, atomic_write, staged_folder
 

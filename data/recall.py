@@ -32,6 +32,8 @@ Probe windows (synthetic, filler and needles; no dataset) are written here and s
 
 import torch
 
+from config import POSITIVE, opt
+
 KEYS, VALUES, FILLER = "abcdefghijklmnopqrstuvwxyz", "ABCDEFGHIJKLMNOPQRSTUVWXYZ", ". "
 NEEDLE = 3  # tokens of a needle or a query: the key and the two answer tokens
 
@@ -55,7 +57,57 @@ def distances(W, n):
 
 
 class Recall:
-    """The task's token ids in one vocabulary; writes task rows and probe windows."""
+    """The task's token ids in one vocabulary; writes task rows and probe windows. As a training task (data/batches.py's
+    `recall`) it declares its settings, which a run takes as flat keys."""
+
+    settings = {
+        "recall_share": (
+            float,
+            opt(0.75, "share of training sequences that carry the task", check=("lie in (0, 1]", lambda v: 0 < v <= 1)),
+        ),
+        "recall_pairs": (
+            int,
+            opt(
+                4,
+                "needles in a sequence that carries the task",
+                check=(
+                    "lie in [1, 13]: each needle has a key letter and two capitals of its own",
+                    lambda v: 1 <= v <= 13,
+                ),
+            ),
+        ),
+        "recall_queries": (
+            int | None,
+            opt(
+                None,
+                "queries at the end of a task sequence, each a needle drawn with replacement (default recall_pairs)",
+                check=POSITIVE,
+            ),
+        ),
+        "recall_fewest": (
+            int | None,
+            opt(
+                None,
+                "fewest needles in a task sequence: each draws its count from recall_fewest to recall_pairs, so that "
+                "rows ask every slot a probe of recall_pairs needles asks (default recall_pairs: every row holds that "
+                "many)",
+                check=POSITIVE,
+            ),
+        ),
+    }
+
+    @staticmethod
+    def check(bc):
+        """The rules between the task's settings (bc, a data.batches.BatchConfig with them)."""
+        if bc.recall_fewest is not None and bc.recall_fewest > bc.recall_pairs:
+            raise ValueError(f"recall_fewest={bc.recall_fewest} must lie in [1, recall_pairs={bc.recall_pairs}]")
+
+    @classmethod
+    def writer(cls, bc, tokenizer, block_size):
+        """(the task as bc sets it, the share of training rows it writes), a block too short for it failing now."""
+        task = cls(tokenizer, bc.recall_pairs, bc.recall_queries, bc.recall_fewest)
+        task.insert(torch.zeros(1, block_size + 1, dtype=torch.long), 1.0, 0)
+        return task, bc.recall_share
 
     def __init__(self, tokenizer, pairs=4, queries=None, fewest=None):
         """pairs needles a row, or from fewest to pairs (default pairs) drawn per row; queries at its end (default
@@ -78,8 +130,8 @@ class Recall:
                 f"recall_pairs={pairs} must lie in [1, 13]: each needle has a key letter and two capitals of its own"
             )
         fewest = pairs if fewest is None else fewest
-        # an invariant, not a user's error: recall_fewest comes from BatchConfig alone, which refuses it at parse time
-        # (lab/retrieval.py's probes pass none)
+        # an invariant, not a user's error: recall_fewest comes from a run's settings alone, which `check` refuses at
+        # parse time (lab/retrieval.py's probes pass none)
         assert 1 <= fewest <= pairs, f"recall_fewest={fewest} must lie in [1, recall_pairs={pairs}]"
         if queries is not None and queries < 1:
             raise ValueError(f"recall_queries={queries} must be a positive integer")

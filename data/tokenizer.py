@@ -6,12 +6,12 @@ tokenizer. Four tokenizers:
 
 - char: one id per character of the corpus, vocabulary sorted (nanoGPT's shakespeare_char).
 - gpt2: tiktoken's GPT-2 encoding (its files come from the network or tiktoken's cache).
-- bpe:  a byte-level BPE trained here on the train split, saved as a tiktoken ranks
+- bpe:  a byte-level BPE trained on the train split (data/bpe.py), saved as a tiktoken ranks
         file and run through tiktoken.Encoding, so encoding runs at tiktoken's speed. A
         dataset of several documents adds GPT-2's end-of-text token after the ranks.
 - hf:NAME_OR_PATH: the tokenizer of a transformers checkpoint (what a model imported with
-        init_from=hf:NAME was trained with), saved as its tokenizer.json and run by the
-        tokenizers library that transformers installs.
+        init_from=hf:NAME was trained with, found by data/hub.py), saved as its tokenizer.json
+        and run by the tokenizers library that transformers installs.
 
 load_meta() returns a self-contained dict (the bpe ranks and the tokenizer.json inlined, only
 JSON types) that checkpoints embed, so a checkpoint can be sampled without its dataset folder.
@@ -20,19 +20,13 @@ JSON types) that checkpoints embed, so a checkpoint can be sampled without its d
 from __future__ import annotations
 
 import base64
-import heapq
 import json
 import os
-import socket
-import urllib.parse
-from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
-import regex  # installed with tiktoken, which needs it; unlike re it knows \p{L}
 import tiktoken
-from tqdm import tqdm
 
 from config import optional_package
 
@@ -127,56 +121,6 @@ class HFTokenizer:
         return self.backend.decode([int(i) for i in ids], skip_special_tokens=False)
 
 
-def hf_checkpoint(name: str, where: str) -> str:
-    """name, a transformers checkpoint's folder or hub id, as from_pretrained takes it, once it is known to be there:
-    a folder must exist; a hub id must be in the local cache, or the hub reachable within a few seconds, so that an
-    offline machine fails in one line rather than after transformers' retries. where names the setting the user
-    typed (--init_from=hf:NAME, say)."""
-    path = Path(name).expanduser()
-    if path.is_dir():
-        return str(path)
-    if name.startswith(("/", ".", "~")) or name.count("/") > 1:  # a hub id is NAME or ORG/NAME
-        raise ValueError(f"{where}: the folder {name} does not exist")
-    from huggingface_hub import constants, try_to_load_from_cache
-
-    if isinstance(try_to_load_from_cache(name, "config.json"), str) or constants.HF_HUB_OFFLINE:
-        return name  # cached, or offline by choice: transformers reads the cache alone and says what is missing
-    hub = urllib.parse.urlsplit(constants.ENDPOINT)
-    host = hub.hostname
-    try:
-        socket.create_connection((host, hub.port or 443), timeout=3).close()
-    except OSError as e:
-        raise ValueError(
-            f"{where}: {name} is not in the local Hugging Face cache and {host} cannot be reached "
-            f"({e.strerror or e}); download it where there is a network, or give a local folder"
-        ) from None
-    return name
-
-
-def hf_tokenizer_fields(name: str, where: str) -> dict:
-    """meta's tokenizer fields of a transformers checkpoint's tokenizer (downloaded and cached by transformers as
-    usual), its tokenizer.json inlined as 'hf_tokenizer'; one line where there is none."""
-    AutoTokenizer = optional_package("transformers", where, "pip install -e '.[hf]'").AutoTokenizer
-    found = hf_checkpoint(name, where)
-    try:
-        tok = AutoTokenizer.from_pretrained(found)
-    except (OSError, ValueError) as e:
-        raise ValueError(
-            f"{where}: no transformers tokenizer could be loaded ({str(e).splitlines()[0][:160]})"
-        ) from None
-    if not tok.is_fast:
-        raise ValueError(f"{where} has no fast tokenizer (tokenizer.json), which nanorope runs")
-    eos = tok.eos_token_id
-    start = tok.bos_token_id if tok.bos_token_id is not None else eos
-    fields = {
-        "tokenizer": "hf",
-        "hf_name": name,
-        "hf_tokenizer": tok.backend_tokenizer.to_str(),
-        "start_id": 0 if start is None else start,
-    }
-    return fields | ({"eot": eos} if eos is not None else {})
-
-
 # ----------------------------------------------------------------------------- gpt2
 
 
@@ -196,130 +140,7 @@ def gpt2_encoding() -> tiktoken.Encoding:
         ) from None
 
 
-# ----------------------------------------------------------------------------- bpe
-
-
-def pretokenize(text: str, pattern: str = GPT2_PATTERN) -> list[str]:
-    """Split text into the pieces BPE works within (merges never cross a piece boundary)."""
-    return regex.findall(pattern, text)
-
-
-def train_bpe(
-    text: str, vocab_size: int, pattern: str = GPT2_PATTERN, progress: bool = True
-) -> tuple[dict[bytes, int], list[tuple[int, int, int]]]:
-    """Train a byte-level BPE: ids 0..255 are the bytes, each merge adds the most frequent
-    adjacent pair (ties: smallest (left id, right id)), until vocab_size ids or no pairs left.
-
-    Returns (ranks, merges): ranks maps token bytes to id (tiktoken's mergeable_ranks, id =
-    rank = merge order); merges lists (left, right, new) in training order.
-    """
-    return train_bpe_from_counts(Counter(pretokenize(text, pattern)), vocab_size, progress)
-
-
-def train_bpe_from_counts(
-    piece_counts: Counter, vocab_size: int, progress: bool = True
-) -> tuple[dict[bytes, int], list[tuple[int, int, int]]]:
-    """train_bpe on the counts of the pre-tokenised pieces, which a corpus too large to hold can
-    be counted into chunk by chunk. The result does not depend on the order of the pieces."""
-    assert vocab_size > 256, f"vocab_size must exceed the 256 byte tokens, got {vocab_size}"
-    # Work on unique pieces with their frequencies: far fewer than the corpus's pieces.
-    words = [list(piece.encode("utf-8")) for piece in piece_counts]  # each a list of token ids
-    freqs = list(piece_counts.values())
-
-    pair_counts: dict[tuple[int, int], int] = defaultdict(int)
-    pair_words: dict[tuple[int, int], set[int]] = defaultdict(set)  # which words hold the pair
-    for w, (word, freq) in enumerate(zip(words, freqs)):
-        for pair in zip(word, word[1:]):
-            pair_counts[pair] += freq
-            pair_words[pair].add(w)
-    # Max-heap by count with lazy deletion: an entry is live only while its count is current.
-    heap = [(-count, a, b) for (a, b), count in pair_counts.items()]
-    heapq.heapify(heap)
-
-    vocab = [bytes([i]) for i in range(256)]
-    ranks = {tok: i for i, tok in enumerate(vocab)}
-    merges: list[tuple[int, int, int]] = []
-    bar = tqdm(total=vocab_size - 256, desc="bpe merges", unit="merge", disable=not progress)
-    while len(vocab) < vocab_size and heap:
-        neg_count, a, b = heapq.heappop(heap)
-        if pair_counts.get((a, b)) != -neg_count:
-            continue  # stale entry
-        token = vocab[a] + vocab[b]
-        # Two different pairs can spell the same bytes ("ab"+"c", "a"+"bc"); tiktoken keys
-        # tokens by bytes, so the later pair merges into the existing token.
-        new = ranks.get(token)
-        if new is None:
-            new = len(vocab)
-            vocab.append(token)
-            ranks[token] = new
-            bar.update(1)
-        merges.append((a, b, new))
-        _apply_merge(a, b, new, words, freqs, pair_counts, pair_words, heap)
-    bar.close()
-    return ranks, merges
-
-
-def _apply_merge(a, b, new, words, freqs, pair_counts, pair_words, heap) -> None:
-    """Merge pair (a, b) into `new` in every word holding it, updating only those words' pairs."""
-    delta: dict[tuple[int, int], int] = defaultdict(int)
-    for w in pair_words.pop((a, b)):
-        old, freq = words[w], freqs[w]
-        merged = _merge_pair(old, a, b, new)
-        old_pairs, new_pairs = list(zip(old, old[1:])), list(zip(merged, merged[1:]))
-        for pair in old_pairs:
-            delta[pair] -= freq
-        for pair in new_pairs:
-            delta[pair] += freq
-        for pair in set(old_pairs) - set(new_pairs):
-            if pair != (a, b):
-                pair_words[pair].discard(w)
-        for pair in set(new_pairs) - set(old_pairs):
-            pair_words[pair].add(w)
-        words[w] = merged
-    for pair, d in delta.items():
-        if d == 0:
-            continue
-        count = pair_counts[pair] + d
-        if count > 0:
-            pair_counts[pair] = count
-            heapq.heappush(heap, (-count, *pair))
-        else:
-            assert count == 0, f"negative count {count} for pair {pair}"
-            del pair_counts[pair]
-            pair_words.pop(pair, None)
-
-
-def _merge_pair(ids: list[int], a: int, b: int, new: int) -> list[int]:
-    """Replace each non-overlapping (a, b), left to right, by `new`."""
-    out, i, n = [], 0, len(ids)
-    while i < n:
-        if i + 1 < n and ids[i] == a and ids[i + 1] == b:
-            out.append(new)
-            i += 2
-        else:
-            out.append(ids[i])
-            i += 1
-    return out
-
-
-def encode_with_merges(text: str, merges: list[tuple[int, int, int]], pattern: str = GPT2_PATTERN) -> list[int]:
-    """Reference encoder: in each piece apply the earliest learned merge present, repeatedly.
-    Slow; used to check that tiktoken, which merges by rank, gives the same ids."""
-    priority = {}
-    for order, (a, b, new) in enumerate(merges):
-        priority.setdefault((a, b), (order, new))
-    out = []
-    for piece in pretokenize(text, pattern):
-        ids = list(piece.encode("utf-8"))
-        while len(ids) > 1:
-            found = [priority[p] for p in zip(ids, ids[1:]) if p in priority]
-            if not found:
-                break
-            order, new = min(found)
-            a, b, _ = merges[order]
-            ids = _merge_pair(ids, a, b, new)
-        out.extend(ids)
-    return out
+# ----------------------------------------------------------------------------- bpe: the ranks format
 
 
 def ranks_to_text(ranks: dict[bytes, int]) -> str:

@@ -40,6 +40,7 @@ import train
 from checkpoint import load_checkpoint
 from config import opt
 from data.loader import Batch
+from data.recall import Recall
 from data.tokenizer import tokenizer_from_meta
 from files import RunLock
 from generate import Sampling, generate
@@ -145,12 +146,6 @@ class AblateConfig(ProbeSettings, SweepSettings):
         "a run has learned retrieval at the first evaluation at which every query slot "
         "retrieves at least this share of whole answers at L0 (steps-to-learn)",
         check=config.SHARE,
-    )
-    probe_pool: int = opt(
-        4,
-        "consecutive probed distances pooled into one cell when k_max and the effective length "
-        "are read, so that no single distance's trials decide them",
-        check=config.POSITIVE,
     )
     eval_lengths: str = opt("0.5,1,2,4,8", "context lengths to evaluate at, as multiples of block_size")
     rope_scalings: str = opt(
@@ -498,7 +493,7 @@ class Plan(SweepPlan):
                 tc.batch_size * gcfg.block_size,
                 common["rt"].device,
             )
-            if bc.recall_share
+            if bc.task_class is Recall
             else None
         )
         for name, drop in drops.items():

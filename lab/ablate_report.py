@@ -328,7 +328,7 @@ def md_setup(r):
     ranked = [x[rk] for x in schemes.values() for rk in ("shared", "tuned") if rk == "shared" or x["best_scale"] != 1]
     train_min, eval_min = (sum(f[k] for f in ranked) / 60 for k in ("train_s", "eval_s"))
     b, a = r["settings"]["batches"], r["settings"]["ablate"]
-    task = f", the recall task in {b['recall_share']:.0%} of the sequences" if b["recall_share"] else ""
+    task = f", the recall task in {b['recall_share']:.0%} of the sequences" if b.get("recall_share") else ""
     sweep = (
         f"; each scheme's learning rate chosen on seed {r['selection_seed']}, which is in no test"
         if r["selection_seed"] is not None

@@ -51,6 +51,7 @@ import train
 from checkpoint import load_checkpoint
 from config import NON_NEGATIVE, POSITIVE, RATE, opt
 from data.batches import make_batches
+from data.recall import Recall
 from files import RunLock
 from lab import extend_report
 from lab.evaluation import checked_model, position_losses
@@ -137,12 +138,6 @@ class ExtendConfig(ProbeSettings, SweepSettings):
         check=POSITIVE,
     )
     plateau_tol: float = opt(0.01, "see plateau_span (nats)", check=RATE)
-    probe_per: int = opt(
-        4,
-        "consecutive probed distances pooled into one cell of k_max's and the effective "
-        "length's reading, so that one unlucky cell decides nothing",
-        check=POSITIVE,
-    )
 
     def __post_init__(self):
         ProbeSettings.__post_init__(self)
@@ -210,9 +205,9 @@ class Lab(Plan):
         for m in methods:
             if m not in METHODS:
                 raise ValueError(f"methods: {m!r} is unknown; choose from {', '.join(METHODS)}")
-        if not bc.recall_share:
+        if bc.task_class is not Recall:
             raise ValueError(
-                "recall_share=0: the lab's retrieval probe needs the task in training; set recall_share, e.g. 0.75"
+                f"task={bc.task}: the lab's retrieval probe needs the recall task in training; set task=recall"
             )
         selection, test = (ec.candidates(role, tc) for role in ROLES)
         if set(selection) & set(test):

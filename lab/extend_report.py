@@ -43,7 +43,7 @@ def lab_results(lab, done, sweeps, rates, screening):
     L0, sel, per, read, chance = (
         lab.L0,
         lab.settings.selection_seed,
-        lab.settings.probe_per,
+        lab.settings.probe_pool,
         lab.steps[-1],
         lab.probe.chance,
     )

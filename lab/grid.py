@@ -139,7 +139,9 @@ def check_run(out, settings, grown=()):
 def check_same_settings(path, settings, saved):
     # the run folder's own path as it was recorded, against which the paths it records are read once it has moved
     there = saved.get("train", {}).get("out_dir")
-    # a setting newer than the run folder was there at its default (how every option starts)
+    # a setting renamed since the run folder was made is read under its name now, and one newer than the folder was
+    # there at its default (how every option starts), unless it declares what the folder's settings imply (`older`)
+    saved = saved | {group: config.current_names(cls, saved.get(group, {})) for group, cls in train.RECORD.items()}
     defaults = train_settings(GPTConfig(), train.TrainConfig())
     saved = {group: defaults[group] | saved.get(group, {}) for group in settings}
     diff = [

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from config import opt
+from config import POSITIVE, opt, validate
 from data.recall import Recall, distances, query_keys
 from data.tokenizer import tokenizer_from_meta
 from lab.grid import numbers
@@ -48,8 +48,8 @@ DISTANCE, SLOT = 0, 1  # the probe's random streams
 
 
 @dataclass
-class ProbeSettings:
-    """The probe's settings, which every lab tool that scores retrieval takes (its settings class inherits them)."""
+class ProbeWindows:
+    """The probe's windows: what a Probe is built from (bench.py times one with these settings alone)."""
 
     probe_lengths: str = opt("0.5,1,2,4,8", "retrieval probe windows as multiples of L0, the trained length")
     probe_distances: int = opt(
@@ -65,6 +65,7 @@ class ProbeSettings:
     )
 
     def __post_init__(self):
+        validate(self)  # the checks a subclass's fields declare (probe_pool's)
         if not 2 <= self.probe_pairs <= 13:  # a needle's two capitals are its own: 26 capitals hold 13 needles
             raise ValueError(
                 f"probe_pairs={self.probe_pairs} must lie in [2, 13]: chance (1 / probe_pairs) must lie "
@@ -76,6 +77,19 @@ class ProbeSettings:
             raise ValueError(f"probe_trials={self.probe_trials} must be a positive integer")
         if self.probe_distances < 2:
             raise ValueError(f"probe_distances={self.probe_distances} must be >= 2: the shortest and the longest")
+
+
+@dataclass
+class ProbeSettings(ProbeWindows):
+    """The probe's settings, which every lab tool that scores retrieval takes (its settings class inherits them):
+    its windows and how their cells are read."""
+
+    probe_pool: int = opt(
+        4,
+        "consecutive probed distances pooled into one cell when k_max and the effective length "
+        "are read, so that no single distance's trials decide them",
+        check=POSITIVE,
+    )
 
 
 def probe_generator(stream, W, k=0):

@@ -30,6 +30,7 @@ GRID = [
     "--eval_lengths=0.5,1,2",
     "--eval_tokens=128",
     "--sample_tokens=8",
+    "--task=recall",
     "--recall_share=0.5",
     "--recall_pairs=2",
     "--probe_pairs=2",

@@ -1,13 +1,20 @@
-"""data/batches.py: the batches a run's settings choose, and PoSE's skipped position ids against the paper's rule."""
+"""data/batches.py: the batches a run's settings choose (a task chosen by name, with settings of its own), and PoSE's
+skipped position ids against the paper's rule."""
+
+import pickle
 
 import pytest
 import torch
 
+import config
 import train
 from checkpoint import load_checkpoint
 from conftest import flags, log, same_tensors
 from data.batches import BatchConfig, PoSE, make_batches
+from data.recall import Recall
 from data.tokenizer import load_meta
+
+RECALL = BatchConfig.chosen("recall")
 
 
 def test_pose_ids_skip_ahead_in_chunks_to_the_target_and_cover_every_distance():
@@ -38,7 +45,7 @@ def test_pose_without_skips_trains_exactly_as_ordinary_training(data_dir, tmp_pa
 def test_the_settings_choose_the_batches_and_a_setting_that_does_nothing_is_refused(data_dir):
     meta = load_meta(data_dir / "shakespeare_char")
     batches = make_batches(
-        BatchConfig(recall_share=0.5, recall_pairs=2, pose_factor=2.0),
+        RECALL(recall_share=0.5, recall_pairs=2, pose_factor=2.0),
         data_dir / "shakespeare_char",
         meta,
         32,
@@ -52,13 +59,31 @@ def test_the_settings_choose_the_batches_and_a_setting_that_does_nothing_is_refu
     with pytest.raises(ValueError, match="pose_chunks=3 does nothing without a pose_factor"):
         BatchConfig(pose_chunks=3)
     with pytest.raises(ValueError, match=r"recall_pairs=20 must lie in \[1, 13\]"):
-        BatchConfig(recall_pairs=20)
+        RECALL(recall_pairs=20)
     with pytest.raises(ValueError, match=r"recall_fewest=5 must lie in \[1, recall_pairs=4\]"):
-        BatchConfig(recall_pairs=4, recall_fewest=5)
+        RECALL(recall_pairs=4, recall_fewest=5)
     with pytest.raises(ValueError, match="pose_chunks=33 exceeds block_size=32: each chunk holds a token"):
         make_batches(
             BatchConfig(pose_factor=2.0, pose_chunks=33), data_dir / "shakespeare_char", meta, 32, 4, 0, "cpu", 1
         )  # in make_batches, which lab/extend.py calls too, not only in check_model
+
+
+def test_a_task_is_chosen_by_name_with_its_own_settings_which_text_alone_lacks():
+    (text,) = config.parse([], BatchConfig)
+    (recall,) = config.parse(["--task=recall", "--recall_pairs=3"], BatchConfig)
+    assert type(text) is BatchConfig and not hasattr(text, "recall_pairs") and text.task_class is None
+    assert (recall.task, recall.recall_pairs, recall.task_class) == ("recall", 3, Recall)
+    assert pickle.loads(pickle.dumps(recall)) == recall  # as a lab hands it to a spawned worker
+    with pytest.raises(ValueError, match="task='copy' is unknown; choose one of text, recall"):
+        config.parse(["--task=copy"], BatchConfig)
+    with pytest.raises(ValueError, match="recall_share=0.0 must lie in"):
+        RECALL(recall_share=0.0)  # the task in no row: text alone is task=text
+
+
+def test_a_record_from_before_tasks_were_named_reads_as_the_task_it_trained():
+    recall = {"recall_share": 0.5, "recall_pairs": 2, "recall_queries": None, "recall_fewest": None}
+    assert config.current_names(BatchConfig, recall)["task"] == "recall"
+    assert config.current_names(BatchConfig, recall | {"recall_share": 0.0})["task"] == "text"
 
 
 def test_recall_fewest_reaches_the_task_rows_which_then_hold_from_fewest_to_pairs_needles(data_dir):
@@ -67,7 +92,7 @@ def test_recall_fewest_reaches_the_task_rows_which_then_hold_from_fewest_to_pair
 
     def answers(fewest):  # queries in each task row of a few batches: an answer is two trained capitals
         batches = make_batches(
-            BatchConfig(recall_share=1.0, recall_pairs=6, recall_fewest=fewest),
+            RECALL(recall_share=1.0, recall_pairs=6, recall_fewest=fewest),
             data_dir / "shakespeare_char",
             meta,
             64,

@@ -25,7 +25,7 @@ import torch
 
 import files
 from conftest import ROOT as REPO, FullDevice
-from data import prepare, tokenizer as tk
+from data import bpe, prepare, tokenizer as tk
 from data.loader import Batches
 
 # whitespace runs, tabs, accents, CJK, emoji, a combining mark, a ZWJ sequence
@@ -63,7 +63,7 @@ def assert_one_line_error(proc: subprocess.CompletedProcess, *fragments: str) ->
 
 def naive_train_bpe(text: str, vocab_size: int) -> list[tuple[int, int, int]]:
     """Textbook BPE: recount every pair after every merge. Slow but obviously right."""
-    pieces = Counter(tk.pretokenize(text))
+    pieces = Counter(bpe.pretokenize(text))
     words, freqs = [list(p.encode("utf-8")) for p in pieces], list(pieces.values())
     vocab = [bytes([i]) for i in range(256)]
     merges = []
@@ -77,7 +77,7 @@ def naive_train_bpe(text: str, vocab_size: int) -> list[tuple[int, int, int]]:
         a, b = min(counts, key=lambda pair: (-counts[pair], pair))
         vocab.append(vocab[a] + vocab[b])
         merges.append((a, b, len(vocab) - 1))
-        words = [tk._merge_pair(word, a, b, len(vocab) - 1) for word in words]
+        words = [bpe._merge_pair(word, a, b, len(vocab) - 1) for word in words]
     return merges
 
 
@@ -128,21 +128,21 @@ def test_pattern_splits_like_tiktoken_gpt2():
     from tiktoken_ext.openai_public import r50k_pat_str  # gpt2's pattern; importing it needs no network
 
     text = TRICKY + " I'M  don't\n\n  x  \n" + Path(__file__).read_text(encoding="utf-8")[:3000]
-    assert tk.pretokenize(text) == regex.findall(r50k_pat_str, text)
+    assert bpe.pretokenize(text) == regex.findall(r50k_pat_str, text)
 
 
 def test_incremental_training_matches_naive_bpe():
     text = Path(__file__).read_text(encoding="utf-8")[:4000] + TRICKY
-    _, merges = tk.train_bpe(text, 330, progress=False)
+    _, merges = bpe.train_bpe(text, 330, progress=False)
     assert merges == naive_train_bpe(text, 330)
 
 
 def test_tiktoken_applies_the_learned_merges(small_corpus):
     text = small_corpus.read_text(encoding="utf-8")
-    ranks, merges = tk.train_bpe(text[:60_000], 400, progress=False)
+    ranks, merges = bpe.train_bpe(text[:60_000], 400, progress=False)
     encoding = tk.bpe_encoding(ranks)
     held_out = text[60_000:70_000] + TRICKY
-    assert encoding.encode_ordinary(held_out) == tk.encode_with_merges(held_out, merges)
+    assert encoding.encode_ordinary(held_out) == bpe.encode_with_merges(held_out, merges)
 
 
 def test_bpe_roundtrips_any_text(bpe_dataset):
@@ -467,10 +467,10 @@ def encodings(small_corpus):
     from tiktoken_ext.openai_public import r50k_pat_str
 
     text = small_corpus.read_text(encoding="utf-8")[:30_000] + TRICKY
-    ranks, _ = tk.train_bpe(text, 400, progress=False)
-    bpe = tk.bpe_encoding(ranks)
+    ranks, _ = bpe.train_bpe(text, 400, progress=False)
+    ours = tk.bpe_encoding(ranks)
     gpt2_like = tk.bpe_encoding(ranks, pattern=r50k_pat_str, eot=len(ranks))
-    return {"bpe": bpe.encode_ordinary, "gpt2 pattern": gpt2_like.encode_ordinary}
+    return {"bpe": ours.encode_ordinary, "gpt2 pattern": gpt2_like.encode_ordinary}
 
 
 HARD = (

@@ -14,7 +14,8 @@ import data.tokenizer
 import export
 import positions
 from conftest import ROOT, all_logits, run, tiny_model
-from data.tokenizer import GPT2_PATTERN, bpe_encoding, ranks_to_text, tokenizer_from_meta, train_bpe
+from data.bpe import train_bpe
+from data.tokenizer import GPT2_PATTERN, bpe_encoding, ranks_to_text, tokenizer_from_meta
 from generate import GREEDY, generate
 from model import GPTConfig
 from train import TrainConfig

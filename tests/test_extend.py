@@ -36,7 +36,8 @@ LAB = [
     "--eval_tokens=128",
     "--probe_trials=2",
     "--probe_distances=4",
-    "--probe_per=2",
+    "--probe_pool=2",
+    "--task=recall",
     "--recall_share=0.5",
     "--recall_pairs=2",
     "--probe_pairs=2",
@@ -289,6 +290,10 @@ def test_bad_lab_settings_give_one_line_errors(data_dir, tmp_path, capsys):
             code = e.code
         err = capsys.readouterr().err
         assert code == 1 and err.startswith("error: ") and named in err and err.count("\n") == 1, err
+    text_alone = [a for a in LAB if not a.startswith(("--task", "--recall_"))]
+    with pytest.raises(SystemExit):
+        extend.main([*text_alone, f"--data_dir={data_dir}", f"--out_dir={tmp_path}"])
+    assert "task=text: the lab's retrieval probe needs the recall task in training" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())
 
 
@@ -391,7 +396,7 @@ def test_the_gpu_and_second_scale_configs_run_shrunk_on_the_cpu(data_dir, tmp_pa
         "--eval_tokens=128",
         "--probe_trials=2",
         "--probe_distances=4",
-        "--probe_per=1",
+        "--probe_pool=1",
         "--recall_pairs=2",
         "--recall_fewest=1",
         "--recall_queries=2",

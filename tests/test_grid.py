@@ -23,6 +23,7 @@ import train
 from checkpoint import load_checkpoint
 from config import opt
 from conftest import ONE_THREAD, ROOT, TINY, last_logged, same_tensors, wait_for
+from data.batches import BatchConfig
 from data.tokenizer import load_meta
 from lab import ablate, evaluation, grid, launch, pool, sweep
 from model import GPT, GPTConfig
@@ -52,6 +53,16 @@ def test_numbers_are_sorted_distinct_and_bounded():
     assert grid.numbers("factors", "4, 2,2", float, 1.0, "2,4") == [2.0, 4.0]
     with pytest.raises(ValueError, match=r"factors='0.5' must list finite numbers >= 1.0, e.g. 2,4"):
         grid.numbers("factors", "0.5", float, 1.0, "2,4")
+
+
+def test_a_run_folder_from_before_tasks_were_named_is_checked_as_the_task_it_trained(tmp_path):
+    settings = grid.train_settings(GPTConfig(), train.TrainConfig(), BatchConfig.chosen("recall")(recall_share=0.5))
+    saved = json.loads(json.dumps(settings))  # as its config.json records them
+    del saved["batches"]["task"]  # recorded before the setting: its recall_share says it trained the task
+    grid.check_same_settings(tmp_path, settings, saved)
+    saved["batches"]["recall_share"] = 0.0  # text alone
+    with pytest.raises(ValueError, match="batches.task: 'text' there, 'recall' now"):
+        grid.check_same_settings(tmp_path, settings, saved)
 
 
 def test_position_losses_match_the_model_loss_on_each_prefix(data_dir):

@@ -19,7 +19,7 @@ BELOW = {  # what each core module may import besides UTILITIES (files: nothing 
     "rope": set(),
     "positions": {"rope"},
     "model": {"positions", "rope"},
-    "hf": {"model", "positions", "rope", "data.tokenizer"},  # transformers interop, under checkpoint's --init_from
+    "hf": {"model", "positions", "rope", "data.hub"},  # transformers interop, under checkpoint's --init_from
     "generate": {"model", "positions", "rope"},
     "checkpoint": {"hf", "model", "positions", "rope", "data.tokenizer"},
     "train": {

@@ -291,6 +291,18 @@ def test_bad_probe_settings_fail_with_what_is_valid():
         ProbeSettings(probe_distances=1)
     with pytest.raises(ValueError, match=r"probe length 32 \(L0 = 64\): a probe window of W=32 tokens cannot"):
         probe("0.5")  # 10 needles need 35 tokens
+    with pytest.raises(ValueError, match="probe_pool=0 must be a positive integer"):
+        ProbeSettings(probe_pool=0)
+
+
+def test_the_lab_tools_pool_the_probes_cells_by_one_setting_which_the_probe_bench_does_not_take():
+    import bench
+    from lab import ablate, extend
+
+    pool = ProbeSettings.__dataclass_fields__["probe_pool"]
+    assert ablate.AblateConfig.__dataclass_fields__["probe_pool"] is pool
+    assert extend.ExtendConfig.__dataclass_fields__["probe_pool"] is pool
+    assert "probe_pool" not in bench.BenchConfig.__dataclass_fields__
 
 
 def test_the_distance_plots_draw_a_panel_per_grid(tmp_path):

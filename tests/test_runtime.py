@@ -112,7 +112,7 @@ def test_the_guard_sees_a_bf16_newton_schulz():  # torch.optim.Muon's, the cliff
         ["--logit_softcap=15"],
         ["--tie_embeddings=false"],
         ["--optimizer=muon", "drope"],
-        ["--pose_factor=2", "--recall_share=0.5", "--recall_pairs=2"],
+        ["--pose_factor=2", "--task=recall", "--recall_share=0.5", "--recall_pairs=2"],
     ],  # per-row position ids, task rows
     ids=lambda s: ",".join(a.removeprefix("--") for a in s),
 )

@@ -33,6 +33,7 @@ from conftest import (
     wait_for,
 )
 from data import prepare
+from data.recall import Recall
 from data.tokenizer import load_meta
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -368,7 +369,7 @@ LOADED = (
 
 @pytest.mark.parametrize(
     "task, loaded",
-    [([], []), (["--recall_share=0.5", "--recall_pairs=2"], ["data.recall"])],
+    [([], []), (["--task=recall", "--recall_share=0.5", "--recall_pairs=2"], ["data.recall"])],
     ids=["plain", "recall task"],
 )
 def test_a_run_imports_the_recall_task_only_when_asked_and_never_the_interop(data_dir, tmp_path, task, loaded):
@@ -408,6 +409,26 @@ def test_a_resume_reads_a_setting_its_config_json_records_under_an_older_name(da
     assert (ckpt["iter"], ckpt["model_config"]["original_len"]) == (3, 16)
     train.main([f"--out_dir={out}", "--resume", "--max_iters=4", "--original_len=16"])  # typed as the run's: no clash
     assert load_checkpoint(out / "ckpt.pt")["iter"] == 4
+
+
+def test_a_resume_of_a_run_recorded_before_tasks_were_named_keeps_its_recall_task(data_dir, tmp_path):
+    out = tmp_path / "run"
+    train.main(flags(data_dir, out, "--task=recall", "--recall_share=0.5", "--recall_pairs=2", "--max_iters=2"))
+    record = json.loads((out / "config.json").read_text())
+    del record["batches"]["task"]  # as a run from before the setting: its recall_share said it trained the task
+    (out / "config.json").write_text(json.dumps(record))
+    train.main([f"--out_dir={out}", "--resume", "--max_iters=3"])
+    batches = json.loads((out / "config.json").read_text())["batches"]
+    assert (batches["task"], batches["recall_share"], batches["recall_pairs"]) == ("recall", 0.5, 2)
+
+
+def test_help_lists_a_tasks_settings_only_where_the_task_is_chosen(capsys):
+    train.main(["--help"])
+    plain = capsys.readouterr().out
+    train.main(["--help", "--task=recall"])
+    recall = capsys.readouterr().out
+    assert "--task=text" in plain and "--recall_" not in plain and "--probe_" not in plain
+    assert "--task=recall" in recall and all(f"--{key}=" in recall for key in Recall.settings)
 
 
 # ----------------------------------------------------------------------------- bad input battery
@@ -519,10 +540,11 @@ BATTERY = [
         ["--rope_scaling=linear", "--rope_scaling_factor=2"],
         "rope_scaling: the run has 'none', now 'linear'; rope_scaling_factor: the run has 1.0, now 2.0",
     ),
-    ("recall_share out of range", ["--recall_share=1.5"], "recall_share=1.5 must lie in [0, 1]"),
+    ("recall_share out of range", ["--task=recall", "--recall_share=1.5"], "recall_share=1.5 must lie in (0, 1]"),
+    ("recall setting without its task", ["--recall_pairs=2"], "recall_pairs'; it is a setting of task=recall: give"),
     (
         "recall in a short block",
-        [*FRESH, "--recall_share=0.5", "--recall_pairs=5", "--block_size=24"],
+        [*FRESH, "--task=recall", "--recall_share=0.5", "--recall_pairs=5", "--block_size=24"],
         "block_size=24 cannot hold 5 needles and their queries (30 tokens)",
     ),
     ("unknown optimizer", ["--optimizer=sgd"], "optimizer='sgd' must be one of adamw, muon"),
