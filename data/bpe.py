@@ -6,6 +6,7 @@ run loads the result through data/tokenizer.py (the ranks file, run by tiktoken)
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections import Counter, defaultdict
 
 import regex  # installed with tiktoken, which needs it; unlike re it knows \p{L}
@@ -43,8 +44,8 @@ def train_bpe_from_counts(
 
     pair_counts: dict[tuple[int, int], int] = defaultdict(int)
     pair_words: dict[tuple[int, int], set[int]] = defaultdict(set)  # which words hold the pair
-    for w, (word, freq) in enumerate(zip(words, freqs)):
-        for pair in zip(word, word[1:]):
+    for w, (word, freq) in enumerate(zip(words, freqs, strict=True)):
+        for pair in itertools.pairwise(word):
             pair_counts[pair] += freq
             pair_words[pair].add(w)
     # Max-heap by count with lazy deletion: an entry is live only while its count is current.
@@ -80,7 +81,7 @@ def _apply_merge(a, b, new, words, freqs, pair_counts, pair_words, heap) -> None
     for w in pair_words.pop((a, b)):
         old, freq = words[w], freqs[w]
         merged = _merge_pair(old, a, b, new)
-        old_pairs, new_pairs = list(zip(old, old[1:])), list(zip(merged, merged[1:]))
+        old_pairs, new_pairs = list(itertools.pairwise(old)), list(itertools.pairwise(merged))
         for pair in old_pairs:
             delta[pair] -= freq
         for pair in new_pairs:
@@ -127,7 +128,7 @@ def encode_with_merges(text: str, merges: list[tuple[int, int, int]], pattern: s
     for piece in pretokenize(text, pattern):
         ids = list(piece.encode("utf-8"))
         while len(ids) > 1:
-            found = [priority[p] for p in zip(ids, ids[1:]) if p in priority]
+            found = [priority[p] for p in itertools.pairwise(ids) if p in priority]
             if not found:
                 break
             order, new = min(found)

@@ -627,7 +627,7 @@ def prepare(args: PrepareConfig) -> dict:
         for inlined, file, key in (("bpe_ranks", BPE_FILE, "bpe_file"), ("hf_tokenizer", HF_FILE, "hf_file")):
             if inlined in fields:  # a file of its own; load_meta inlines it again
                 content = fields.pop(inlined).encode("utf-8")
-                atomic_write(stage / file, lambda f: f.write(content))
+                atomic_write(stage / file, lambda f, content=content: f.write(content))
                 fields[key] = file
         meta |= fields
         meta |= {"val_fraction": args.val_fraction, "source": corpus.source() if args.input else SHAKESPEARE_URL}

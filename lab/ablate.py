@@ -292,7 +292,7 @@ def staged_training(plan, job):
         if plan.probe:
             slots[str(step)] = evaluated(
                 out / f"slots{step}.json",
-                lambda: plan.probe.by_slot(checked_model(out, plan.rt, step), gcfg.block_size, plan.rt),
+                lambda step=step: plan.probe.by_slot(checked_model(out, plan.rt, step), gcfg.block_size, plan.rt),
                 plan.probe.made_with,
             )
     return summary | {"slots": slots, "threads": torch.get_num_threads()}
@@ -379,7 +379,7 @@ def summarize(plan, done, sweeps, best):
                 ranking: {
                     "scale": scale[name],
                     **ablate_report.scheme_figures(
-                        *zip(*(done[name, scale[name], seed] for seed in plan.seeds)),
+                        *zip(*(done[name, scale[name], seed] for seed in plan.seeds), strict=True),
                         cfg.block_size,
                         plan.settings.learn_gate,
                         plan.settings.probe_pool,
@@ -629,8 +629,8 @@ def print_plan(plan, statuses):
             + ", ".join(f"{k}={v}" for k, v in changes(plan, name).items())
         )
     print(
-        f"test seeds {', '.join(map(str, plan.seeds))}; each run {tc.max_iters} steps, {tokens_per_run(g, tc):,} tokens "
-        f"(model {g.n_layer}x{g.n_embd}, {g.n_head} heads, L0 = {g.block_size})"
+        f"test seeds {', '.join(map(str, plan.seeds))}; each run {tc.max_iters} steps, {tokens_per_run(g, tc):,} "
+        f"tokens (model {g.n_layer}x{g.n_embd}, {g.n_head} heads, L0 = {g.block_size})"
     )
     windows = ", ".join(str(n_windows(b)) for b in plan.windows.values())
     print(

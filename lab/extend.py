@@ -24,8 +24,8 @@ the verdicts their tests allow.
    `finetune_warmup` steps and then stays constant. Every fine-tune runs the same `finetune_steps` (the last is
    the step every claim reads) and is scored at step 0 (the base model with the scaling alone) and at each of
    them: loss at L0, s L0 and 2s L0, and the probe's counts (trials, hits by distance) in windows of s L0 (the
-   target), at the last also of 2s L0 (past it). Where its L0 loss levelled off (measured every `finetune_eval` steps) is a
-   secondary reading.
+   target), at the last also of 2s L0 (past it). Where its L0 loss levelled off (measured every `finetune_eval`
+   steps) is a secondary reading.
 4. Rates: each method and factor fine-tunes the selection seed at each of `finetune_lrs`, widened by one more rate
    where the best is at the sweep's edge; its lowest loss at s L0 at the read step sets every test seed's rate.
 5. Claims: the papers' claims as paired tests over the test seeds (lab/stats.py), each once, one Holm family.
@@ -39,6 +39,7 @@ lab.extend --help` lists them all.
 if not __package__:  # typed as a path, the import path holds lab/ and not the project: the imports below would fail
     raise SystemExit("run it as a module, from the project's folder: python -m lab.extend CONFIG [--key=value ...]")
 
+import functools
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -459,12 +460,12 @@ def finetune_run(lab, b, method, s, seed, lr):
     for step in range(ec.finetune_eval, lab.steps[-1] + 1, ec.finetune_eval):
         train_run(method, gcfg, replace(tc, max_iters=step), out, bc)
         if step in lab.steps:  # scores holds the L0 loss: one load and one L0 loss, not two
-            done[str(step)] = evaluated(out / f"step{step}.json", lambda: scores(out, step), made_with(step))
+            done[str(step)] = evaluated(out / f"step{step}.json", functools.partial(scores, out, step), made_with(step))
             l0_curve[str(step)] = done[str(step)]["loss"][str(L0)]
         else:
             l0_curve[str(step)] = evaluated(
                 out / f"l0-{step}.json",
-                lambda: {"loss": loss_at(checked_model(out, lab.rt, step), lab, L0)},
+                lambda step=step: {"loss": loss_at(checked_model(out, lab.rt, step), lab, L0)},
                 scoring(lab, probed=False),
             )["loss"]
     return {
