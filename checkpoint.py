@@ -8,10 +8,11 @@ it; model weights are saved from the unwrapped module, without any compile prefi
 import json
 import random
 import re
+import shlex
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -21,8 +22,9 @@ import positions
 import rope
 from config import build, check_of, current_names, declared, given, one_of, opt, resumed, validate, weightless
 from data.tokenizer import HF_PREFIX
-from files import atomic_write
+from files import WriteError, atomic_write, trim_log
 from model import GPT, GPTConfig
+from runtime import run_record
 
 RESUME_KEYS = ("model", "optimizer", "scaler", "iter", "best_val_loss", "rng", "tokenizer")
 CHECKPOINTS = {"best": ("best.pt", "ckpt.pt"), "latest": ("ckpt.pt",)}  # a run's file names tried, in order
@@ -287,6 +289,15 @@ def fine_tune_config(source, config, meta, where):
     return replace(source.config, **{k: getattr(config, k) for k in kept} | {"original_len": L0})
 
 
+def start_model(init_from, config, meta):
+    """A run's model config on a dataset (its meta) and the Source of its first weights: config with the dataset's
+    vocabulary and None (fresh weights), or a fine-tune's config (fine_tune_config) and init_from's Source."""
+    if not init_from:
+        return replace(config, vocab_size=meta["vocab_size"]), None
+    source = load_source(init_from, "init_from")
+    return fine_tune_config(source, config, meta, f"init_from={init_from}"), source
+
+
 def run_settings(argv, parts, out_dir):
     """The settings of a training command, [CONFIG.toml] [--key=value ...]: one instance of each class of parts
     ({config.json's part: its settings class}). A resume continues the run as it was started, with the settings it
@@ -309,10 +320,11 @@ def run_settings(argv, parts, out_dir):
     return resumed(typed, run, classes, path)
 
 
-def resumable_checkpoint(path, config, meta, max_iters, optimizer="adamw"):
-    """ckpt.pt, loaded to the CPU (RNG states must stay there), or a refusal naming every field in which config
-    differs from the run's model config as it started (its record: a schedule may change the model's config later,
-    as DroPE's drop does), or its other optimizer."""
+def resumable_checkpoint(out, config, meta, max_iters, optimizer="adamw"):
+    """The run folder out's ckpt.pt, loaded to the CPU (RNG states must stay there), or a refusal naming every field
+    in which config differs from the run's model config as it started (its record: a schedule may change the model's
+    config later, as DroPE's drop does), or its other optimizer."""
+    path = Path(out) / "ckpt.pt"
     ckpt = load_checkpoint(path)
     missing = [k for k in RESUME_KEYS if k not in ckpt]
     if missing:
@@ -349,3 +361,72 @@ def resumable_checkpoint(path, config, meta, max_iters, optimizer="adamw"):
             "raise max_iters to train on"
         )
     return ckpt
+
+
+# ----------------------------------------------------------------------------- a training run's folder
+
+
+def check_out_dir(out_dir, resume):
+    """out_dir as a Path: refused if it is a file, or if it holds a run's ckpt.pt and this run is not its resume."""
+    path = Path(out_dir)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"out_dir={out_dir!r} is a file; give a folder path")
+    if not resume and (path / "ckpt.pt").exists():
+        raise ValueError(
+            f"out_dir={out_dir!r} already holds a run's ckpt.pt; continue it with --resume=true, "
+            "or start afresh in another out_dir (or after deleting that one)"
+        )
+    return path
+
+
+def run_info(gcfg, tc, bc, schedule, meta, world_size):
+    """What every checkpoint of a run carries beside its state: its train settings, tokenizer (meta) and record, which
+    is config.json's contents: the model, train and batch settings, the schedule's own, code, environment, processes."""
+    record = {
+        "model": gcfg.asdict(),
+        "train": asdict(tc),
+        "batches": asdict(bc),
+        "schedule": schedule.settings(),
+        **run_record(),
+        "world_size": world_size,
+    }
+    return {"train_config": asdict(tc), "tokenizer": meta, "record": record}
+
+
+def first_files(out, record, at, resume):
+    """A run's first files in its folder out: metrics.jsonl cut to iteration at (a fresh run's log starts empty, a
+    resumed one's at its step) and config.json, its record, which run_settings reads back."""
+    trim_log(out / "metrics.jsonl", at)
+    if resume:
+        print(f"resuming from {out / 'ckpt.pt'} at iteration {at}")
+    atomic_write(out / "config.json", lambda f: f.write((json.dumps(record, indent=2) + "\n").encode()))
+
+
+def save_run(state, val_loss, out, info):
+    """out_dir/ckpt.pt after every evaluation, and best.pt when val_loss is the run's lowest yet."""
+    if val_loss < state.best_val:
+        state.best_val = val_loss
+        save_checkpoint(pack(state, info), out / "best.pt")
+    save_checkpoint(pack(state, info), out / "ckpt.pt")
+
+
+def last_checkpoint(state, out):
+    """Where a run that stops on an error left its work: its last checkpoint, or none yet."""
+    if state.saved_at is None:
+        return "no checkpoint had been written yet"
+    return f"the last checkpoint, {out / 'ckpt.pt'} (iteration {state.saved_at}), is untouched"
+
+
+def resume_command(argv, world_size):
+    """The command that resumes a stopped run: argv's with --resume=true (under torchrun, a hint alone)."""
+    if argv is None or world_size > 1:
+        return "run the same command with --resume=true"
+    args = [a for a in argv if not a.startswith("--resume")] + ["--resume=true"]
+    return f"python train.py {shlex.join(args)}"
+
+
+def write_failed(e, state, out, argv, world_size):
+    """The error that stops a run whose file a full or read-only device refused (e, a WriteError): e, with the last
+    checkpoint and the command that goes on once there is room."""
+    again = resume_command(argv, world_size) if state.saved_at is not None else "run the same command again"
+    return WriteError(f"{e}; {last_checkpoint(state, out)}; once there is room: {again}")
