@@ -8,21 +8,22 @@ it; model weights are saved from the unwrapped module, without any compile prefi
 import json
 import random
 import re
+import shlex
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
 import positions
-import rope
-from config import build, check_of, current_names, declared, given, one_of, opt, resumed, validate, weightless
+from config import build, current_names, declared, given, resumed, weightless
 from data.tokenizer import HF_PREFIX
-from files import atomic_write
+from files import WriteError, atomic_write, trim_log
 from model import GPT, GPTConfig
+from runtime import run_record
 
 RESUME_KEYS = ("model", "optimizer", "scaler", "iter", "best_val_loss", "rng", "tokenizer")
 CHECKPOINTS = {"best": ("best.pt", "ckpt.pt"), "latest": ("ckpt.pt",)}  # a run's file names tried, in order
@@ -187,55 +188,6 @@ def load_source(spec, flag, which="latest"):
     return Source(config, ckpt["tokenizer"], str(path), {k: ckpt.get(k) for k in ("iter", "best_val_loss")}, load_into)
 
 
-@dataclass
-class SourceSettings:
-    """The settings of a tool that reads one model (sample.py, export.py): where it comes from (load_source) and the
-    RoPE scaling to read it with."""
-
-    out_dir: str = opt(
-        "",
-        "the model: a run folder (best.pt, else ckpt.pt), a checkpoint file, or hf:NAME_OR_PATH; "
-        "default out/, else the newest out*/ folder here with a checkpoint",
-    )
-    checkpoint: str = opt("best", "best.pt or ckpt.pt (latest) of a run folder", check=one_of(tuple(CHECKPOINTS)))
-    rope_scaling: str | None = opt(
-        None,
-        "a RoPE scaling to read the model with, for RoPE models (default: each model's own)",
-        check=check_of(GPTConfig, "rope_scaling"),
-    )
-    rope_scaling_factor: float | None = opt(
-        None,
-        "its factor s: L0 stretched to s L0 (export.py needs it; sample.py's default: max_context / L0, at least 1)",
-        check=check_of(GPTConfig, "rope_scaling_factor"),
-    )
-
-    def __post_init__(self):
-        validate(self)
-        if self.rope_scaling_factor is not None:  # a scaling without its factor: the tool's stretch (rescale)
-            rope.scaling_pair(self.rope_scaling, self.rope_scaling_factor)
-
-    def spec(self):
-        """What out_dir names, else out/ (train.py's default) or the newest out*/ folder in the working directory
-        with a checkpoint: the run just trained."""
-        if self.out_dir:
-            return self.out_dir
-        runs = [p for p in Path().glob("out*") if p.is_dir() and checkpoint_in(p, self.checkpoint)]
-        if not runs:
-            raise ValueError(
-                "no checkpoint in out/ or any other out*/ folder here; train a model first "
-                "(python train.py ...) or name its folder with --out_dir"
-            )
-        out = Path("out")
-        return str(out if out in runs else max(runs, key=lambda p: checkpoint_in(p, self.checkpoint).stat().st_mtime))
-
-    def rescale(self, model, stretch=None):
-        """Reconfigure model to the RoPE scaling asked for (none asked: it keeps its own); a scaling without its
-        factor takes stretch, or is refused where there is none (rope.scaling_pair)."""
-        if self.rope_scaling is not None:
-            scaling, factor = rope.scaling_pair(self.rope_scaling, self.rope_scaling_factor, stretch)
-            model.reconfigure(rope_scaling=scaling, rope_scaling_factor=factor)
-
-
 def same_tokenizer(meta, other):
     return all(meta.get(k) == other.get(k) for k in TOKENIZER_KEYS)
 
@@ -287,6 +239,15 @@ def fine_tune_config(source, config, meta, where):
     return replace(source.config, **{k: getattr(config, k) for k in kept} | {"original_len": L0})
 
 
+def start_model(init_from, config, meta):
+    """A run's model config on a dataset (its meta) and the Source of its first weights: config with the dataset's
+    vocabulary and None (fresh weights), or a fine-tune's config (fine_tune_config) and init_from's Source."""
+    if not init_from:
+        return replace(config, vocab_size=meta["vocab_size"]), None
+    source = load_source(init_from, "init_from")
+    return fine_tune_config(source, config, meta, f"init_from={init_from}"), source
+
+
 def run_settings(argv, parts, out_dir):
     """The settings of a training command, [CONFIG.toml] [--key=value ...]: one instance of each class of parts
     ({config.json's part: its settings class}). A resume continues the run as it was started, with the settings it
@@ -309,10 +270,11 @@ def run_settings(argv, parts, out_dir):
     return resumed(typed, run, classes, path)
 
 
-def resumable_checkpoint(path, config, meta, max_iters, optimizer="adamw"):
-    """ckpt.pt, loaded to the CPU (RNG states must stay there), or a refusal naming every field in which config
-    differs from the run's model config as it started (its record: a schedule may change the model's config later,
-    as DroPE's drop does), or its other optimizer."""
+def resumable_checkpoint(out, config, meta, max_iters, optimizer="adamw"):
+    """The run folder out's ckpt.pt, loaded to the CPU (RNG states must stay there), or a refusal naming every field
+    in which config differs from the run's model config as it started (its record: a schedule may change the model's
+    config later, as DroPE's drop does), or its other optimizer."""
+    path = Path(out) / "ckpt.pt"
     ckpt = load_checkpoint(path)
     missing = [k for k in RESUME_KEYS if k not in ckpt]
     if missing:
@@ -349,3 +311,72 @@ def resumable_checkpoint(path, config, meta, max_iters, optimizer="adamw"):
             "raise max_iters to train on"
         )
     return ckpt
+
+
+# ----------------------------------------------------------------------------- a training run's folder
+
+
+def check_out_dir(out_dir, resume):
+    """out_dir as a Path: refused if it is a file, or if it holds a run's ckpt.pt and this run is not its resume."""
+    path = Path(out_dir)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"out_dir={out_dir!r} is a file; give a folder path")
+    if not resume and (path / "ckpt.pt").exists():
+        raise ValueError(
+            f"out_dir={out_dir!r} already holds a run's ckpt.pt; continue it with --resume=true, "
+            "or start afresh in another out_dir (or after deleting that one)"
+        )
+    return path
+
+
+def run_info(gcfg, tc, bc, schedule, meta, world_size):
+    """What every checkpoint of a run carries beside its state: its train settings, tokenizer (meta) and record, which
+    is config.json's contents: the model, train and batch settings, the schedule's own, code, environment, processes."""
+    record = {
+        "model": gcfg.asdict(),
+        "train": asdict(tc),
+        "batches": asdict(bc),
+        "schedule": schedule.settings(),
+        **run_record(),
+        "world_size": world_size,
+    }
+    return {"train_config": asdict(tc), "tokenizer": meta, "record": record}
+
+
+def first_files(out, record, at, resume):
+    """A run's first files in its folder out: metrics.jsonl cut to iteration at (a fresh run's log starts empty, a
+    resumed one's at its step) and config.json, its record, which run_settings reads back."""
+    trim_log(out / "metrics.jsonl", at)
+    if resume:
+        print(f"resuming from {out / 'ckpt.pt'} at iteration {at}")
+    atomic_write(out / "config.json", lambda f: f.write((json.dumps(record, indent=2) + "\n").encode()))
+
+
+def save_run(state, val_loss, out, info):
+    """out_dir/ckpt.pt after every evaluation, and best.pt when val_loss is the run's lowest yet."""
+    if val_loss < state.best_val:
+        state.best_val = val_loss
+        save_checkpoint(pack(state, info), out / "best.pt")
+    save_checkpoint(pack(state, info), out / "ckpt.pt")
+
+
+def last_checkpoint(state, out):
+    """Where a run that stops on an error left its work: its last checkpoint, or none yet."""
+    if state.saved_at is None:
+        return "no checkpoint had been written yet"
+    return f"the last checkpoint, {out / 'ckpt.pt'} (iteration {state.saved_at}), is untouched"
+
+
+def resume_command(argv, world_size):
+    """The command that resumes a stopped run: argv's with --resume=true (under torchrun, a hint alone)."""
+    if argv is None or world_size > 1:
+        return "run the same command with --resume=true"
+    args = [a for a in argv if not a.startswith("--resume")] + ["--resume=true"]
+    return f"python train.py {shlex.join(args)}"
+
+
+def write_failed(e, state, out, argv, world_size):
+    """The error that stops a run whose file a full or read-only device refused (e, a WriteError): e, with the last
+    checkpoint and the command that goes on once there is room."""
+    again = resume_command(argv, world_size) if state.saved_at is not None else "run the same command again"
+    return WriteError(f"{e}; {last_checkpoint(state, out)}; once there is room: {again}")

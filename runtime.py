@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -49,6 +50,13 @@ class Runtime:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device_type, dtype=self.dtype)
 
+    def wrap(self, model):
+        """(model compiled if asked, that in DDP under torchrun): one to evaluate on a rank alone, one to train."""
+        compiled = torch.compile(model) if self.compile else model
+        if self.world_size == 1:
+            return compiled, compiled
+        return compiled, DDP(compiled, device_ids=[self.local_rank] if self.device_type == "cuda" else None)
+
     def peak_flops(self):
         """Dense bf16 peak of the GPU, for MFU; an assumed H100/A100-class figure when the name is unknown."""
         name = torch.cuda.get_device_name(self.device)
@@ -80,6 +88,22 @@ class StopFlag(Signals):
         if self.requested and signum == signal.SIGINT and self.quit_on_repeat:
             raise KeyboardInterrupt
         self.requested = True
+
+
+class EveryRankError(ValueError):
+    """An error that every process of a run raises at the same step (their verdict shared through a collective)."""
+
+
+def error_line(e):
+    """The line a command that e ends prints on this process, or None where rank 0's says it all."""
+    if isinstance(e, EveryRankError):  # every rank raises it at the same step: one message is enough
+        return f"error: {e}" if int(os.environ.get("RANK", 0)) == 0 else None
+    return f"{rank_prefix()}error: {e}"  # may be one rank's alone (a node without the data), so each says it
+
+
+def rank_prefix():
+    """Whose line it is, "[rank R] ", when several processes print; nothing for one."""
+    return f"[rank {os.environ.get('RANK', 0)}] " if int(os.environ.get("WORLD_SIZE", 1)) > 1 else ""
 
 
 def pick_device(requested, local_rank=0):
@@ -201,6 +225,12 @@ def setup_runtime(device="auto", dtype="auto", compile=None, quiet=False):
     if rt.master and not quiet:
         print(f"device: {rt.device} ({reason}); dtype: {rt.dtype_name}; compile: {rt.compile}; processes: {world}")
     return rt
+
+
+def leave_process_group():
+    """Leave the DDP process group setup_runtime joined, if it did: a command's last act under torchrun."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def any_rank(flag, rt):

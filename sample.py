@@ -26,11 +26,12 @@ import torch
 from tqdm import tqdm
 
 import config
-from checkpoint import SourceSettings, load_source
+from checkpoint import load_source
 from config import NON_NEGATIVE, POSITIVE, one_of, opt
 from data.tokenizer import tokenizer_from_meta
 from generate import Sampling, context_length, generate
 from runtime import check_compile, decode_autocast, pick_device
+from source import SourceSettings
 
 FORMATS = ("columns", "text", "markdown")
 MIN_COLUMN = 24  # narrower columns wrap the text into confetti: print blocks instead

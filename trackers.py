@@ -118,6 +118,13 @@ class Progress:
         self.bar.set_postfix(loss=f"{train_loss:.4f}", tok_s=f"{tokens_per_s:,.0f}", refresh=False)
         return tokens_per_s
 
+    def evaluated(self, it, ev, tokens_per_s):
+        """An evaluation's line above the bar: its losses (train.evaluate's ev) and the window's tokens/s."""
+        self.bar.write(
+            f"iter {it}: train {ev['train_loss']:.4f}, val {ev['val_loss']:.4f} "
+            f"({ev['val_bpb']:.3f} bits/byte), {tokens_per_s:,.0f} tokens/s"
+        )
+
     def log(self, line):
         append_line(self.metrics, json.dumps(line))
         self.tracker.log(line)

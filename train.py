@@ -9,31 +9,27 @@ finishes the step, writes out_dir/ckpt.pt and exits; `--resume` continues exactl
 """
 
 import contextlib
-import json
 import math
-import os
-import shlex
 import sys
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+import checkpoint
 import config
 import positions
+import runtime
 import trackers
-from checkpoint import fine_tune_config, load_source, pack, resumable_checkpoint, run_settings, save_checkpoint, unpack
 from config import FRACTION, NON_NEGATIVE, POSITIVE, RATE, one_of, opt
 from data.batches import BatchConfig, make_batches
 from data.loader import DROPOUT, micro_seed
 from data.tokenizer import bytes_per_token, load_meta
-from files import RunLock, WriteError, atomic_write, trim_log
+from files import RunLock, WriteError
 from model import GPT, GPTConfig
 from optim import OPTIMIZERS, make_optimizer
-from runtime import DTYPES, Runtime, StopFlag, any_rank, mean_and_any, run_record, setup_runtime
 from trackers import Progress
 
 
@@ -93,7 +89,7 @@ class TrainConfig:
         "auto",
         "auto (CUDA: bfloat16 if supported, else float16; CPU: bfloat16 where a probe finds "
         "its matmuls 1.5x float32's, else float32; mps: float32), float32, bfloat16, float16",
-        check=one_of(DTYPES),
+        check=one_of(runtime.DTYPES),
     )
     compile: bool | None = opt(None, "torch.compile the model (default: on for CUDA only)", resume=True)
     seed: int = opt(1337, "seed for initialisation, batches and dropout", check=NON_NEGATIVE)
@@ -117,7 +113,7 @@ class TrainConfig:
         trackers.check(self.log)  # one that cannot start fails here, before anything is written
 
 
-class Divergence(ValueError):
+class Divergence(runtime.EveryRankError):
     """A non-finite loss, from settings such as the learning rate or the dtype (its message says which);
     every process of a run raises it at the same step."""
 
@@ -219,37 +215,12 @@ def step_batches(batches, it, tc, rt):
 # ----------------------------------------------------------------------------- the run
 
 
-def check_out_dir(tc):
-    path = Path(tc.out_dir)
-    if path.exists() and not path.is_dir():
-        raise ValueError(f"out_dir={tc.out_dir!r} is a file; give a folder path")
-    if not tc.resume and (path / "ckpt.pt").exists():
-        raise ValueError(
-            f"out_dir={tc.out_dir!r} already holds a run's ckpt.pt; continue it with --resume=true, "
-            "or start afresh in another out_dir (or after deleting that one)"
-        )
-    return path
-
-
-def resume_command(argv, rt):
-    if argv is None or rt.world_size > 1:
-        return "run the same command with --resume=true"
-    args = [a for a in argv if not a.startswith("--resume")] + ["--resume=true"]
-    return f"python train.py {shlex.join(args)}"
-
-
-def last_checkpoint(state, out):
-    if state.saved_at is None:
-        return "no checkpoint had been written yet"
-    return f"the last checkpoint, {out / 'ckpt.pt'} (iteration {state.saved_at}), is untouched"
-
-
 def divergence(what, state, tc, rt, out):
     """The error a non-finite loss raises, naming the likely causes and the checkpoint kept."""
     return Divergence(
         f"{what} at iteration {state.iter}: training diverged. Likely causes: learning_rate="
         f"{tc.learning_rate} too high (lower it or raise warmup_iters), or {rt.dtype_name} overflowing "
-        f"(try dtype=bfloat16 or float32); {last_checkpoint(state, out)}"
+        f"(try dtype=bfloat16 or float32); {checkpoint.last_checkpoint(state, out)}"
     )
 
 
@@ -260,7 +231,7 @@ class Run:
 
     gcfg: GPTConfig
     tc: TrainConfig
-    rt: Runtime
+    rt: runtime.Runtime
     batches: object  # data.loader.Batches, or a subclass that writes a task into them
     out: Path
     state: TrainState
@@ -276,7 +247,7 @@ def start(gcfg, tc, bc, schedule):
     """Everything before the first step, bad settings failing before anything slow or written: the runtime, the
     data, the model config (the dataset's vocabulary; a fine-tune's from its source; gcfg is not changed), the
     out_dir lock (held until exit), the state (restored on resume) and the run's first files."""
-    rt = setup_runtime(tc.device, tc.dtype, tc.compile)
+    rt = runtime.setup_runtime(tc.device, tc.dtype, tc.compile)
     if tc.gradient_accumulation_steps % rt.world_size:
         raise ValueError(
             f"gradient_accumulation_steps={tc.gradient_accumulation_steps} must be divisible by the "
@@ -284,39 +255,23 @@ def start(gcfg, tc, bc, schedule):
         )
     dataset_dir = Path(tc.data_dir) / tc.dataset
     meta = load_meta(dataset_dir)
-    source = load_source(tc.init_from, "init_from") if tc.init_from else None
-    gcfg = (
-        fine_tune_config(source, gcfg, meta, f"init_from={tc.init_from}")
-        if source
-        else replace(gcfg, vocab_size=meta["vocab_size"])
-    )
+    gcfg, source = checkpoint.start_model(tc.init_from, gcfg, meta)
     bc.check_model(gcfg, positions.scheme(gcfg.pos_emb))  # a fine-tune's scheme is its source's
     batches = make_batches(bc, dataset_dir, meta, gcfg.block_size, tc.batch_size, tc.seed, rt.device, tc.eval_iters)
-    out = check_out_dir(tc) if rt.master else Path(tc.out_dir)
-    ckpt = resumable_checkpoint(out / "ckpt.pt", gcfg, meta, tc.max_iters, tc.optimizer) if tc.resume else None
+    out = checkpoint.check_out_dir(tc.out_dir, tc.resume) if rt.master else Path(tc.out_dir)
+    ckpt = checkpoint.resumable_checkpoint(out, gcfg, meta, tc.max_iters, tc.optimizer) if tc.resume else None
     torch.manual_seed(tc.seed)  # the same initial weights on every rank
     state = TrainState(GPT(gcfg).to(rt.device), tc, rt)
     if source and not ckpt:  # fine-tuning's start; a resume continues from its own checkpoint instead
         source.load_into(state.model)
     with RunLock(out, "training run") if rt.master else contextlib.nullcontext():  # the master writes alone
         if ckpt:
-            unpack(state, ckpt)
+            checkpoint.unpack(state, ckpt)
             del ckpt  # its tensors are copied into the state
-        record = {
-            "model": gcfg.asdict(),
-            "train": asdict(tc),
-            "batches": asdict(bc),
-            "schedule": schedule.settings(),
-            **run_record(),
-            "world_size": rt.world_size,
-        }
-        info = {"train_config": asdict(tc), "tokenizer": meta, "record": record}
+        info = checkpoint.run_info(gcfg, tc, bc, schedule, meta, rt.world_size)
         run = Run(gcfg, tc, rt, batches, out, state, schedule, info)
         if rt.master:
-            trim_log(out / "metrics.jsonl", state.iter)  # a fresh run's log starts empty, a resumed one's at its step
-            if tc.resume:
-                print(f"resuming from {out / 'ckpt.pt'} at iteration {state.iter}")
-            atomic_write(out / "config.json", lambda f: f.write((json.dumps(record, indent=2) + "\n").encode()))
+            checkpoint.first_files(out, info["record"], state.iter, tc.resume)
             print(
                 f"model: {state.model.num_params() / 1e6:.2f}M parameters, pos_emb={gcfg.pos_emb}; "
                 f"tokens per step: {run.tokens_per_step():,}"
@@ -331,14 +286,13 @@ def train(gcfg, tc, bc=None, schedule=None, argv=None):
         try:
             stopped = loop(run)
         except WriteError as e:  # a full or read-only device: a stop whose checkpoint could not be written
-            again = resume_command(argv, run.rt) if run.state.saved_at is not None else "run the same command again"
-            raise WriteError(f"{e}; {last_checkpoint(run.state, run.out)}; once there is room: {again}") from None
+            raise checkpoint.write_failed(e, run.state, run.out, argv, run.rt.world_size) from None
     state = run.state
     if run.rt.master:
         if stopped:
             print(
                 f"stopped at iteration {state.iter}; checkpoint written to {run.out / 'ckpt.pt'}. "
-                f"To continue: {resume_command(argv, run.rt)}"
+                f"To continue: {checkpoint.resume_command(argv, run.rt.world_size)}"
             )
         else:
             print(
@@ -368,15 +322,10 @@ def loop(run):
     signal stopped it early."""
     tc, rt, state = run.tc, run.rt, run.state
     # evaluate with this one, never the DDP wrapper: its forward may talk to the ranks that are not evaluating
-    compiled = torch.compile(state.model) if rt.compile else state.model
-    model = (
-        compiled
-        if rt.world_size == 1
-        else DDP(compiled, device_ids=[rt.local_rank] if rt.device_type == "cuda" else None)
-    )
+    compiled, model = rt.wrap(state.model)
     flops_per_token = state.model.flops_per_token(run.gcfg.block_size)
     with (
-        StopFlag(quit_on_repeat=rt.world_size == 1) as stop,
+        runtime.StopFlag(quit_on_repeat=rt.world_size == 1) as stop,
         Progress(run.out, tc, rt, state.iter, run.tokens_per_step(), run.info["record"]) as progress,
     ):
         for it in range(state.iter, tc.max_iters):
@@ -386,7 +335,7 @@ def loop(run):
             loss_sum, grad_norm = train_step(
                 model, state.optimizer, state.scaler, step_batches(run.batches, it, tc, rt), lr, tc.grad_clip, rt
             )
-            train_loss, stop_now = mean_and_any(loss_sum, stop.requested, rt)
+            train_loss, stop_now = runtime.mean_and_any(loss_sum, stop.requested, rt)
             state.iter = done = it + 1
             if not math.isfinite(train_loss):
                 raise divergence(f"the training loss is {train_loss}", state, tc, rt, run.out)
@@ -407,47 +356,26 @@ def loop(run):
             if eval_due:
                 ev = evaluate(compiled, run.batches, rt) if rt.master else {}
                 # rank 0's verdict goes to every rank, so a divergence seen in evaluation stops all of them
-                if any_rank(not all(map(math.isfinite, ev.values())), rt):
+                if runtime.any_rank(not all(map(math.isfinite, ev.values())), rt):
                     raise divergence("evaluation gave a non-finite loss", state, tc, rt, run.out)
                 if rt.master:  # train_loss stays the step's: the evaluation's is on its fixed batches
                     line |= {"eval_train_loss": ev["train_loss"], "val_loss": ev["val_loss"], "val_bpb": ev["val_bpb"]}
-                    progress.bar.write(
-                        f"iter {done}: train {ev['train_loss']:.4f}, val {ev['val_loss']:.4f} "
-                        f"({ev['val_bpb']:.3f} bits/byte), {tokens_per_s:,.0f} tokens/s"
-                    )
+                    progress.evaluated(done, ev, tokens_per_s)
             # the log line before the checkpoint: a kill between them leaves a line past the checkpoint, which
             # the resume trims, rather than a checkpoint whose iteration the log never gets
             if line is not None:
                 progress.log(line | {"elapsed_s": state.elapsed()})
             if eval_due:
                 if rt.master:
-                    save(state, ev["val_loss"], run.out, run.info)
+                    checkpoint.save_run(state, ev["val_loss"], run.out, run.info)
                 state.saved_at = done
             if stop_now:
                 return True
     return False
 
 
-def save(state, val_loss, out, info):
-    """out_dir/ckpt.pt after every evaluation, and best.pt when val_loss is the run's lowest yet."""
-    if val_loss < state.best_val:
-        state.best_val = val_loss
-        save_checkpoint(pack(state, info), out / "best.pt")
-    save_checkpoint(pack(state, info), out / "ckpt.pt")
-
-
 RECORD = {"model": GPTConfig, "train": TrainConfig, "batches": BatchConfig}  # config.json's parts: their settings
 SETTINGS = tuple(RECORD.values())
-
-
-def error_line(e):
-    if isinstance(e, Divergence):  # every rank raises it at the same step: one message is enough
-        return f"error: {e}" if int(os.environ.get("RANK", 0)) == 0 else None
-    return f"{rank_prefix()}error: {e}"  # may be one rank's alone (a node without the data), so each says it
-
-
-def rank_prefix():
-    return f"[rank {os.environ.get('RANK', 0)}] " if int(os.environ.get("WORLD_SIZE", 1)) > 1 else ""
 
 
 def main(argv=None):
@@ -457,16 +385,15 @@ def main(argv=None):
         try:
             train(gcfg, tc, bc, argv=argv)
         finally:
-            if dist.is_initialized():
-                dist.destroy_process_group()
+            runtime.leave_process_group()
 
     def read(argv, *classes):  # a resume's settings are the run's own: checkpoint.py reads them
-        return run_settings(argv, RECORD, TrainConfig.out_dir)
+        return checkpoint.run_settings(argv, RECORD, TrainConfig.out_dir)
 
     def interrupted(e):
-        return f"{rank_prefix()}interrupted: quit at once, without a new checkpoint; those on disk are whole"
+        return f"{runtime.rank_prefix()}interrupted: quit at once, without a new checkpoint; those on disk are whole"
 
-    config.main(argv, __doc__, SETTINGS, run, read=read, error=error_line, interrupted=interrupted)
+    config.main(argv, __doc__, SETTINGS, run, read=read, error=runtime.error_line, interrupted=interrupted)
 
 
 if __name__ == "__main__":

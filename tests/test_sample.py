@@ -11,10 +11,11 @@ import torch.nn.functional as F
 
 import export
 import sample
-from checkpoint import SourceSettings, load_checkpoint, model_from_checkpoint, save_checkpoint
+from checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
 from conftest import TINY, run
 from data.tokenizer import TiktokenTokenizer, bpe_encoding
 from model import GPT, GPTConfig
+from source import SourceSettings
 
 SCHEMES = ("rope", "sinusoidal")
 PROMPT = "ROMEO:\nThe"
