@@ -6,6 +6,7 @@ tiktoken cache; in-process tests monkeypatch the download functions.
 
 import base64
 import io
+import itertools
 import json
 import os
 import re
@@ -69,8 +70,8 @@ def naive_train_bpe(text: str, vocab_size: int) -> list[tuple[int, int, int]]:
     merges = []
     while len(vocab) < vocab_size:
         counts = Counter()
-        for word, freq in zip(words, freqs):
-            for pair in zip(word, word[1:]):
+        for word, freq in zip(words, freqs, strict=True):
+            for pair in itertools.pairwise(word):
                 counts[pair] += freq
         if not counts:
             break
@@ -501,7 +502,7 @@ def test_chunks_fed_in_pieces_of_any_size_match_the_whole(small_corpus):
     text = HARD + small_corpus.read_text(encoding="utf-8")[:10_000]
     rng = np.random.default_rng(0)
     ends = sorted(set(rng.integers(1, len(text), 200).tolist())) + [len(text)]
-    pieces = [(0, text[a:b]) for a, b in zip([0, *ends], ends)]
+    pieces = [(0, text[a:b]) for a, b in itertools.pairwise([0, *ends])]
     chunks = [chunk for _, chunk in prepare.chunks(pieces, 50)]
     assert "".join(chunks) == text
     for name, encode in encodings(small_corpus).items():

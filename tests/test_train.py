@@ -1,6 +1,7 @@
 """train.py's reliability: exact resume, graceful stop, checkpoints that survive kills, the
 divergence guard, and a battery of user mistakes, each answered in one line with nothing destroyed."""
 
+import itertools
 import json
 import os
 import random
@@ -140,7 +141,7 @@ def test_lr_warms_up_linearly_then_follows_half_a_cosine_to_the_floor():
     assert lrs[:4] == pytest.approx([0.2, 0.4, 0.6, 0.8])  # (it + 1) / (warmup + 1) of the peak
     assert lrs[4] == 1.0 and lrs[14] == pytest.approx(0.55) and lrs[24:] == [0.1] * 6  # peak, halfway, floor
     assert lrs[9] == pytest.approx(0.1 + 0.9 * np.cos(np.pi / 8) ** 2)  # a quarter of the way: cos^2 form
-    assert all(a > b for a, b in zip(lrs[4:24], lrs[5:25]))
+    assert all(a > b for a, b in itertools.pairwise(lrs[4:25]))
     assert train.Schedule(train.TrainConfig(learning_rate=1.0, warmup_iters=0, max_iters=10)).lr(10) == pytest.approx(
         0.1
     )
