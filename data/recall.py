@@ -22,9 +22,12 @@ Probe windows (synthetic, filler and needles; no dataset) are written here and s
   needle each asked 1 time in pairs, as when every rank fits: a model that copies the latest needle (or the
   first) is right at most as often as chance at every distance. With the other needles placed uniformly
   instead, the latest needle would be the asked one most of the time at every distance short against the
-  window, and a model that never reads a key would seem to retrieve there. Where a single rank fits (the
-  shortest distances, and the longest, the asked needle at the window's start) the layout forces the answer:
-  the readout keeps those cells apart (`forced`).
+  window, and a model that never reads a key would seem to retrieve there. A model that copies the needle of
+  another fixed rank is right as often as that rank is asked, up to 9 times in 10 where two ranks fit: a cell's
+  floor, the best score of any strategy that reads no key, is its largest rank probability (exact, from
+  `layout`), and the readout (lab/retrieval.py) reads a cell only above it. Where a single rank fits (the
+  shortest distances, and the longest, the asked needle at the window's start) the layout forces the answer
+  (floor 1): the readout keeps those cells apart (`forced`).
 - `slot_windows`: the needles, then every needle queried once in a random order (earlier answers shown):
   elimination answers query j of `pairs` right 1 time in pairs - j + 1, the last always; a model that reads the
   keys scores alike at every slot. The shortcut check of a trained model.
@@ -34,6 +37,8 @@ import torch
 
 KEYS, VALUES, FILLER = "abcdefghijklmnopqrstuvwxyz", "ABCDEFGHIJKLMNOPQRSTUVWXYZ", ". "
 NEEDLE = 3  # tokens of a needle or a query: the key and the two answer tokens
+# the probe windows' layout and what a scored cell records of it: a lab score made under another is made again
+LAYOUT = 2
 
 
 def query_keys(end, queries):
@@ -92,8 +97,9 @@ class Recall:
 
     @property
     def chance(self):
-        """Whole answers of a model that copies one of the window's needles without reading the query's key: the
-        floor of the distance probe's scores."""
+        """Whole answers of a model that copies one of the window's needles at random without reading the query's
+        key. Not the floor of a distance cell: copying the needle of a fixed recency rank scores `ranks`'s
+        probability of that rank, up to 9 in 10 where two ranks fit."""
         return 1 / self.pairs
 
     def needles(self, n, generator):
