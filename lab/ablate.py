@@ -441,7 +441,7 @@ def probe_record(plan, reference):
         return None
     ac, probe = plan.settings, plan.probe
     longest = max(probe.lengths)
-    errors = readout_errors(probe.cells(longest, dict.fromkeys(probe.windows[longest], 0))["cells"], ac.probe_pool)
+    errors = readout_errors(probe.cells(longest, dict.fromkeys(probe.distances[longest], 0))["cells"], ac.probe_pool)
     return {
         "chance": probe.chance,
         "reference": reference,
@@ -603,9 +603,11 @@ def run_flops(cfg, plan):
     in_training = n_evals * 2 * tc.eval_iters * tc.batch_size * L0 * fpt(L0) / 3  # train and val splits
     probes = 0
     if plan.probe:
-        windows = plan.settings.probe_trials * plan.settings.probe_distances  # the slot probe's, and per length
+        slots = plan.settings.probe_trials * plan.settings.probe_distances  # the slot probe's windows
         reached = [W for W in plan.probe.lengths if scheme.extrapolates or W <= L0]
-        probes = windows * (n_evals * L0 * fpt(L0) + sum(W * fpt(W) for W in reached)) / 3
+        # the distance probe reads each context once for all its queries (Probe.forked_answers)
+        contexts = sum(len(plan.probe.windows[W][0]) * W * fpt(W) for W in reached)
+        probes = (slots * n_evals * L0 * fpt(L0) + contexts) / 3
     rescaled = plan.scalings if cfg.takes("rope_scaling") else []
     scored = [(L, 1 + len(rescaled) if L > L0 else 1) for L in plan.lengths if scheme.extrapolates or L <= L0]
     extrapolation = sum(n * n_windows(plan.windows[L]) * L * fpt(L) / 3 for L, n in scored)

@@ -12,15 +12,15 @@ and, beside it, at our stricter 90% (`THRESHOLDS`), from each distance's cell.
 The readout that measures the model rather than its trial count reads a seed's cells, {str(k): {"trials", "hits",
 "blind"}} by distance (`Probe.counts`, JSON as results.json keeps them; the cells whose layout forces the answer kept
 apart). A cell's "blind" is {str(r): the share of its trials a model reading no key answers right by copying the
-needle of recency rank r} (data/recall.py's `ranks`, exact); its floor, the best of them, is the best score of any
-strategy that reads no key (for a pool of cells: the best of their trial-weighted means). Chance (1 / pairs) is not
-the floor: at distance 7 only ranks 0 and 1 fit, and copying rank 1 is right 9 times in 10. So every reading holds
-against the floor:
+needle of recency rank r}, counted on the probe's own windows (exact); its floor, the best of them, is the best score
+of any strategy that reads no key (for a pool of cells: the best of their trial-weighted means). Chance (1 / pairs)
+is not the floor: near the query few ranks fit (at distance 7 only ranks 0 and 1), and a copier of one of them is
+right far more often than 1 time in pairs. So every reading holds against the floor:
 - a cell (of `per` pooled distances) is read only where a near-perfect reader clears its floor more often than
   not: the interval of floor(GOOD x trials) hits (the hits a reader right GOOD of the time gets at least half the
   time) lies above the floor. The others, like the forced cells, neither pass nor fail.
 - a read cell passes a threshold when its 95% interval lies wholly above its floor and reaches the threshold; k_max
-  is the longest distance up to which every read cell passes. A copier of any rank, at its exact expected hits,
+  is the longest distance up to which every read cell passes. A copier of any rank, scoring its recorded share,
   reaches nothing (its share is at most the floor, which its interval then holds).
 - the effective length is k_max at one reference fixed for every compared arm before they are read (as RULER reads
   every model against Llama-2-7B's 85.6% at 4K), never at a model's own accuracy: the better a model retrieves
@@ -44,6 +44,7 @@ settings (bench.py does) needs no scipy.
 """
 
 import bisect
+import copy
 import functools
 import math
 from dataclasses import dataclass
@@ -52,8 +53,9 @@ import numpy as np
 import torch
 
 from config import opt
-from data.recall import LAYOUT, Recall, distances, query_keys
+from data.recall import LAYOUT, NEEDLE, Recall, distances, query_keys
 from data.tokenizer import tokenizer_from_meta
+from generate import KVCache
 from lab.grid import numbers
 
 THRESHOLDS = {"pi": 0.2, "strict": 0.9}  # PI's success rate for a distance to count, and ours
@@ -101,16 +103,24 @@ def probe_generator(stream, W, k=0):
 
 
 class Probe:
-    """The recall probe: at each probed length W (a multiple of L0), `probe_trials` windows at each of
-    `probe_distances` needle-to-query distances, one query at the window's end (data/recall.py's distance
-    windows), scored as whole answers; and the slot check at L0. Every window is built once, here.
+    """The recall probe: at each probed length W (a multiple of L0), `probe_trials` queries at each of
+    `probe_distances` needle-to-query distances, each query alone at the end of a window of W tokens, scored as
+    whole answers; and the slot check at L0. Every window is built once, here.
 
-    What is scored and its floor: whole answers (V and W both the argmax) of the one query; a model that copies
-    the needle of a fixed recency rank r without reading the key scores the layout's probability of r at each
-    distance (`blind`), at most `floors` (the module's docstring says how every reading holds against it), and
-    passes a threshold by luck with the probability `error_rates` states as "false_pass", which the reports print
-    beside k_max. Where the layout forces the answer (`forced`: floor 1, no room for another needle between the
-    asked one and the query, or none before it) `counts` keeps the cell apart from every summary."""
+    A window is a context (data/recall.py's context_windows: filler and pairs needles) and one query: the context
+    asks each of its needles in a window of its own, so that no query sees another (no earlier answer to copy, no
+    needle eliminated), and a model that takes a KV cache (`forks`) reads the context once, each query then
+    extending a copy of its keys and values alone: the logits of the window of W tokens, from one forward of the
+    context for up to pairs answers. A model that does not (a dynamic scaling, whose frequencies change with the
+    length a cache grows through; a hand-written one) reads each window whole, the same logits.
+
+    What is scored and its floor: whole answers (V and W both the argmax) of the query; a model that copies the
+    needle of a fixed recency rank r without reading the key answers right the queries whose needle has rank r,
+    counted on these very windows (`blind`, exact), at most `floors` (the module's docstring says how every
+    reading holds against it), and passes a threshold by luck with the probability `error_rates` states as
+    "false_pass", which the reports print beside k_max. Where the layout leaves room for one rank alone (`forced`:
+    floor 1, no room for a needle between the asked one and the query, or before it) `counts` keeps the cell apart
+    from every summary."""
 
     def __init__(self, meta, L0, settings, pairs, tokens_per_forward, device, lengths=None):
         """Windows at each of settings.probe_lengths x L0, or at the given lengths (tokens)."""
@@ -120,13 +130,13 @@ class Probe:
             lengths
             or {round(m * L0) for m in numbers("probe_lengths", settings.probe_lengths, float, 0, "0.5,1,2,4,8")}
         )
-        self.windows = {}  # {W: {k: (trials, W+1) rows}}
-        for W in self.lengths:
+        self.distances = {W: distances(W, settings.probe_distances) for W in self.lengths}
+        self.windows = {}  # {W: (contexts, needles, asked, ranks)}: data/recall.py's context_windows
+        for W, ks in self.distances.items():
             try:
-                self.windows[W] = {
-                    k: self.recall.distance_windows(W, k, settings.probe_trials, probe_generator(DISTANCE, W, k))
-                    for k in distances(W, settings.probe_distances)
-                }
+                self.windows[W] = self.recall.context_windows(
+                    W, ks, settings.probe_trials, probe_generator(DISTANCE, W)
+                )
             except ValueError as e:
                 raise ValueError(f"probe length {W} (L0 = {L0}): {e}") from None
         # the slot probe's windows, built once (at L0, too short for the slot check: fails now): every base stage
@@ -136,13 +146,21 @@ class Probe:
                 L0, settings.probe_trials * settings.probe_distances, probe_generator(SLOT, L0)
             )
         }
-        # {W: {k: {str(r): whole answers of the copier of rank r}}}, exact from the layout; a cell records its own
-        self.blind = {
-            W: {k: {str(r): p for r, p in self.recall.ranks(W, k).items()} for k in rows}
-            for W, rows in self.windows.items()
-        }
+        # {W: {k: {str(r): share of the queries the copier of rank r answers right}}}, counted on the windows; a cell
+        # records its own
+        self.blind = {W: self.copiers(W) for W in self.lengths}
         self.floors = {W: {k: max(by_rank.values()) for k, by_rank in ks.items()} for W, ks in self.blind.items()}
-        self.forced = {W: {k for k, f in ks.items() if f == 1} for W, ks in self.floors.items()}
+        # where one rank alone fits; elsewhere a floor of 1 by chance (few trials) leaves the cell unread (`read`)
+        self.forced = {W: {k for k in ks if len(self.recall.fits(W, k)) == 1} for W, ks in self.distances.items()}
+
+    def copiers(self, W):
+        """{k: {str(r): share of the queries at distance k whose needle has recency rank r}} in windows of W."""
+        _, _, asked, ranks = self.windows[W]
+        trials = self.settings.probe_trials
+        return {
+            k: {str(r): n / trials for r, n in enumerate(torch.bincount(ranks[asked == i]).tolist()) if n}
+            for i, k in enumerate(self.distances[W])
+        }
 
     @property
     def made_with(self):
@@ -173,7 +191,7 @@ class Probe:
 
     def cells(self, W, hits):
         """{"cells": {str(k): {"trials", "hits", "blind"}}, "forced": the same for the distances whose layout forces
-        the answer (data/recall.py's `ranks`), kept apart from every summary} of hits {k: whole answers} in windows
+        the answer (data/recall.py's `fits`), kept apart from every summary} of hits {k: whole answers} in windows
         of W tokens."""
         out = {"cells": {}, "forced": {}}
         for k, got in hits.items():
@@ -184,12 +202,51 @@ class Probe:
             }
         return out
 
-    def hits(self, model, W, rt):
-        """{k: whole answers} at each probed distance of windows of W tokens (a probed length)."""
+    def hits(self, model, W, rt, whole=None):
+        """{k: whole answers} at each probed distance of windows of W tokens (a probed length); whole: read each
+        query's window whole (default: where the model does not fork, `forks`), the same answers at up to pairs
+        times the forwards (bench.py times both)."""
         assert W in self.windows, f"W={W} is not a probed length ({self.lengths})"
-        rows = self.windows[W]
-        right = self.whole_answers(model, torch.cat(list(rows.values())), query_keys(W + 1, 1), rt)  # (n, 1)
-        return {k: int(hits.sum()) for k, hits in zip(rows, right.split(self.settings.probe_trials), strict=True)}
+        contexts, needles, asked, _ = self.windows[W]
+        owner, which = (asked >= 0).nonzero(as_tuple=True)  # (m,) each query's context and needle
+        queries = needles[owner, which]  # (m, 3)
+        if whole is None:
+            whole = not forks(model)
+        if whole:  # each query's window: its context with the query in the query's place
+            rows = contexts[owner].clone()
+            rows[:, -NEEDLE:] = queries
+            right = self.whole_answers(model, rows, query_keys(W + 1, 1), rt)[:, 0]
+        else:
+            right = self.forked_answers(model, contexts, owner, queries, rt)
+        at = asked[owner, which]  # (m,) the distance each query is asked at, as an index
+        return {k: int(right[at == i].sum()) for i, k in enumerate(self.distances[W])}
+
+    @torch.no_grad()
+    def forked_answers(self, model, contexts, owner, queries, rt):
+        """(m,) bools: whether each query (m, 3) is answered whole at the end of its context contexts[owner] (n, W+1)
+        (the query's key and V read after the context's first W - 2 tokens): each context's forward once, into a KV
+        cache copied for each of its queries, which then extend their copies alone. The keys a query attends to are
+        those of its own window, at the same positions: the logits of whole_answers on that window."""
+        W, config = contexts.shape[1] - 1, model.config
+        start = query_keys(W + 1, 1)[0]  # the query's key: the context's tokens before it are read once
+        per_forward = max(1, self.tokens_per_forward // W)
+        right = []
+        for first in range(0, len(contexts), per_forward):
+            context = contexts[first : first + per_forward, :start].to(self.device)
+            mine = ((owner >= first) & (owner < first + per_forward)).nonzero().flatten()
+            cache = KVCache(config, len(context), W, self.device, rt.dtype)
+            with rt.autocast():
+                model(context, cache=cache)
+            cache.advance(start)
+            # each query's own copy of its context's keys and values, taken by indexing (no zeroed cache to fill)
+            rows, fork = (owner[mine] - first).to(self.device), copy.copy(cache)
+            fork.k, fork.v = ([t[rows] for t in kv] for kv in (cache.k, cache.v))
+            fork.ids = cache.ids[rows]
+            q = queries[mine]
+            with rt.autocast():
+                logits = model(q[:, :2].to(self.device), q[:, 1:].to(self.device), cache=fork)[0]  # (b, 2, vocab)
+            right.append((logits.argmax(-1).cpu() == q[:, 1:]).all(-1))
+        return torch.cat(right)
 
     def by_slot(self, model, W, rt):
         """{str(j): share of whole answers} at query slot j = 1..pairs of windows of W = L0 tokens whose needles are
@@ -213,6 +270,13 @@ class Probe:
             guess = logits[:, at].argmax(-1).cpu()  # (b, queries, 2)
             right.append((guess == ys[:, at]).all(-1))
         return torch.cat(right)
+
+
+def forks(model):
+    """Whether the probe reads a context once for all its queries (Probe.forked_answers): a model that takes a KV
+    cache and whose positions mean the same at every length it grows through (not a dynamic scaling)."""
+    scaling = getattr(model.config, "scaling", None)
+    return scaling is not None and not scaling.dynamic
 
 
 @functools.cache  # a readout asks for the same few (hits, trials) many times
