@@ -321,8 +321,11 @@ def bench_rope_apply(run):
 
 def bench_probe(run):
     """The lab's scoring (lab/retrieval.py) of a model of the config's shape, untrained (the time does not depend on
-    the weights): the recall probe's distance windows at each probed length (Probe.counts) and the slot probe at L0
-    (by_slot), as the lab runs them (its tokens per forward, its device and dtype), eager and compiled."""
+    the weights): the recall probe's distance windows at each probed length (Probe.hits), each context read once
+    for all its queries ("forked", as the lab scores them) and each query's window read whole ("whole", one forward
+    per answer: the layout's cost before contexts were read once), and the slot probe at L0 (by_slot), as the lab
+    runs them (its tokens per forward, its device and dtype), eager and compiled. answers_per_s: scored answers
+    (whole answers of a query) per second."""
     meta = load_meta(Path(run.tc.data_dir) / run.tc.dataset)
     gcfg = replace(run.gcfg, vocab_size=meta["vocab_size"])
     L0 = gcfg.block_size
@@ -330,30 +333,35 @@ def bench_probe(run):
     torch.manual_seed(run.tc.seed)
     model = GPT(gcfg).to(run.rt.device).eval()
 
-    def scoring(forward, what, W):
-        score = probe.by_slot if what == "slot" else probe.counts
-        return lambda: score(forward, W, run.rt)
+    def scoring(forward, what, W, read):
+        if what == "slot":
+            return lambda: probe.by_slot(forward, W, run.rt)
+        return lambda: probe.hits(forward, W, run.rt, whole=read == "whole")
 
-    work = [("distance", W) for W in probe.lengths] + [("slot", L0)]
-    variants = {(what, W, False): scoring(model, what, W) for what, W in work}
+    work = [("distance", W, read) for W in probe.lengths for read in ("whole", "forked")] + [("slot", L0, "whole")]
+    variants = {(*job, False): scoring(model, *job) for job in work}
     compile_s = {}
     if run.compile:
         compiled = torch.compile(model)
-        for what, W in work:  # in turn: a new window length may compile anew (dynamic shapes), the slot probe not
-            variants[what, W, True] = scoring(compiled, what, W)
-            compile_s[what, W] = timed_first_call(variants[what, W, True], run.sync)
+        for job in work:  # in turn: a new window length may compile anew (dynamic shapes), the slot probe not
+            variants[*job, True] = scoring(compiled, *job)
+            compile_s[job] = timed_first_call(variants[*job, True], run.sync)
     seconds = time_in_turns(variants, run.repeats("probe"), sync=run.sync, desc="probe")
     rows = []
-    for (what, W, compiled), s in seconds.items():
-        windows = len(probe.slots[W]) if what == "slot" else sum(map(len, probe.windows[W].values()))
+    for (what, W, read, compiled), s in seconds.items():
+        # a query answered at the end of a window of W tokens: each distance query, or each slot window's pairs
+        windows = len(probe.slots[W]) if what == "slot" else run.probe_settings.probe_trials * len(probe.distances[W])
+        answers = windows * (probe.recall.pairs if what == "slot" else 1)
         figures = spread(s)
         figures["windows_per_s"] = windows / (figures["ms_median"] / 1e3)
         figures["tokens_per_s"] = figures["windows_per_s"] * W
+        figures["answers_per_s"] = answers / (figures["ms_median"] / 1e3)
         if compiled:
-            figures["compile_s"] = compile_s[what, W]
+            figures["compile_s"] = compile_s[what, W, read]
         variant = {
             "probe": what,
             "window": W,
+            "read": read,
             "windows": windows,
             "compiled": compiled,
             "threads": torch.get_num_threads(),
@@ -519,6 +527,7 @@ def parse_only(text):
 FIGURE_FORMATS = {
     "windows_per_s": "{:,.0f} windows/s",
     "tokens_per_s": "{:,.0f} tok/s",
+    "answers_per_s": "{:,.1f} answers/s",
     "gflops": "{:.1f} GFLOP/s",
     "mfu": "MFU {:.1%}",
     "peak_gflops": "peak {:.1f} GFLOP/s",

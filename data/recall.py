@@ -15,16 +15,21 @@ loss stays comparable across models; of a task row only the answers are trained.
 
 Probe windows (synthetic, filler and needles; no dataset) are written here and scored by lab/retrieval.py:
 
-- `distance_windows`: the asked needle's key exactly k tokens before the single query's key at the window's
-  end, the other needles before the query. A model that copies some needle's capitals without reading the key
-  is right 1 time in `pairs` (`chance`). The asked needle's recency rank (how many other needles lie between it
-  and the query) is drawn among the ranks the distance leaves room for (`ranks`), the latest and the earliest
-  needle each asked 1 time in pairs, as when every rank fits: a model that copies the latest needle (or the
-  first) is right at most as often as chance at every distance. With the other needles placed uniformly
-  instead, the latest needle would be the asked one most of the time at every distance short against the
-  window, and a model that never reads a key would seem to retrieve there. Where a single rank fits (the
-  shortest distances, and the longest, the asked needle at the window's start) the layout forces the answer:
-  the readout keeps those cells apart (`forced`).
+- `context_windows`: contexts of filler and `pairs` needles, each needle asked by a query of its own at the end of
+  a window of W tokens, its key exactly k tokens before the query's, k one of the probed distances: each
+  distance asked `trials` times, up to `pairs` of them a context (lab/retrieval.py scores a context's queries on
+  one forward of it). A query sees its context alone, never another query: no earlier answer to copy from, no
+  needle eliminated. (Queries following one another at a window's end, as the training rows ask them, would
+  give back both: a needle asked again is answered by the earlier query's shown answer, a few tokens back, so
+  such a query measures that distance and not its needle's; and the queries at long distances would then be
+  the first asks alone, among which the needles already asked are never the answer.) A model that copies some
+  needle's capitals without reading the key is right 1 time in `pairs` (`chance`); one that copies the needle
+  of a fixed recency rank (how many needles lie between it and the query) is right as often as the queries at
+  a distance ask that rank: the needle right before the query is always the latest (rank 0), the one at the
+  window's start always the earliest, and near them few ranks fit. A cell's floor, the best score of any
+  strategy that reads no key, is its largest rank share, counted exactly on the windows (context_windows'
+  ranks), and the readout (lab/retrieval.py) reads a cell only above it; where one rank alone fits (`fits`) the
+  layout forces the answer (floor 1): the readout keeps those cells apart (`forced`).
 - `slot_windows`: the needles, then every needle queried once in a random order (earlier answers shown):
   elimination answers query j of `pairs` right 1 time in pairs - j + 1, the last always; a model that reads the
   keys scores alike at every slot. The shortcut check of a trained model.
@@ -36,6 +41,8 @@ from config import POSITIVE, opt
 
 KEYS, VALUES, FILLER = "abcdefghijklmnopqrstuvwxyz", "ABCDEFGHIJKLMNOPQRSTUVWXYZ", ". "
 NEEDLE = 3  # tokens of a needle or a query: the key and the two answer tokens
+# the probe windows' layout and what a scored cell records of it: a lab score made under another is made again
+LAYOUT = 3
 
 
 def query_keys(end, queries):
@@ -144,8 +151,9 @@ class Recall:
 
     @property
     def chance(self):
-        """Whole answers of a model that copies one of the window's needles without reading the query's key: the
-        floor of the distance probe's scores."""
+        """Whole answers of a model that copies one of the window's needles at random without reading the query's
+        key. Not the floor of a distance cell: copying the needle of a fixed recency rank scores the share of the
+        cell's queries that ask that rank (context_windows' ranks), all of them right before the query."""
         return 1 / self.pairs
 
     def needles(self, n, generator):
@@ -160,7 +168,7 @@ class Recall:
         """A task row of length tokens: filler, the needles (pairs, 3) at starts, and the queries (q, 3) ending at
         end."""
         out = self.filler.repeat(length // len(self.filler) + 1)[:length].clone()
-        for needle, a in zip(needles, starts.tolist()):
+        for needle, a in zip(needles, starts.tolist(), strict=True):
             out[a : a + NEEDLE] = needle
         out[end - NEEDLE * len(queries) : end] = queries.flatten()
         return out
@@ -196,7 +204,7 @@ class Recall:
         # python ints, listed once: no .item() per row, and each row's queries decided here rather than in the loop
         counts = counts.tolist()
         queries = counts if self.fixed_queries is None else [self.fixed_queries] * n
-        for r, (i, length, c, q) in enumerate(zip(chosen.tolist(), lengths.tolist(), counts, queries)):
+        for r, (i, length, c, q) in enumerate(zip(chosen.tolist(), lengths.tolist(), counts, queries, strict=True)):
             starts = self.places(1, length - q * NEEDLE, c, g)[0]
             rows[i] = self.row(T + 1, needles[r, :c], starts, needles[r, asked[r, :q]], length)
             trained[i] = False
@@ -211,54 +219,53 @@ class Recall:
         counts = torch.randint(self.fewest, self.pairs + 1, (n,), generator=generator)
         return counts, (torch.rand(n, self.queries, generator=generator) * counts[:, None]).long()
 
-    def ranks(self, W, k):
-        """{r: probability} of the asked needle's recency rank r (other needles between it and the query) in a
-        distance window of W tokens at distance k: the latest (r = 0) and the earliest (r = pairs - 1) needle each
-        1 / pairs where they fit beside another rank, the rest shared evenly by the ranks between; {r: 1.0} where
-        one rank alone fits (the layout forces the answer)."""
-        return self.layout(W, k)[2]
-
-    def layout(self, W, k):
-        """(at, others, ranks) of a distance window of W tokens at distance k: the asked needle's key position, the
-        number of other needles, and `ranks`'s {r: probability}; distance_windows places the needles by all three."""
+    def context_windows(self, W, ks, trials, generator):
+        """The distance probe's windows of W tokens, every needle of a context asked: (contexts (n, W+1) rows,
+        needles (n, pairs, 3), asked (n, pairs): the index in ks of the distance each needle is asked at, -1 where
+        it is not asked, ranks (n, pairs): each needle's recency rank, how many needles lie between it and the
+        query, by which a model copying the needle of a fixed rank without reading the key is right). A context is
+        filler and its needles, the last three tokens (the query's) filler too; a needle asked at distance k has its
+        key k tokens before the query's key (query_keys(W + 1, 1)), and its query is the context with the needle's
+        own three tokens in the query's place. Each context asks up to pairs distances of ks at least a needle
+        apart, drawn without replacement weighted by the asks each still needs, so that every distance is asked
+        exactly `trials` times; a context that cannot take pairs of them holds needles asked at none, placed
+        uniformly in the room left."""
         query = query_keys(W + 1, 1)[0]
-        at = query - k  # the asked needle's key
-        gap, before, others = k - NEEDLE, at, self.pairs - 1  # free tokens after the needle and before it
-        fits = list(range(max(0, others - before // NEEDLE), min(others, gap // NEEDLE) + 1))
-        if at < 0 or gap < 0 or not fits:
+        # each needle placed rules out 2 NEEDLE - 1 starts of another: room for the last wherever the others lie
+        shortest = (2 * NEEDLE - 1) * (self.pairs - 1) + NEEDLE + 2
+        if query - max(ks) < 0 or min(ks) < NEEDLE or W < shortest:
             raise ValueError(
-                f"a probe window of W={W} tokens cannot hold {self.pairs} needles with the asked one "
-                f"k={k} tokens before its query; valid: k in [{NEEDLE}, {query}] and W >= "
-                f"{NEEDLE * self.pairs + 2 * NEEDLE - 1} (room for every split of the others)"
+                f"a probe window of W={W} tokens cannot hold {self.pairs} needles at distances {min(ks)} to "
+                f"{max(ks)} from its query; valid: distances in [{NEEDLE}, {query}] and W >= {shortest}"
             )
-        if len(fits) == 1:
-            return at, others, {fits[0]: 1.0}
-        ends = [r for r in fits if r in (0, others)]
-        middle = [r for r in fits if r not in ends]
-        return (
-            at,
-            others,
-            {r: 1 / self.pairs if r in ends else (1 - len(ends) / self.pairs) / len(middle) for r in fits},
-        )
+        left, chosen = torch.full((len(ks),), trials, dtype=torch.float), []
+        while left.sum():
+            order = torch.multinomial(left, int((left > 0).sum()), replacement=False, generator=generator).tolist()
+            picks = []
+            for i in order:  # the first pairs that fit beside those picked: needles do not overlap
+                if len(picks) < self.pairs and all(abs(ks[i] - ks[j]) >= NEEDLE for j in picks):
+                    picks.append(i)
+            left[picks] -= 1
+            chosen.append(picks)
+        needles = self.needles(len(chosen), generator)
+        asked, starts = torch.full((len(chosen), self.pairs), -1), []
+        for b, picks in enumerate(chosen):
+            asked[b, : len(picks)] = torch.tensor(picks)
+            at = [query - ks[i] for i in picks]
+            while len(at) < self.pairs:  # needles asked at no distance: anywhere no other needle or query is
+                free = [a for a in range(query - NEEDLE + 1) if all(abs(a - other) >= NEEDLE for other in at)]
+                at.append(free[int(torch.randint(len(free), (1,), generator=generator))])
+            starts.append(at)
+        starts = torch.tensor(starts)  # (n, pairs)
+        rows = torch.stack([self.row(W + 1, needles[b], starts[b], needles[b, :0], W + 1) for b in range(len(starts))])
+        ranks = (starts[:, None, :] > starts[:, :, None]).sum(-1)  # (n, pairs): the needles after each
+        return rows, needles, asked, ranks
 
-    def distance_windows(self, W, k, n, generator):
-        """(n, W+1) probe rows: x = rows[:, :-1] is a window of W tokens ending in a query whose key sits k tokens
-        after its needle's key; its answer is the row's last two tokens. The other pairs - 1 needles lie before the
-        query, r of them between the asked needle and the query, r drawn as `ranks` says; each side's needles are
-        placed uniformly."""
-        at, others, ranks = self.layout(W, k)  # computed once, as ranks computes them
-        drawn = torch.multinomial(torch.tensor(list(ranks.values())), n, replacement=True, generator=generator)
-        needles, rows = self.needles(n, generator), []  # the first needle is asked
-        for b, r in enumerate(torch.tensor(list(ranks))[drawn].tolist()):
-            starts = torch.cat(
-                (
-                    torch.tensor([at]),
-                    self.places(1, at, others - r, generator)[0],
-                    at + NEEDLE + self.places(1, k - NEEDLE, r, generator)[0],
-                )
-            )
-            rows.append(self.row(W + 1, needles[b], starts, needles[b, :1], W + 1))
-        return torch.stack(rows)  # (n, W+1)
+    def fits(self, W, k):
+        """The recency ranks a needle asked at distance k in a window of W tokens can have: how many of the other
+        needles fit between it and its query, the rest before it. One alone: the layout forces the answer."""
+        gap, before, others = k - NEEDLE, query_keys(W + 1, 1)[0] - k, self.pairs - 1
+        return range(max(0, others - before // NEEDLE), min(others, gap // NEEDLE) + 1)
 
     def slot_windows(self, W, n, generator):
         """(n, W+1) probe rows: the pairs needles placed uniformly, then each queried once in a random order, the

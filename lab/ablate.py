@@ -367,6 +367,11 @@ def summarize(plan, done, sweeps, best):
     schemes, sel = {}, plan.settings.selection_seed
     # each scheme at its own rate only where a sweep chose one: otherwise that ranking is the shared one, the same runs
     rankings = {"shared": dict.fromkeys(plan.grid, 1)} | ({"tuned": best} if plan.sweeping else {})
+    reference = (
+        ablate_report.reference_score([done[REFERENCE, 1, seed][1] for seed in plan.seeds], plan.gcfg.block_size)
+        if plan.probe and REFERENCE in plan.grid
+        else None
+    )
     for name, cfg in plan.grid.items():
         sweep = {s: done[name, s, sel][0]["final_val_loss"] for s in sweeps.get(name, [])}
         schemes[name] = {
@@ -383,7 +388,7 @@ def summarize(plan, done, sweeps, best):
                         cfg.block_size,
                         plan.settings.learn_gate,
                         plan.settings.probe_pool,
-                        None if plan.probe is None else plan.probe.chance,
+                        reference,
                     ),
                 }
                 for ranking, scale in rankings.items()
@@ -411,7 +416,7 @@ def summarize(plan, done, sweeps, best):
                 for cfg in {c.rope_base: c for c in plan.grid.values() if c.takes("rope_base")}.values()
             ]
         ),
-        "probe": probe_record(plan),
+        "probe": probe_record(plan, reference),
         "device": plan.rt.device,
         "environment": run_record(),
         "schemes": schemes,
@@ -423,24 +428,24 @@ def summarize(plan, done, sweeps, best):
     }
 
 
-def probe_record(plan):
-    """The probe's settings and what its readout gets wrong at the trials used: at each threshold, the chance that a
-    reader at chance passes a cell and that a near-perfect reader (GOOD) misses the longest window."""
+def probe_record(plan, reference):
+    """The probe's settings, the reference every scheme's effective length is read at, and what its readout gets
+    wrong at the trials used: at each threshold, the chance that the best model reading no key passes a cell and
+    that a near-perfect reader (GOOD) misses the longest window."""
     if plan.probe is None:
         return None
     ac, probe = plan.settings, plan.probe
     longest = max(probe.lengths)
-    distances = set(probe.windows[longest]) - probe.forced[longest]
-    errors = readout_errors(
-        {str(k): {"trials": ac.probe_trials, "hits": 0} for k in distances}, ac.probe_pool, probe.chance
-    )
+    errors = readout_errors(probe.cells(longest, dict.fromkeys(probe.distances[longest], 0))["cells"], ac.probe_pool)
     return {
         "chance": probe.chance,
+        "reference": reference,
         "elimination": probe.elimination,
         "lengths": probe.lengths,
         "learn_gate": ac.learn_gate,
         "per": ac.probe_pool,
         "cell_trials": errors["trials"],
+        "floor": errors["floor"],
         "cells": errors["cells"],
         "good": GOOD,
         "error_rates": {n: errors[n] for n in THRESHOLDS},
@@ -593,9 +598,11 @@ def run_flops(cfg, plan):
     in_training = n_evals * 2 * tc.eval_iters * tc.batch_size * L0 * fpt(L0) / 3  # train and val splits
     probes = 0
     if plan.probe:
-        windows = plan.settings.probe_trials * plan.settings.probe_distances  # the slot probe's, and per length
+        slots = plan.settings.probe_trials * plan.settings.probe_distances  # the slot probe's windows
         reached = [W for W in plan.probe.lengths if scheme.extrapolates or W <= L0]
-        probes = windows * (n_evals * L0 * fpt(L0) + sum(W * fpt(W) for W in reached)) / 3
+        # the distance probe reads each context once for all its queries (Probe.forked_answers)
+        contexts = sum(len(plan.probe.windows[W][0]) * W * fpt(W) for W in reached)
+        probes = (slots * n_evals * L0 * fpt(L0) + contexts) / 3
     rescaled = plan.scalings if cfg.takes("rope_scaling") else []
     scored = [(L, 1 + len(rescaled) if L > L0 else 1) for L in plan.lengths if scheme.extrapolates or L <= L0]
     extrapolation = sum(n * n_windows(plan.windows[L]) * L * fpt(L) / 3 for L, n in scored)

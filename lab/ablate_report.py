@@ -14,20 +14,21 @@ import numpy as np
 
 from files import atomic_write
 from lab.report import Plots, dress, md_regime, md_table, palette, pm
-from lab.retrieval import BANDS, THRESHOLDS, distance_plots, interval, readout, shares
+from lab.retrieval import BANDS, THRESHOLDS, band, distance_plots, interval, readout, shares
 from lab.stats import ALPHA, equivalence_can_pass, equivalence_spread, holm, mean_std, sign_p, smallest_effect, verdicts
 from rope import NO_SCALING as AS_TRAINED  # the loss tables' key of a model scored as it was trained
 
 # ----------------------------------------------------------------------------- figures over seeds
 
 
-def scheme_figures(runs, evals, L0, gate, per, chance):
+def scheme_figures(runs, evals, L0, gate, per, reference):
     """One scheme's figures over its seeds at one learning rate: runs and evals are its runs' summaries and
     evaluations, seed by seed (the first seed's also hold its attention statistics and score biases). Each seed's
     own figures under "per_seed" (seed_figures); over the seeds, steps-to-learn with the share that learned by the
-    ceiling, and the retrieval readout's mean ± std."""
+    ceiling, and the retrieval readout's mean ± std (the effective length at reference, the same for every
+    scheme)."""
     curves = np.array([[loss for _, loss in r["val_curve"]] for r in runs])  # (seeds, evaluations)
-    per_seed = [seed_figures(r, e, L0, gate, per, chance) for r, e in zip(runs, evals, strict=True)]
+    per_seed = [seed_figures(r, e, L0, gate, per, reference) for r, e in zip(runs, evals, strict=True)]
     threads = sorted({r.get("threads") for r in runs}, key=str)
     return {
         "seeds": [r["seed"] for r in runs],
@@ -56,18 +57,18 @@ def scheme_figures(runs, evals, L0, gate, per, chance):
     }
 
 
-def seed_figures(run, ev, L0, gate, per, chance):
+def seed_figures(run, ev, L0, gate, per, reference):
     """One seed's figures: its loss; its slot curve and steps-to-learn (None without the recall task); and in each
     probed window length its cells (trials and hits by distance, the forced ones apart: every interval and band can
     be recomputed from them), its bands, k_max at each threshold with `per` distances pooled, and its effective
-    length (None past the scheme's reach)."""
+    length at reference (None past the scheme's reach)."""
     slots = run.get("slots") or {}
     windows = ev.get("retrieval") or {}
     longest = max(map(int, windows), default=0)
     s = longest / (2 * L0)  # the bands inside L0, L0 to s L0 and s L0 to 2s L0 = the longest window
 
     def read(counts):
-        return {**counts, **readout(counts["cells"], L0, s, chance, per)}
+        return {**counts, **readout(counts["cells"], L0, s, reference, per)}
 
     return {
         "seed": run["seed"],
@@ -76,6 +77,21 @@ def seed_figures(run, ev, L0, gate, per, chance):
         "learning": steps_to_learn(slots, gate) if slots else None,
         "windows": {W: None if c is None else read(c) for W, c in windows.items()},
     }
+
+
+def reference_score(evals, L0):
+    """The one score every scheme's effective length is read at: the reference scheme's (RoPE's, REFERENCE) mean
+    whole answers inside L0 over its seeds, at the shared rate, from its L0 windows (its longest where none). As
+    RULER reads every model against one named model's score (Llama-2-7B's 85.6% at its trained 4K), the scheme
+    every other is compared against gives it, named by the config before any compared scheme is read: not each
+    scheme's own accuracy inside L0, under which the better a scheme retrieves there, the more it must do past it;
+    and no model reading no key reaches a distance at it (each read cell must lie above its floor). None where a
+    seed has no cell inside L0."""
+    inside = []
+    for ev in evals:
+        windows = {W: c for W, c in ev["retrieval"].items() if c is not None}
+        inside.append(band((windows.get(str(L0)) or windows[max(windows, key=int)])["cells"], 0, L0))
+    return None if None in inside else statistics.fmean(b["accuracy"] for b in inside)
 
 
 def steps_to_learn(slots, gate):
@@ -132,6 +148,14 @@ def retrieval_summary(per_seed, L0):
 
 
 BEYOND = BANDS[1:]  # the bands past L0 (retrieval.bands)
+
+
+def reference_text(reference):
+    return (
+        "none (no RoPE in the grid)"
+        if reference is None
+        else f"RoPE's mean whole answers inside L0 at the shared rate ({reference:.0%})"
+    )
 
 
 def own(x):
@@ -482,7 +506,7 @@ def md_retrieval(r):
     ]
     elim = ", ".join(f"{v:.2f}" for v in probe["elimination"].values())
     errors = "; ".join(
-        f"at {th:.0%}: a reader at chance passes a cell with probability {e['false_pass']:.2g}, a "
+        f"at {th:.0%}: the best model reading no key reaches a distance with probability {e['false_pass']:.2g}, a "
         f"{probe['good']:.0%} reader misses the whole window with probability {e['false_fail']:.2g}"
         for th, e in zip(THRESHOLDS.values(), probe["error_rates"].values(), strict=True)
     )
@@ -490,18 +514,22 @@ def md_retrieval(r):
         f"## Retrieval by distance at step {r['settings']['train']['max_iters']}\n\n"
         f"Each seed's probe: {a['probe_trials']} windows at each of {a['probe_distances']} needle-to-query "
         f"distances in windows of {', '.join(map(str, probe['lengths']))} tokens, one query among "
-        f"{round(1 / probe['chance'])} needles, scored as whole answers; copying some needle without reading the "
-        f"key scores {probe['chance']:.0%}. Distances whose layout forces the answer (no room for another needle "
+        f"{round(1 / probe['chance'])} needles, scored as whole answers; copying some needle at random without "
+        f"reading the key scores {probe['chance']:.0%}, copying the needle of a fixed recency rank up to each "
+        f"cell's floor (results.json keeps each cell's `blind` scores). Distances whose layout forces the answer "
+        f"(no room for another needle "
         f"between the asked one and the query) are kept apart in results.json and left out of every figure. "
         f"Bands: whole answers over the distances inside L0 (from the {L0}-token windows, where most of them "
         f"lie), from L0 to {s:g} L0 and from {s:g} L0 to {2 * s:g} L0 (from the {longest}-token windows). k_max "
         f"is the PI paper's effective window (section 3.3: every distance up to k retrieved at "
         f"{THRESHOLDS['pi']:.0%} at least), beside it our {THRESHOLDS['strict']:.0%}, in the longest window, read "
         f"so that no single distance decides it: {probe['per']} consecutive distances pooled into a cell of "
-        f"{probe['cell_trials']} trials, a cell failing only when its 95% Clopper-Pearson interval lies wholly "
-        f"below the threshold. "
-        f"Error rates at these trials ({probe['cells']} cells): {errors}. Effective length: RULER's reading, k_max "
-        f"at the model's own accuracy inside L0. Worst slot: the worst query slot's whole answers at L0 when "
+        f"{probe['cell_trials']} trials, read only where a {probe['good']:.0%} reader clears its floor more often "
+        f"than not, and passing only when its 95% Clopper-Pearson interval lies wholly above its floor and "
+        f"reaches the threshold. "
+        f"Error rates at these trials ({probe['cells']} cells read): {errors}. Effective length: RULER's reading, "
+        f"k_max at one reference for every scheme, {reference_text(probe['reference'])}. Worst slot: the worst "
+        f"query slot's whole answers at L0 when "
         f"every needle is queried once in a random order (elimination would score {elim} at slots 1 onwards). "
         f"Each scheme at its own rate, mean ± std over the test seeds; below, each seed's bands with their 95% "
         f"intervals.\n\n"
@@ -520,7 +548,11 @@ def seed_bands(f, L0):
 
 def band_cell(window, name):
     b = window["bands"][name]
-    return "—" if b is None else f"{b['accuracy']:.2f} [{b['ci'][0]:.2f}, {b['ci'][1]:.2f}] of {b['trials']}"
+    return (
+        "—"
+        if b is None
+        else f"{b['accuracy']:.2f} [{b['ci'][0]:.2f}, {b['ci'][1]:.2f}] of {b['trials']}, floor {b['floor']:.2f}"
+    )
 
 
 def md_learning(r):

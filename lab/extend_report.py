@@ -40,25 +40,20 @@ def key(b, method, s):
 def lab_results(lab, done, sweeps, rates, screening):
     """results.json's figures and claims; done maps each job (lab/extend.py's) to that run's figures, screening
     each role's seeds screened, passed and included."""
-    L0, sel, per, read, chance = (
-        lab.L0,
-        lab.settings.selection_seed,
-        lab.settings.probe_pool,
-        lab.steps[-1],
-        lab.probe.chance,
-    )
+    L0, sel, per, read = lab.L0, lab.settings.selection_seed, lab.settings.probe_pool, lab.steps[-1]
     screened = [seed for role in screening.values() for seed in role["screened"]]
     base = {
-        f"rope-b{b:g}": {str(seed): base_readout(done["base", b, seed], L0, per, chance) for seed in screened}
+        f"rope-b{b:g}": {str(seed): base_readout(done["base", b, seed], L0, per) for seed in screened}
         for b in lab.bases
     }
+    reference = reference_score(base, lab.seeds)
     finetune = {}
     for b in lab.bases:
         for s in lab.factors:
             for m in lab.methods:
                 arm, at = (b, m, s), str(round(s * L0))
                 runs = {
-                    str(seed): readout(done["finetune", *arm, seed, rates[arm]], L0, s, per, chance)
+                    str(seed): readout(done["finetune", *arm, seed, rates[arm]], L0, s, per, reference)
                     for seed in lab.seeds
                 }
                 sweep = {
@@ -86,6 +81,7 @@ def lab_results(lab, done, sweeps, rates, screening):
         "reads": THRESHOLDS,
         "per": per,
         "chance": lab.probe.chance,
+        "reference": reference,
         "elimination": lab.probe.elimination,
         "base_gate": lab.settings.base_gate,
         "regime": regime_rows([(f"this config (base {b:g})", lab.gcfg.head_dim, b, L0) for b in lab.bases]),
@@ -98,25 +94,40 @@ def lab_results(lab, done, sweeps, rates, screening):
     return results
 
 
-def base_readout(run, L0, per, chance):
+def base_readout(run, L0, per):
     """A base run's result with each probe's readout at L0: the band inside it, k_max at each of THRESHOLDS."""
 
     def at_L0(cells):
-        got = read_cells(cells, L0, 1, chance, per)  # s = 1: of the bands only the one inside L0 is read
+        got = read_cells(cells, L0, 1, None, per)  # s = 1: of the bands only the one inside L0 is read
         return {"inside L0": got["bands"]["inside L0"], "kmax": got["reach"]}
 
     return run | {"curve": {st: c | at_L0(c["counts"]["cells"]) for st, c in run["curve"].items()}}
 
 
-def readout(run, L0, s, per, chance):
+def reference_score(base, seeds):
+    """The one score every arm's effective length is read at: the included base models' mean whole answers inside
+    L0 at their last step (the models every fine-tune starts from), over the seeds and the bases. RULER reads every
+    model against one score, Llama-2-7B's own 85.6% at its trained 4K; here the models being extended give it,
+    fixed before any fine-tune is read. Not each arm's own accuracy inside L0: the better an arm retrieved there,
+    the more that reference would ask of it past L0 (a fine-tune at 92% inside L0 could read 0). A model reading
+    no key reaches no distance at it whatever its value (each read cell must lie above its floor). None where a
+    base model has no cell inside L0."""
+    inside = [
+        runs[str(seed)]["curve"][str(runs[str(seed)]["steps"])]["inside L0"] for runs in base.values() for seed in seeds
+    ]
+    return None if None in inside else statistics.fmean(b["accuracy"] for b in inside)
+
+
+def readout(run, L0, s, per, reference):
     """A fine-tune's result with each scored step's readout beside its counts: the bands (inside L0 and L0 to s L0
     in windows of s L0, s L0 to 2s L0 in windows of 2s L0, probed at the read step alone), k_max at each of
-    THRESHOLDS in windows of s L0 (as PI's Table 4 reads it), and RULER's effective length in windows of 2s L0."""
+    THRESHOLDS in windows of s L0 (as PI's Table 4 reads it), and RULER's effective length at reference (the same
+    for every arm) in windows of 2s L0."""
     out = {}
     for st, sc in run["scores"].items():
         target, past = (sc["retrieval"].get(w, {}).get("cells") for w in ("target", "past"))
-        near = read_cells(target, L0, s, chance, per)
-        far = None if past is None else read_cells(past, L0, s, chance, per)
+        near = read_cells(target, L0, s, reference, per)
+        far = None if past is None else read_cells(past, L0, s, reference, per)
         out[st] = sc | {
             "bands": {
                 "inside L0": near["bands"]["inside L0"],
@@ -155,7 +166,8 @@ def by_step(runs, steps, s, L0):
 
 def readout_errors(r):
     """What k_max gets wrong at the trials used, in each window length the lab reads it in (every seed has the same
-    cells there; the first's are read): {str(W): {"trials" a cell, "cells", read: error_rates}}."""
+    cells there; the first's are read): {str(W): {"trials" and "floor" of its first read cell, "cells" read, read:
+    error_rates}}."""
     first = next(iter(next(iter(r["base"].values())).values()))
     windows = {str(r["block_size"]): next(iter(first["curve"].values()))["counts"]["cells"]}
     for x in r["finetune"].values():
@@ -163,7 +175,7 @@ def readout_errors(r):
         windows |= {
             str(round(m * x["factor"] * r["block_size"])): scores[w]["cells"] for m, w in ((1, "target"), (2, "past"))
         }
-    return {W: errors(cells, r["per"], r["chance"]) for W, cells in windows.items() if cells}
+    return {W: errors(cells, r["per"]) for W, cells in windows.items() if cells}
 
 
 # ----------------------------------------------------------------------------- the papers' claims at this scale
@@ -422,6 +434,7 @@ def md_probe(r):
             W,
             e["cells"],
             e["trials"],
+            "—" if e["floor"] is None else f"{e['floor']:.0%}",
             *(f"{e[name]['false_pass']:.2g} / {e[name]['false_fail']:.2g}" for name in THRESHOLDS),
         ]
         for W, e in r["error_rates"].items()
@@ -429,29 +442,38 @@ def md_probe(r):
     return (
         f"## The probe and its readout\n\nWhole answers (both capitals of the asked needle's answer, the argmax "
         f"given the tokens before) to one query at the end of a window, its needle k tokens before it, among "
-        f"{round(1 / r['chance'])} needles: a model that copies some needle without reading the key scores "
-        f"{r['chance']:.0%} (chance). Distances whose layout forces the answer (no other needle can stand between "
-        f"the asked one and its query) are kept apart in results.json (`forced`) and left out of every figure "
-        f"here. Per seed and scored step, results.json keeps each distance's trials and hits (`cells`), so every "
-        f"band, interval and k_max below can be recomputed.\n\n- **Bands**: the accuracy over the distances "
-        f"inside L0, from L0 to s L0 (windows of s L0) and from s L0 to 2s L0 (windows of 2s L0), with its 95% "
-        f"Clopper-Pearson interval; the retrieval claims test these.\n- **k_max** (PI's effective window, its "
-        f"section 3.3, kept for the side-by-side with its Table 4): the longest distance up to which no cell of "
-        f"{r['per']} pooled distances fails, a cell failing only when its interval lies wholly below the "
-        f"threshold (PI's 20%, our 90%).\n- **Effective length** (RULER's reading): k_max at the model's own "
-        f"accuracy inside L0, in windows of 2s L0.\n\nWhat k_max gets wrong at the trials used: false pass "
-        f"(a reader at chance reaches any distance) / false fail (a reader right 97% of the time misses the "
-        f"window).\n\n"
+        f"{round(1 / r['chance'])} needles: a model that copies some needle at random without reading the key "
+        f"scores {r['chance']:.0%} (chance); one that copies the needle of a fixed recency rank scores as often as "
+        f"the layout asks that rank, up to 90% where two ranks fit. A cell's floor is the best of these (exact, "
+        f"from the layout; each cell keeps them as `blind`). Distances whose layout forces the answer (no other "
+        f"needle can stand between the asked one and its query) are kept apart in results.json (`forced`) and "
+        f"left out of every figure here. Per seed and scored step, results.json keeps each distance's trials and "
+        f"hits (`cells`), so every band, interval and k_max below can be recomputed.\n\n- **Bands**: the "
+        f"accuracy over the distances inside L0, from L0 to s L0 (windows of s L0) and from s L0 to 2s L0 (windows "
+        f"of 2s L0), with its 95% Clopper-Pearson interval and its floor; the retrieval claims test these.\n- "
+        f"**k_max** (PI's effective window, its section 3.3, kept for the side-by-side with its Table 4): the "
+        f"longest distance up to which every read cell of {r['per']} pooled distances passes: its interval lies "
+        f"wholly above its floor and reaches the threshold (PI's 20%, our 90%). A cell is read only where a reader "
+        f"right 97% of the time clears its floor more often than not.\n- **Effective length** (RULER's reading): "
+        f"k_max at one reference for every arm, fixed before any fine-tune is read: the included base models' "
+        f"mean whole answers inside L0 ({md_reference(r['reference'])}), in windows of 2s L0.\n\nWhat k_max gets "
+        f"wrong at the trials used: false pass (the best model reading no key, right as often as the first read cell's "
+        f"floor, reaches any distance) / false fail (a reader right 97% of the time misses the window).\n\n"
         + md_table(
             [
                 "window",
                 "cells",
                 "trials a cell",
+                "first cell's floor",
                 *(f"k_max {th:.0%}: false pass / false fail" for th in THRESHOLDS.values()),
             ],
             rows,
         )
     )
+
+
+def md_reference(reference):
+    return "none: a base model had no cell inside L0" if reference is None else f"{reference:.1%}"
 
 
 def md_screening(r):
@@ -607,7 +629,7 @@ def md_seeds(r):
 
 
 def md_band(b):
-    return "—" if b is None else f"{b['accuracy']:.0%} [{b['ci'][0]:.0%}, {b['ci'][1]:.0%}]"
+    return "—" if b is None else f"{b['accuracy']:.0%} [{b['ci'][0]:.0%}, {b['ci'][1]:.0%}], floor {b['floor']:.0%}"
 
 
 def md_kmax(r):

@@ -9,17 +9,34 @@ the largest k such that the passkey is retrieved in at least 20% of the trials a
 distances spread evenly across the target context with several trials each. `reach` computes it at PI's 20%
 and, beside it, at our stricter 90% (`THRESHOLDS`), from each distance's cell.
 
-The readout that measures the model rather than its trial count reads a seed's cells, {str(k): {"trials", "hits"}}
-by distance (`Probe.counts`, JSON as results.json keeps them; the cells whose layout forces the answer kept apart):
+The readout that measures the model rather than its trial count reads a seed's cells, {str(k): {"trials", "hits",
+"blind"}} by distance (`Probe.counts`, JSON as results.json keeps them; the cells whose layout forces the answer kept
+apart). A cell's "blind" is {str(r): the share of its trials a model reading no key answers right by copying the
+needle of recency rank r}, counted on the probe's own windows (exact); its floor, the best of them, is the best score
+of any strategy that reads no key (for a pool of cells: the best of their trial-weighted means). Chance (1 / pairs)
+is not the floor: near the query few ranks fit (at distance 7 only ranks 0 and 1), and a copier of one of them is
+right far more often than 1 time in pairs. So every reading holds against the floor:
+- a cell (of `per` pooled distances) is read only where a near-perfect reader clears its floor more often than
+  not: the interval of floor(GOOD x trials) hits (the hits a reader right GOOD of the time gets at least half the
+  time) lies above the floor. The others, like the forced cells, neither pass nor fail.
+- a read cell passes a threshold when its 95% interval lies wholly above its floor and reaches the threshold; k_max
+  is the longest distance up to which every read cell passes. A copier of any rank, scoring its recorded share,
+  reaches nothing (its share is at most the floor, which its interval then holds).
+- the effective length is k_max at one reference fixed for every compared arm before they are read (as RULER reads
+  every model against Llama-2-7B's 85.6% at 4K), never at a model's own accuracy: the better a model retrieves
+  inside L0, the more such a reference would ask of it past L0. The reports pass it.
+- a band's accuracy is stated beside its floor; error_rates' false pass is the best copier's (at the floor).
+
   interval(hits, trials)              the cell's 95% Clopper-Pearson interval
+  floor_of(cells), read(trials, floor) the best key-blind score over cells, and whether a cell of it is read
   pooled(cells, per)                  cells of `per` consecutive distances each, keyed by their longest
-  band(cells, lo, hi), bands(...)     accuracy over the distances in (lo, hi] with its interval; the BANDS inside
-                                      L0, L0 to s L0 and s L0 to 2s L0 that retrieval claims test
-  reach(cells, threshold, per)        k_max where a cell fails only when its interval lies wholly below threshold
-  effective_length(cells, L0, ...)    RULER's effective length: reach at the model's own accuracy inside L0
-  readout(cells, L0, s, chance, per)  a seed's bands, reach at each of THRESHOLDS and effective length at once
-  pass_rate(...), error_rates(...)    what such a reading gets wrong, exactly (binomial), at given trials;
-  readout_errors(cells, per, chance)  error_rates at each of THRESHOLDS over a window's pooled cells
+  band(cells, lo, hi), bands(...)     accuracy over the distances in (lo, hi] with its interval and floor; the BANDS
+                                      inside L0, L0 to s L0 and s L0 to 2s L0 that retrieval claims test
+  reach(cells, threshold, per)        k_max: every read cell up to it above its floor and reaching threshold
+  effective_length(cells, reference)  RULER's effective length: reach at one fixed reference
+  readout(cells, L0, s, reference)    a seed's bands, reach at each of THRESHOLDS and effective length at once
+  pass_rate(...), error_rates(...)    what such a reading gets wrong, exactly (binomial), at given trials and floors;
+  readout_errors(cells, per)          error_rates at each of THRESHOLDS over a window's read cells
   shares(seeds)                       {str(k): share of whole answers} over the cells of several seeds
 
 scipy (the optional lab extra) is imported where a statistic needs it, so that importing this module for its
@@ -27,6 +44,7 @@ settings (bench.py does) needs no scipy.
 """
 
 import bisect
+import copy
 import functools
 import math
 from dataclasses import dataclass
@@ -35,8 +53,9 @@ import numpy as np
 import torch
 
 from config import POSITIVE, opt, validate
-from data.recall import Recall, distances, query_keys
+from data.recall import LAYOUT, NEEDLE, Recall, distances, query_keys
 from data.tokenizer import tokenizer_from_meta
+from generate import KVCache
 from lab.grid import numbers
 
 THRESHOLDS = {"pi": 0.2, "strict": 0.9}  # PI's success rate for a distance to count, and ours
@@ -98,16 +117,24 @@ def probe_generator(stream, W, k=0):
 
 
 class Probe:
-    """The recall probe: at each probed length W (a multiple of L0), `probe_trials` windows at each of
-    `probe_distances` needle-to-query distances, one query at the window's end (data/recall.py's distance
-    windows), scored as whole answers; and the slot check at L0. Every window is built once, here.
+    """The recall probe: at each probed length W (a multiple of L0), `probe_trials` queries at each of
+    `probe_distances` needle-to-query distances, each query alone at the end of a window of W tokens, scored as
+    whole answers; and the slot check at L0. Every window is built once, here.
 
-    What is scored and its floor: whole answers (V and W both the argmax) of the one query; a model that copies
-    some needle's capitals without reading the key scores `chance` = 1/pairs at every distance, and passes a
-    threshold by luck with the probability `error_rates` states as "false_pass", which the reports print beside
-    k_max. A model that copies the latest (or the earliest) needle is right 1 time in pairs at most, except at the
-    distances where the layout forces the answer (`forced`: no room for another needle between the asked one and
-    the query, or none before it), which `counts` keeps apart from every summary."""
+    A window is a context (data/recall.py's context_windows: filler and pairs needles) and one query: the context
+    asks each of its needles in a window of its own, so that no query sees another (no earlier answer to copy, no
+    needle eliminated), and a model that takes a KV cache (`forks`) reads the context once, each query then
+    extending a copy of its keys and values alone: the logits of the window of W tokens, from one forward of the
+    context for up to pairs answers. A model that does not (a dynamic scaling, whose frequencies change with the
+    length a cache grows through; a hand-written one) reads each window whole, the same logits.
+
+    What is scored and its floor: whole answers (V and W both the argmax) of the query; a model that copies the
+    needle of a fixed recency rank r without reading the key answers right the queries whose needle has rank r,
+    counted on these very windows (`blind`, exact), at most `floors` (the module's docstring says how every
+    reading holds against it), and passes a threshold by luck with the probability `error_rates` states as
+    "false_pass", which the reports print beside k_max. Where the layout leaves room for one rank alone (`forced`:
+    floor 1, no room for a needle between the asked one and the query, or before it) `counts` keeps the cell apart
+    from every summary."""
 
     def __init__(self, meta, L0, settings, pairs, tokens_per_forward, device, lengths=None):
         """Windows at each of settings.probe_lengths x L0, or at the given lengths (tokens)."""
@@ -117,13 +144,13 @@ class Probe:
             lengths
             or {round(m * L0) for m in numbers("probe_lengths", settings.probe_lengths, float, 0, "0.5,1,2,4,8")}
         )
-        self.windows = {}  # {W: {k: (trials, W+1) rows}}
-        for W in self.lengths:
+        self.distances = {W: distances(W, settings.probe_distances) for W in self.lengths}
+        self.windows = {}  # {W: (contexts, needles, asked, ranks)}: data/recall.py's context_windows
+        for W, ks in self.distances.items():
             try:
-                self.windows[W] = {
-                    k: self.recall.distance_windows(W, k, settings.probe_trials, probe_generator(DISTANCE, W, k))
-                    for k in distances(W, settings.probe_distances)
-                }
+                self.windows[W] = self.recall.context_windows(
+                    W, ks, settings.probe_trials, probe_generator(DISTANCE, W)
+                )
             except ValueError as e:
                 raise ValueError(f"probe length {W} (L0 = {L0}): {e}") from None
         # the slot probe's windows, built once (at L0, too short for the slot check: fails now): every base stage
@@ -133,13 +160,32 @@ class Probe:
                 L0, settings.probe_trials * settings.probe_distances, probe_generator(SLOT, L0)
             )
         }
-        self.forced = {W: {k for k in rows if len(self.recall.ranks(W, k)) == 1} for W, rows in self.windows.items()}
+        # {W: {k: {str(r): share of the queries the copier of rank r answers right}}}, counted on the windows; a cell
+        # records its own
+        self.blind = {W: self.copiers(W) for W in self.lengths}
+        self.floors = {W: {k: max(by_rank.values()) for k, by_rank in ks.items()} for W, ks in self.blind.items()}
+        # where one rank alone fits; elsewhere a floor of 1 by chance (few trials) leaves the cell unread (`read`)
+        self.forced = {W: {k for k in ks if len(self.recall.fits(W, k)) == 1} for W, ks in self.distances.items()}
+
+    def copiers(self, W):
+        """{k: {str(r): share of the queries at distance k whose needle has recency rank r}} in windows of W."""
+        _, _, asked, ranks = self.windows[W]
+        trials = self.settings.probe_trials
+        return {
+            k: {str(r): n / trials for r, n in enumerate(torch.bincount(ranks[asked == i]).tolist()) if n}
+            for i, k in enumerate(self.distances[W])
+        }
 
     @property
     def made_with(self):
         """The settings its windows at a length are made from: what a score of it records (lab/grid.evaluated)."""
         s = self.settings
-        return {"probe_trials": s.probe_trials, "probe_distances": s.probe_distances, "probe_pairs": self.recall.pairs}
+        return {
+            "probe_trials": s.probe_trials,
+            "probe_distances": s.probe_distances,
+            "probe_pairs": self.recall.pairs,
+            "probe_layout": LAYOUT,
+        }
 
     @property
     def chance(self):
@@ -154,23 +200,67 @@ class Probe:
         return {str(j): 1 / (pairs - j + 1) for j in range(1, pairs + 1)}
 
     def counts(self, model, W, rt):
-        """A seed's readout in windows of W tokens, as JSON: {"cells": {str(k): {"trials", "hits"}}, "forced": the
-        same for the distances whose layout forces the answer (data/recall.py's `ranks`), kept apart from every
-        summary}."""
+        """A seed's readout in windows of W tokens, as JSON: `cells` of its hits."""
+        return self.cells(W, self.hits(model, W, rt))
+
+    def cells(self, W, hits):
+        """{"cells": {str(k): {"trials", "hits", "blind"}}, "forced": the same for the distances whose layout forces
+        the answer (data/recall.py's `fits`), kept apart from every summary} of hits {k: whole answers} in windows
+        of W tokens."""
         out = {"cells": {}, "forced": {}}
-        for k, hits in self.hits(model, W, rt).items():
+        for k, got in hits.items():
             out["forced" if k in self.forced[W] else "cells"][str(k)] = {
                 "trials": self.settings.probe_trials,
-                "hits": hits,
+                "hits": got,
+                "blind": self.blind[W][k],
             }
         return out
 
-    def hits(self, model, W, rt):
-        """{k: whole answers} at each probed distance of windows of W tokens (a probed length)."""
+    def hits(self, model, W, rt, whole=None):
+        """{k: whole answers} at each probed distance of windows of W tokens (a probed length); whole: read each
+        query's window whole (default: where the model does not fork, `forks`), the same answers at up to pairs
+        times the forwards (bench.py times both)."""
         assert W in self.windows, f"W={W} is not a probed length ({self.lengths})"
-        rows = self.windows[W]
-        right = self.whole_answers(model, torch.cat(list(rows.values())), query_keys(W + 1, 1), rt)  # (n, 1)
-        return {k: int(hits.sum()) for k, hits in zip(rows, right.split(self.settings.probe_trials), strict=True)}
+        contexts, needles, asked, _ = self.windows[W]
+        owner, which = (asked >= 0).nonzero(as_tuple=True)  # (m,) each query's context and needle
+        queries = needles[owner, which]  # (m, 3)
+        if whole is None:
+            whole = not forks(model)
+        if whole:  # each query's window: its context with the query in the query's place
+            rows = contexts[owner].clone()
+            rows[:, -NEEDLE:] = queries
+            right = self.whole_answers(model, rows, query_keys(W + 1, 1), rt)[:, 0]
+        else:
+            right = self.forked_answers(model, contexts, owner, queries, rt)
+        at = asked[owner, which]  # (m,) the distance each query is asked at, as an index
+        return {k: int(right[at == i].sum()) for i, k in enumerate(self.distances[W])}
+
+    @torch.no_grad()
+    def forked_answers(self, model, contexts, owner, queries, rt):
+        """(m,) bools: whether each query (m, 3) is answered whole at the end of its context contexts[owner] (n, W+1)
+        (the query's key and V read after the context's first W - 2 tokens): each context's forward once, into a KV
+        cache copied for each of its queries, which then extend their copies alone. The keys a query attends to are
+        those of its own window, at the same positions: the logits of whole_answers on that window."""
+        W, config = contexts.shape[1] - 1, model.config
+        start = query_keys(W + 1, 1)[0]  # the query's key: the context's tokens before it are read once
+        per_forward = max(1, self.tokens_per_forward // W)
+        right = []
+        for first in range(0, len(contexts), per_forward):
+            context = contexts[first : first + per_forward, :start].to(self.device)
+            mine = ((owner >= first) & (owner < first + per_forward)).nonzero().flatten()
+            cache = KVCache(config, len(context), W, self.device, rt.dtype)
+            with rt.autocast():
+                model(context, cache=cache)
+            cache.advance(start)
+            # each query's own copy of its context's keys and values, taken by indexing (no zeroed cache to fill)
+            rows, fork = (owner[mine] - first).to(self.device), copy.copy(cache)
+            fork.k, fork.v = ([t[rows] for t in kv] for kv in (cache.k, cache.v))
+            fork.ids = cache.ids[rows]
+            q = queries[mine]
+            with rt.autocast():
+                logits = model(q[:, :2].to(self.device), q[:, 1:].to(self.device), cache=fork)[0]  # (b, 2, vocab)
+            right.append((logits.argmax(-1).cpu() == q[:, 1:]).all(-1))
+        return torch.cat(right)
 
     def by_slot(self, model, W, rt):
         """{str(j): share of whole answers} at query slot j = 1..pairs of windows of W = L0 tokens whose needles are
@@ -196,6 +286,13 @@ class Probe:
         return torch.cat(right)
 
 
+def forks(model):
+    """Whether the probe reads a context once for all its queries (Probe.forked_answers): a model that takes a KV
+    cache and whose positions mean the same at every length it grows through (not a dynamic scaling)."""
+    scaling = getattr(model.config, "scaling", None)
+    return scaling is not None and not scaling.dynamic
+
+
 @functools.cache  # a readout asks for the same few (hits, trials) many times
 def interval(hits, trials):
     """(low, high): the 95% Clopper-Pearson interval of a share of hits in trials. Clopper-Pearson rather than
@@ -207,27 +304,63 @@ def interval(hits, trials):
     return float(ci.low), float(ci.high)
 
 
+def floor_of(cells):
+    """The best whole answers of any strategy that reads no key over cells [{"trials", "blind"}]: the best copier's
+    trial-weighted mean (one copier for all of them, as a model reading no key is)."""
+    trials = sum(c["trials"] for c in cells)
+    copiers = {r for c in cells for r in c["blind"]}
+    return max(sum(c["trials"] * c["blind"].get(r, 0.0) for c in cells) for r in copiers) / trials
+
+
+def read(trials, floor):
+    """Whether a cell of trials with this floor is read: a reader right GOOD of the time clears the floor more often
+    than not (floor(GOOD x trials) hits, which it gets at least half the time, give an interval above the floor).
+    A cell no such reader can be shown above its floor in says nothing of retrieval, as a forced one."""
+    return interval(math.floor(GOOD * trials), trials)[0] > floor
+
+
+def passes(hits, trials, floor, threshold):
+    """A read cell passes threshold: its 95% interval lies wholly above its floor and reaches the threshold."""
+    low, high = interval(hits, trials)
+    return low > floor and high >= threshold
+
+
 def pooled(cells, per=1):
-    """[(k, trials, hits)] by distance: the cells {str(k): {"trials", "hits"}} pooled `per` consecutive distances
-    at a time (the last pool may hold fewer), each keyed by its longest distance."""
+    """[(k, trials, hits, floor)] by distance: the cells {str(k): {"trials", "hits", "blind"}} pooled `per`
+    consecutive distances at a time (the last pool may hold fewer), each keyed by its longest distance."""
     ks = sorted(cells, key=int)
     return [
-        (int(group[-1]), sum(cells[k]["trials"] for k in group), sum(cells[k]["hits"] for k in group))
+        (
+            int(group[-1]),
+            sum(cells[k]["trials"] for k in group),
+            sum(cells[k]["hits"] for k in group),
+            floor_of([cells[k] for k in group]),
+        )
         for group in (ks[i : i + per] for i in range(0, len(ks), per))
     ]
 
 
+def read_pools(cells, per=1):
+    """pooled's cells that are read (`read`), in order."""
+    return [p for p in pooled(cells, per) if read(p[1], p[3])]
+
+
 def band(cells, lo, hi):
-    """{"trials", "hits", "accuracy", "ci"} over the cells at distances in (lo, hi]; None where there are none.
+    """{"trials", "hits", "accuracy", "ci", "floor"} over the cells at distances in (lo, hi]; None where there are
+    none. The floor is what a model reading no key scores over them at best, for the accuracy to be read against.
     The interval treats the band's trials as one binomial: where accuracy varies with distance the true spread is
     smaller, so the interval is conservative."""
     inside = [c for k, c in cells.items() if lo < int(k) <= hi]
     trials, hits = sum(c["trials"] for c in inside), sum(c["hits"] for c in inside)
-    return (
-        {"trials": trials, "hits": hits, "accuracy": hits / trials, "ci": list(interval(hits, trials))}
-        if trials
-        else None
-    )
+    if not trials:
+        return None
+    return {
+        "trials": trials,
+        "hits": hits,
+        "accuracy": hits / trials,
+        "ci": list(interval(hits, trials)),
+        "floor": floor_of(inside),
+    }
 
 
 def bands(cells, L0, s):
@@ -236,70 +369,73 @@ def bands(cells, L0, s):
 
 
 def reach(cells, threshold, per=1):
-    """k_max with a rule one unlucky cell cannot decide: the longest distance k such that no cell (of `per` pooled
-    distances) up to k fails, a cell failing only when its 95% interval lies wholly below threshold; 0 where the
-    first cell fails; None where there are no cells (past a scheme's reach)."""
+    """k_max with a rule neither one unlucky cell nor a model reading no key can decide: the longest distance k such
+    that every read cell (of `per` pooled distances) up to k passes (`passes`: above its floor, reaching threshold);
+    0 where the first read cell fails, or none is read; None where there are no cells (past a scheme's reach)."""
     if not cells:
         return None
     longest = 0
-    for k, trials, hits in pooled(cells, per):
-        if interval(hits, trials)[1] < threshold:
+    for k, trials, hits, lowest in read_pools(cells, per):
+        if not passes(hits, trials, lowest, threshold):
             break
         longest = k
     return longest
 
 
-def effective_length(cells, L0, chance, fraction=1.0, per=1):
+def effective_length(cells, reference, per=1):
     """RULER's effective length (Hsieh et al. 2024, "RULER: What's the Real Context Size of Your Long-Context
-    Language Models?", which reads each length against Llama-2-7B's own score at its trained 4K): {"reference":
-    fraction x the model's own accuracy inside L0, "length": reach at that reference}; None without cells inside L0.
-    A model not shown above chance inside L0 (its interval there reaches chance) has no retrieval to keep: length 0,
-    where a reference at chance would pass every distance and read the whole window."""
-    inside = band(cells, 0, L0)
-    if inside is None:
+    Language Models?", which reads every model against one score, Llama-2-7B's 85.6% at its trained 4K):
+    {"reference", "length": reach at that reference}, the reference fixed for every compared arm before they are
+    read (the reports say which); None without cells or without a reference. A model reading no key reaches no
+    distance whatever the reference: each read cell must lie above its floor."""
+    if not cells or reference is None:
         return None
-    reference = fraction * inside["accuracy"]
-    return {"reference": reference, "length": reach(cells, reference, per) if inside["ci"][0] > chance else 0}
+    return {"reference": reference, "length": reach(cells, reference, per)}
 
 
-def readout(cells, L0, s, chance, per=1):
+def readout(cells, L0, s, reference, per=1):
     """A seed's readout of one window's cells, the one computation every report reads: {"bands": bands at L0 and
-    s, "reach": {name: reach at each of THRESHOLDS, `per` distances pooled}, "effective_length"} (chance: the
-    probe's)."""
+    s, "reach": {name: reach at each of THRESHOLDS, `per` distances pooled}, "effective_length" at reference}."""
     return {
         "bands": bands(cells, L0, s),
         "reach": {name: reach(cells, th, per) for name, th in THRESHOLDS.items()},
-        "effective_length": effective_length(cells, L0, chance, per=per),
+        "effective_length": effective_length(cells, reference, per),
     }
 
 
-def pass_rate(accuracy, trials, threshold):
-    """The chance that a cell of `trials` trials passes threshold (its interval reaches it) for a reader of true
-    accuracy: the binomial tail from the fewest hits that pass."""
+def pass_rate(accuracy, trials, threshold, floor):
+    """The chance that a read cell of `trials` trials and this floor passes threshold (`passes`) for a reader of
+    true accuracy: the binomial tail from the fewest hits that pass (more hits pass whatever fewer do)."""
     from scipy import stats  # here, not at the top: see the module's docstring
 
-    fewest = bisect.bisect_left(range(trials + 1), True, key=lambda h: interval(h, trials)[1] >= threshold)
+    fewest = bisect.bisect_left(range(trials + 1), True, key=lambda h: passes(h, trials, floor, threshold))
     return float(stats.binom.sf(fewest - 1, trials, accuracy))
 
 
-def error_rates(trials, threshold, chance, good=GOOD):
-    """What `reach` gets wrong over cells of the given trials each (a window's pooled cells, in order; the last pool
-    may hold fewer): "false_fail", the chance that a reader of accuracy good misses the whole window (some cell
-    fails), and "false_pass", the chance that a reader at chance reaches any distance (its first cell passes); both
-    0 where a window holds no cell."""
+def error_rates(cells, threshold, good=GOOD):
+    """What `reach` gets wrong over read cells [(trials, floor)] (a window's, pooled, in order; the last pool may
+    hold fewer): "false_fail", the chance that a reader of accuracy good misses the whole window (some cell fails),
+    and "false_pass", the chance that the best model reading no key (the first cell's best copier, right as often
+    as its floor) reaches any distance (its first cell passes); both 0 where a window reads no cell. The false pass
+    is exact for a copier whose rate is the same at each distance of the cell and bounds one whose rate varies: its
+    hits are then less spread than one binomial at their mean (Hoeffding 1956, Theorem 4)."""
     return {
-        "false_fail": 1 - math.prod(pass_rate(good, n, threshold) for n in trials),
-        "false_pass": pass_rate(chance, trials[0], threshold) if trials else 0.0,
+        "false_fail": 1 - math.prod(pass_rate(good, n, threshold, f) for n, f in cells),
+        "false_pass": pass_rate(cells[0][1], cells[0][0], threshold, cells[0][1]) if cells else 0.0,
     }
 
 
-def readout_errors(cells, per, chance):
-    """What `reach` gets wrong over a window's cells ({str(k): {"trials", "hits"}}, hits unused), `per` distances
-    pooled: {"trials": a (first) pooled cell's, "cells": how many, name: error_rates at each of THRESHOLDS}."""
-    trials = [n for _, n, _ in pooled(cells, per)]
-    return {"trials": trials[0] if trials else 0, "cells": len(trials)} | {
-        name: error_rates(trials, th, chance) for name, th in THRESHOLDS.items()
-    }
+def readout_errors(cells, per):
+    """What `reach` gets wrong over a window's cells ({str(k): {"trials", "hits", "blind"}}, hits unused), `per`
+    distances pooled: {"trials": its first cell's, "cells": how many are read, "floor": the first read cell's (None
+    where none is), name: error_rates at each of THRESHOLDS}."""
+    pools = pooled(cells, per)
+    read_ones = [(n, f) for _, n, _, f in pools if read(n, f)]
+    return {
+        "trials": pools[0][1] if pools else 0,
+        "cells": len(read_ones),
+        "floor": read_ones[0][1] if read_ones else None,
+    } | {name: error_rates(read_ones, th) for name, th in THRESHOLDS.items()}
 
 
 def shares(seeds):

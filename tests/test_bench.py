@@ -163,14 +163,17 @@ def test_probe_times_the_labs_scoring_at_each_probed_window_in_the_dtype_asked(d
         timeout=300,
     )
     rows = [json.loads(line) for line in proc.stdout.splitlines()]
-    assert [(r["probe"], r["window"], r["windows"]) for r in rows] == [
-        ("distance", 32, 2 * len(distances(32, 8))),
-        ("distance", 64, 2 * 8),
-        ("slot", 32, 2 * 8),
+    assert [(r["probe"], r["window"], r["read"], r["windows"]) for r in rows] == [
+        ("distance", 32, "whole", 2 * len(distances(32, 8))),  # each query's window read whole, as before
+        ("distance", 32, "forked", 2 * len(distances(32, 8))),  # each context read once for its queries
+        ("distance", 64, "whole", 2 * 8),
+        ("distance", 64, "forked", 2 * 8),
+        ("slot", 32, "whole", 2 * 8),
     ]
     for r in rows:
         assert r["dtype"] == "float32" and r["threads"] == 1 and not r["compiled"] and r["repeats"] == 3, r
         assert r["windows_per_s"] == pytest.approx(r["windows"] / (r["ms_median"] / 1e3))
+        assert r["answers_per_s"] == pytest.approx(r["windows_per_s"] * (4 if r["probe"] == "slot" else 1))
         assert r["tokens_per_s"] == pytest.approx(r["windows_per_s"] * r["window"])
 
 

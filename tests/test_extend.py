@@ -62,7 +62,7 @@ def test_the_lab_reads_every_arm_at_equal_steps_keeps_each_seeds_cells_and_a_rer
             assert set(run0["scores"]) == {"0", "2", "4"} and max(map(int, run0["l0_curve"])) == 4
             for st, sc in run0["scores"].items():  # each cell's trials and hits, the forced ones apart
                 cells = sc["retrieval"]["target"]["cells"]
-                assert cells and all(set(c) == {"trials", "hits"} and c["trials"] == 2 for c in cells.values())
+                assert cells and all(set(c) == {"trials", "hits", "blind"} and c["trials"] == 2 for c in cells.values())
                 assert not set(cells) & set(sc["retrieval"]["target"]["forced"]) and max(map(int, cells)) <= 64
                 # past the fine-tuned length at the read step, which the claims read
                 assert ("past" in sc["retrieval"]) == (st == "4")

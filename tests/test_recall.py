@@ -1,7 +1,9 @@
 """data/recall.py: task rows written deterministically, every trained target an answer its needle tells, each
 query's needle drawn with replacement (no elimination cue), rows of a drawn number of needles asking every slot;
-the probe windows' geometry: the asked needle exactly k before its query, needles never overlapping, the latest and
-the earliest needle asked 1 time in pairs wherever another rank fits."""
+the probe windows' geometry: every distance asked as often, each asked needle exactly k before its query, needles
+never overlapping, each needle's recency rank counted right, the needle right before the query the latest."""
+
+import itertools
 
 import pytest
 import torch
@@ -48,7 +50,7 @@ def test_task_rows_are_deterministic_and_each_trained_target_is_its_needles_answ
         assert len(at) == 7 and at[4:] == query_keys(q0 + 9, 3) == [q0, q0 + 3, q0 + 6] and at[3] + NEEDLE <= q0
         needles = {full[i, a].item(): full[i, a + 1 : a + 3].tolist() for a in at[:4]}
         assert len(needles) == 4 and len({c for v in needles.values() for c in v}) == 8  # distinct keys and capitals
-        assert all(b - a >= NEEDLE for a, b in zip(at[:4], at[1:4]))  # needles do not overlap
+        assert all(b - a >= NEEDLE for a, b in itertools.pairwise(at[:4]))  # needles do not overlap
         assert set((y[i] != -1).nonzero().flatten().tolist()) == {q + d for q in at[4:] for d in (0, 1)}
         for q in at[4:]:  # the targets at a query's key and V are its needle's V and W
             assert y[i, q : q + 2].tolist() == needles[full[i, q].item()]
@@ -80,47 +82,38 @@ def test_each_query_draws_its_needle_with_replacement():
 def test_distances_spread_evenly_from_a_needle_right_before_the_query_to_one_at_the_window_start():
     d = distances(64, 32)
     assert d[0] == NEEDLE and d[-1] == 62 and len(d) == 32 and d == sorted(set(d))
-    assert max(b - a for a, b in zip(d, d[1:])) <= 2
+    assert max(b - a for a, b in itertools.pairwise(d)) <= 2
     assert distances(16, 32) == list(range(NEEDLE, 15))  # fewer than asked: every distance
     with pytest.raises(ValueError, match="n=1 must be >= 2"):
         distances(64, 1)
 
 
-@pytest.mark.parametrize("W", [40, 64])
-def test_distance_windows_put_the_asked_key_exactly_k_before_the_query(W):
-    task, g = Recall(TOK, pairs=6), torch.Generator().manual_seed(0)
-    query = W - 2  # the query's key in the window x = row[:-1]; its answer the row's last two tokens
-    for k in distances(W, 8):
-        rows = task.distance_windows(W, k, 30, g)
-        assert rows.shape == (30, W + 1)
-        for row in rows:
-            needles = needles_of(row)
-            assert letters(row)[-1] == query and len(needles) == 6  # one query, at the end
-            assert needles[row[query].item()] == query - k  # its needle's key exactly k before
-            assert row[-2:].tolist() == row[query - k + 1 : query - k + 3].tolist()
-            starts = sorted(needles.values())
-            assert all(b - a >= NEEDLE for a, b in zip(starts, starts[1:])) and starts[-1] + NEEDLE <= query
-            assert len({c for a in starts for c in row[a + 1 : a + 3].tolist()}) == 12  # distinct capitals
+@pytest.mark.parametrize("W", [50, 64])
+def test_context_windows_ask_every_distance_trials_times_each_needle_exactly_k_before_its_query(W):
+    task, ks, query = Recall(TOK, pairs=6), distances(W, 8), W - 2  # the query's key in the window x = row[:-1]
+    contexts, needles, asked, ranks = task.context_windows(W, ks, 5, torch.Generator().manual_seed(0))
+    assert contexts.shape[1] == W + 1 and torch.bincount(asked[asked >= 0]).tolist() == [5] * len(ks)
+    assert (asked >= 0).sum(1).float().mean() > 4  # most contexts ask several distances
+    for row, ns, ask, rank in zip(contexts, needles, asked, ranks, strict=True):
+        found = needles_of(row)
+        starts = sorted(found.values())
+        assert len(found) == 6 and letters(row) == starts  # needles alone; the query's place is filler
+        assert all(b - a >= NEEDLE for a, b in zip(starts, starts[1:], strict=False)) and starts[-1] + NEEDLE <= query
+        assert len({c for a in starts for c in row[a + 1 : a + 3].tolist()}) == 12  # distinct capitals
+        for needle, i, r in zip(ns, ask.tolist(), rank.tolist(), strict=True):
+            start = found[needle[0].item()]
+            assert row[start : start + NEEDLE].tolist() == needle.tolist()
+            assert i < 0 or start == query - ks[i]  # an asked needle's key exactly k before its query's
+            assert r == sum(a > start for a in starts)  # its recency rank: the needles after it
 
 
-def test_the_latest_and_the_earliest_needle_are_asked_one_time_in_pairs_wherever_another_rank_fits():
-    task, g = Recall(TOK, pairs=6), torch.Generator().manual_seed(1)
-    W, query = 64, 62
-    expected = {
-        3: {0: 1.0},  # no room between: the layout forces the answer
-        9: {0: 1 / 6, 1: 5 / 12, 2: 5 / 12},  # room for two between: the latest 1 in 6, the rest share
-        40: {r: 1 / 6 for r in range(6)},  # room for every rank: uniform
-        50: {1: 5 / 24, 2: 5 / 24, 3: 5 / 24, 4: 5 / 24, 5: 1 / 6},  # 12 tokens before hold 4 others
-        62: {5: 1.0},
-    }  # the asked needle at the window's start: necessarily the earliest
-    for k, ranks in expected.items():
-        assert task.ranks(W, k) == pytest.approx(ranks)
-        seen = [
-            sum(query - k < a < query for a in needles_of(row).values())  # needles in between
-            for row in task.distance_windows(W, k, 600, g)
-        ]
-        counts = torch.bincount(torch.tensor(seen), minlength=6) / 600
-        assert set(seen) == set(ranks) and all(abs(counts[r] - p) < 0.06 for r, p in ranks.items())
+def test_the_needle_right_before_the_query_is_the_latest_and_the_one_at_the_start_the_earliest():
+    task, ks = Recall(TOK, pairs=6), distances(64, 32)
+    _, _, asked, ranks = task.context_windows(64, ks, 40, torch.Generator().manual_seed(1))
+    assert set(ranks[asked == 0].tolist()) == {0} and set(ranks[asked == len(ks) - 1].tolist()) == {5}
+    assert [list(task.fits(64, k)) for k in (ks[0], ks[-1])] == [[0], [5]]  # where the layout forces the answer
+    assert all(set(ranks[asked == i].tolist()) <= set(task.fits(64, k)) for i, k in enumerate(ks))
+    assert len(set(ranks[asked == len(ks) // 2].tolist())) > 3  # mid-window: many ranks
 
 
 def test_rows_of_fewest_to_pairs_needles_ask_every_slot_a_probe_of_pairs_needles_asks():
@@ -157,11 +150,12 @@ def test_slot_windows_query_every_needle_once_at_the_end():
 def test_windows_too_short_for_the_needles_fail_with_what_is_valid():
     task = Recall(TOK, pairs=10)
     g = torch.Generator().manual_seed(0)
-    # 13 tokens before the asked needle hold 4 others, the 14 after it 4: not the 9 others
-    with pytest.raises(ValueError, match="W=32 tokens cannot hold 10 needles with the asked one k=17 tokens before"):
-        task.distance_windows(32, 17, 1, g)
-    for k in distances(35, 40):  # 3 pairs + 5 tokens hold every split
-        task.distance_windows(35, k, 1, g)
+    # 9 needles rule out 45 starts of the tenth: 50 tokens leave it room wherever they lie
+    with pytest.raises(ValueError, match=r"W=49 tokens cannot hold 10 needles .* valid: .* W >= 50"):
+        task.context_windows(49, distances(49, 8), 1, g)
+    task.context_windows(50, distances(50, 48), 1, g)
+    with pytest.raises(ValueError, match=r"valid: distances in \[3, 62\]"):
+        task.context_windows(64, [2, 10], 1, g)
     with pytest.raises(ValueError, match="valid: W >= 59"):
         task.slot_windows(40, 1, g)
     with pytest.raises(ValueError, match=r"block_size=24 cannot hold 10 needles and their queries \(42 tokens\)"):

@@ -1,10 +1,12 @@
 """lab/retrieval.py: the probe has no shortcut (a hand-written model that answers by elimination, never reading the
 query's key, scores at chance by distance and 1 / (pairs - j + 1) at slot j; one that copies the latest needle
-scores chance in every band and reaches no distance, its sure cells kept apart), an oracle that retrieves up to
-distance D gets k_max = D at both thresholds, the windows the same every time, and seeds' cells pooled as shares;
-the readout by cells: Clopper-Pearson intervals, bands, the reach one unlucky cell cannot decide and RULER's
-effective length, the readout of all three at once, and its error rates (exact) against a 97% reader and one at
-chance on the probe's layout."""
+scores chance in every band and reaches no distance, its sure cells kept apart; one that copies the needle of any
+fixed recency rank reaches no distance and has effective length 0 in every window the lab probes, where a perfect
+reader reaches the whole window and a 97% one too at 90%), an oracle that retrieves up to distance D gets k_max at
+the longest read distance up to D at both thresholds, the windows the same every time, and seeds' cells pooled as
+shares; the readout by cells: Clopper-Pearson intervals, floors, bands, the reach neither one unlucky cell nor a
+copier can decide and RULER's effective length at a fixed reference, the readout of all three at once, and its
+error rates (exact) against a 97% reader and the best copier on the probe's layout."""
 
 import contextlib
 import json
@@ -30,11 +32,14 @@ from lab.retrieval import (
     distance_plots,
     effective_length,
     error_rates,
+    forks,
     interval,
     pass_rate,
+    passes,
     pooled,
     probe_generator,
     reach,
+    read_pools,
     readout,
     readout_errors,
     shares,
@@ -46,6 +51,8 @@ L0, PAIRS = 64, 10
 
 
 class Runtime:
+    dtype = torch.float32
+
     @staticmethod
     def autocast():
         return contextlib.nullcontext()
@@ -99,9 +106,15 @@ def noisy(accuracy, seed):
     return lambda needles, queried, key, t: needles[key] if rng.random() < accuracy else None
 
 
-def probe(lengths="1", trials=16):
+def probe(lengths="1", trials=16, windows=None):
     meta = {"tokenizer": "char", "chars": TOK.chars, "vocab_size": len(TOK.chars)}
-    return Probe(meta, L0, ProbeSettings(probe_lengths=lengths, probe_trials=trials), PAIRS, 4096, "cpu")
+    settings = ProbeSettings(probe_lengths=lengths, probe_trials=trials)
+    return Probe(meta, L0, settings, PAIRS, 4096, "cpu", lengths=windows)
+
+
+def cell(trials, hits, floor=0.1):
+    """A hand-written cell whose best copier is right floor of the time."""
+    return {"trials": trials, "hits": hits, "blind": {"0": floor}}
 
 
 def binomial_tolerance(p, n):
@@ -140,33 +153,33 @@ def test_a_model_reading_keys_scores_alike_at_every_slot_and_distance():
 
 
 @pytest.mark.parametrize("i", [0, 7, 31])
-def test_an_oracle_retrieving_up_to_distance_D_has_k_max_D_at_both_thresholds(i):
+def test_an_oracle_retrieving_up_to_distance_D_has_k_max_at_its_longest_read_distance_at_both_thresholds(i):
     D = distances(L0, 32)[i]
-    counts = probe(trials=20).counts(Answerer(oracle(D)), L0, Runtime)  # 0 of 20's interval lies below 20%
-    every = counts["cells"] | counts["forced"]  # D = 3 and 62 are forced distances
-    assert {name: reach(every, th) for name, th in THRESHOLDS.items()} == {"pi": D, "strict": D}
+    counts = probe(trials=20).counts(Answerer(oracle(D)), L0, Runtime)
+    every = counts["cells"] | counts["forced"]  # D = 3 and 62 are forced distances: read as no evidence either way
+    longest = max([k for k, *_ in read_pools(every) if k <= D], default=0)
+    assert longest == {0: 0, 7: D, 31: 58}[i]
+    assert {name: reach(every, th) for name, th in THRESHOLDS.items()} == {"pi": longest, "strict": longest}
 
 
-def test_a_latest_needle_copier_scores_chance_in_every_band_and_reaches_nothing_its_sure_cells_kept_apart():
-    # with the latest needle asked as often as the ranks that fit (or the other needles placed uniformly), it would
-    # be the asked one most of the time at every distance short against the window: a model reading no key would
-    # seem to retrieve there
+def test_a_latest_needle_copier_scores_its_counted_share_at_its_floor_and_reaches_nothing_its_sure_cells_apart():
+    # through the probe's windows: the copier of rank 0 scores exactly the share of queries whose needle is the
+    # latest, which the cell records, and no more than the floor
     p = probe("1,2,4", trials=64)
     counts = p.counts(Answerer(latest), 256, Runtime)
     sure = {k: c for k, c in counts["forced"].items() if int(k) < 2 * NEEDLE}
     assert set(sure) == {"3"} and all(c["hits"] == c["trials"] for c in sure.values())  # k = 3: sure
+    for part in counts.values():
+        assert all(c["hits"] == round(c["trials"] * c["blind"].get("0", 0)) for c in part.values())
     for name, b in bands(counts["cells"], L0, 2).items():
-        assert b["ci"][0] <= p.chance < THRESHOLDS["pi"] and b["accuracy"] < 1.5 * p.chance, name
+        assert b["accuracy"] <= b["floor"] + 1e-9, name
     assert reach(counts["cells"], THRESHOLDS["pi"], per=3) == reach(counts["cells"], THRESHOLDS["strict"]) == 0
 
 
 def test_the_windows_span_the_lengths_and_are_the_same_every_time():
     p = probe("1,2,4", trials=2)
-    assert list(p.windows) == [64, 128, 256] and list(p.windows[64]) == distances(64, 32)
-    assert all(
-        torch.equal(a, b)
-        for a, b in zip(p.windows[64].values(), probe("1", trials=2).windows[64].values(), strict=True)
-    )
+    assert list(p.windows) == [64, 128, 256] and p.distances[64] == distances(64, 32)
+    assert all(torch.equal(a, b) for a, b in zip(p.windows[64], probe("1", trials=2).windows[64], strict=True))
 
 
 def test_seeds_cells_pool_into_shares_by_distance():
@@ -187,8 +200,18 @@ def test_a_seeds_cells_are_json_with_the_forced_ones_apart():
         "62",
     }
     assert all(
-        c == {"trials": 4, "hits": 4 if int(k) <= 30 else 0} for part in counts.values() for k, c in part.items()
+        c
+        == {
+            "trials": 4,
+            "hits": 4 if int(k) <= 30 else 0,
+            "blind": p.blind[L0][int(k)],
+        }
+        for part in counts.values()
+        for k, c in part.items()
     )
+    for k, by_rank in p.blind[L0].items():  # each query's needle has one rank: the shares add up to 1
+        assert sum(by_rank.values()) == pytest.approx(1) and p.floors[L0][k] == max(by_rank.values())
+        assert k not in p.forced[L0] or p.floors[L0][k] == 1
 
 
 def test_the_interval_is_clopper_pearsons_and_a_cells_pass_rate_its_binomial_tail():
@@ -196,26 +219,53 @@ def test_the_interval_is_clopper_pearsons_and_a_cells_pass_rate_its_binomial_tai
         low = stats.beta.ppf(0.025, hits, trials - hits + 1) if hits else 0.0
         high = stats.beta.ppf(0.975, hits + 1, trials - hits) if hits < trials else 1.0
         assert interval(hits, trials) == pytest.approx((low, high))
-    for accuracy, trials, threshold in [(0.1, 16, 0.2), (0.1, 192, 0.2), (0.97, 16, 0.9), (0.5, 40, 0.6)]:
+    for accuracy, trials, threshold, floor in [(0.1, 16, 0.2, 0.1), (0.1, 192, 0.2, 0.1), (0.97, 16, 0.9, 0.45)]:
         tail = sum(
-            stats.binom.pmf(h, trials, accuracy) for h in range(trials + 1) if interval(h, trials)[1] >= threshold
+            stats.binom.pmf(h, trials, accuracy)
+            for h in range(trials + 1)
+            if interval(h, trials)[0] > floor and interval(h, trials)[1] >= threshold
         )
-        assert pass_rate(accuracy, trials, threshold) == pytest.approx(tail)
-    assert error_rates([16] * 8, 0.2, 0.1)["false_pass"] == 1.0  # 0 of 16 leaves 20% inside the interval
+        assert pass_rate(accuracy, trials, threshold, floor) == pytest.approx(tail)
+    # the best copier passes 20% only where its interval clears its own floor: 5 of 16 hits and more
+    assert error_rates([(16, 0.1)] * 8, 0.2)["false_pass"] == pytest.approx(stats.binom.sf(4, 16, 0.1))
     # a window's last pool may hold fewer trials: each cell counts at its own, and a thinner cell fails more often
-    uneven = error_rates([192] * 7 + [96], 0.9, 0.1)["false_fail"]
-    assert uneven == pytest.approx(1 - pass_rate(0.97, 192, 0.9) ** 7 * pass_rate(0.97, 96, 0.9))
-    assert uneven > error_rates([192] * 8, 0.9, 0.1)["false_fail"]
-    assert error_rates([], 0.9, 0.1) == {"false_fail": 0, "false_pass": 0}  # a window with no cell reads nothing
+    uneven = error_rates([(192, 0.1)] * 7 + [(96, 0.1)], 0.9)["false_fail"]
+    assert uneven == pytest.approx(1 - pass_rate(0.97, 192, 0.9, 0.1) ** 7 * pass_rate(0.97, 96, 0.9, 0.1))
+    assert uneven > error_rates([(192, 0.1)] * 8, 0.9)["false_fail"]
+    assert error_rates([], 0.9) == {"false_fail": 0, "false_pass": 0}  # a window with no cell reads nothing
+
+
+def test_a_cells_floor_is_its_best_copiers_share_and_a_cell_is_read_only_where_a_97_percent_reader_clears_it():
+    # one copier for every pooled distance: the best rank over the pool, not the best rank of each distance
+    a = {"trials": 48, "hits": 0, "blind": {"0": 0.1, "1": 0.9}}
+    b = {"trials": 16, "hits": 0, "blind": {"0": 0.1, "1": 0.45, "2": 0.45}}
+    assert pooled({"7": a, "9": b}, 2)[0][3] == pytest.approx((48 * 0.9 + 16 * 0.45) / 64)
+    assert read_pools({"7": a}) == []  # 46 of 48 (a 97% reader's, half the time) has an interval from 0.86 < 0.9
+    assert [k for k, *_ in read_pools({"7": a}, 1)] == [] and len(read_pools({"7": a, "9": b}, 2)) == 1
+    assert passes(16, 16, 0.45, 0.9) and not passes(7, 16, 0.45, 0.2)  # 7 of 16 reaches 20%, not above 45%
 
 
 def test_one_unlucky_cell_does_not_decide_the_reach_and_pooled_cells_add_their_trials():
-    cells = {str(k): {"trials": 16, "hits": h} for k, h in [(6, 16), (9, 15), (12, 12), (15, 1), (18, 16)]}
+    cells = {str(k): cell(16, h) for k, h in [(6, 16), (9, 15), (12, 12), (15, 1), (18, 16)]}
     assert 12 / 16 < 0.9 <= interval(12, 16)[1]  # a share rule would stop at 12 of 16; its interval reaches 90%
-    assert reach(cells, 0.9) == 12 and reach(cells, 0.2) == 18 and reach({}, 0.2) is None
-    assert pooled(cells, 2) == [(9, 32, 31), (15, 32, 13), (18, 16, 16)] and reach(cells, 0.9, per=2) == 9
-    assert band(cells, 6, 15) == {"trials": 48, "hits": 28, "accuracy": 28 / 48, "ci": list(interval(28, 48))}
-    assert band(cells, 15, 40) == {"trials": 16, "hits": 16, "accuracy": 1.0, "ci": list(interval(16, 16))}
+    assert reach(cells, 0.9) == 12 and reach({}, 0.2) is None
+    assert reach(cells, 0.2) == 12  # 1 of 16 does not lie above the floor (10%): a copier could score it
+    assert pooled(cells, 2) == [(9, 32, 31, 0.1), (15, 32, 13, 0.1), (18, 16, 16, 0.1)]
+    assert reach(cells, 0.9, per=2) == 9 and reach(cells, 0.2, per=2) == 18
+    assert band(cells, 6, 15) == {
+        "trials": 48,
+        "hits": 28,
+        "accuracy": 28 / 48,
+        "ci": list(interval(28, 48)),
+        "floor": pytest.approx(0.1),
+    }
+    assert band(cells, 15, 40) == {
+        "trials": 16,
+        "hits": 16,
+        "accuracy": 1.0,
+        "ci": list(interval(16, 16)),
+        "floor": pytest.approx(0.1),
+    }
     assert band(cells, 18, 40) is None  # (lo, hi]: distance 18 lies in the band below
     assert list(bands(cells, 8, 1.5)) == ["inside L0", "L0 to sL0", "sL0 to 2sL0"]
     assert bands(cells, 8, 1.5)["L0 to sL0"]["trials"] == 32  # distances 9 and 12 lie in (8, 12]
@@ -223,64 +273,108 @@ def test_one_unlucky_cell_does_not_decide_the_reach_and_pooled_cells_add_their_t
 
 
 def test_the_readout_is_the_bands_the_reach_at_each_threshold_and_the_effective_length():
-    cells = {str(k): {"trials": 16, "hits": h} for k, h in [(6, 16), (9, 15), (12, 12), (15, 1), (18, 16)]}
-    assert readout(cells, 8, 1.5, 0.1, per=2) == {
+    cells = {str(k): cell(16, h) for k, h in [(6, 16), (9, 15), (12, 12), (15, 1), (18, 16)]}
+    assert readout(cells, 8, 1.5, 0.8, per=2) == {
         "bands": bands(cells, 8, 1.5),
         "reach": {"pi": reach(cells, 0.2, 2), "strict": reach(cells, 0.9, 2)},
-        "effective_length": effective_length(cells, 8, 0.1, per=2),
+        "effective_length": effective_length(cells, 0.8, per=2),
     }
-    errors = readout_errors(cells, 2, 0.1)  # pooled: 32, 32 and 16 trials
-    assert errors == {"trials": 32, "cells": 3} | {
-        name: error_rates([32, 32, 16], th, 0.1) for name, th in THRESHOLDS.items()
+    errors = readout_errors(cells, 2)  # pooled: 32, 32 and 16 trials
+    assert errors == {"trials": 32, "cells": 3, "floor": pytest.approx(0.1)} | {
+        name: error_rates([(32, 0.1), (32, 0.1), (16, 0.1)], th) for name, th in THRESHOLDS.items()
     }
-    assert readout_errors({}, 2, 0.1) == {"trials": 0, "cells": 0} | {
-        name: error_rates([], th, 0.1) for name, th in THRESHOLDS.items()
+    assert readout_errors({}, 2) == {"trials": 0, "cells": 0, "floor": None} | {
+        name: error_rates([], th) for name, th in THRESHOLDS.items()
     }
 
 
-def test_the_effective_length_reads_the_reach_at_the_models_own_accuracy_inside_L0():
-    cells = {str(k): {"trials": 100, "hits": h} for k, h in [(10, 80), (40, 80), (70, 78), (100, 60), (130, 20)]}
-    assert effective_length(cells, 50, 0.1) == {"reference": 0.8, "length": 70}  # 60 of 100 lies wholly below 80%
-    assert effective_length(cells, 50, 0.1, fraction=0.5) == {"reference": 0.4, "length": 100}
-    assert effective_length(cells, 5, 0.1) is None
+def test_the_effective_length_reads_the_reach_at_the_reference_it_is_given():
+    cells = {str(k): cell(100, h) for k, h in [(10, 80), (40, 80), (70, 78), (100, 60), (130, 20)]}
+    assert effective_length(cells, 0.8) == {"reference": 0.8, "length": 70}  # 60 of 100 lies wholly below 80%
+    assert effective_length(cells, 0.4) == {"reference": 0.4, "length": 100}
+    assert effective_length({}, 0.4) is None and effective_length(cells, None) is None
 
 
-def test_a_model_at_chance_inside_L0_has_no_effective_length_rather_than_the_whole_window():
-    # 12 of 100 inside L0 (interval [0.064, 0.20] reaches chance 0.1): a reference there would pass every distance
-    cells = {str(k): {"trials": 100, "hits": h} for k, h in [(10, 12), (40, 9), (70, 11), (100, 10)]}
-    assert reach(cells, 0.12) == 100  # what the reading would have been
-    assert effective_length(cells, 30, 0.1) == {"reference": 0.12, "length": 0}
-    # one shown above chance keeps its reading: 30 of 100 (interval from 0.21)
-    cells["10"] = {"trials": 100, "hits": 30}
-    assert effective_length(cells, 30, 0.1) == {"reference": 0.3, "length": reach(cells, 0.3)}
+def test_a_model_at_its_floor_has_no_effective_length_whatever_the_reference():
+    # 12 of 100 inside L0 (interval [0.064, 0.20] holds the floor 0.1): its own accuracy as a reference would pass
+    # every distance; a cell must lie above its floor
+    cells = {str(k): cell(100, h) for k, h in [(10, 12), (40, 9), (70, 11), (100, 10)]}
+    assert all(effective_length(cells, ref) == {"reference": ref, "length": 0} for ref in (0.12, 0.5, 0.9))
+    cells["10"] = cell(100, 30)  # one shown above its floor keeps its reading: 30 of 100 (interval from 0.21)
+    assert effective_length(cells, 0.3) == {"reference": 0.3, "length": 10}
 
 
-def test_a_97_percent_reader_reads_the_whole_window_and_one_at_chance_nothing_at_the_rates_computed():
+# the windows the lab probes: L0 = 64 (configs/extend_cpu.toml at s = 2, extend_wide_cpu.toml at s = 2 and 4, the
+# ablation's 1 and 8 x L0) and L0 = 256's at s = 4 (extend_l256_cpu.toml); each at the configs' probe_distances (32)
+# and probe_pairs (10), 48 trials a distance, read one distance a cell (a base model's learning curve) and four
+LAB_WINDOWS = {64: (64, 128, 256, 512), 256: (256, 1024, 2048)}  # {L0: windows}
+LAB_TRIALS = 48
+
+
+def lab_cells(p, W, share):
+    """A window's cells as Probe.cells writes them at the lab's trials, a reader right share(k) of the queries at
+    distance k: a copier's share is the one the cell records, its exact hits on the probe's windows."""
+    return {
+        str(k): {"trials": LAB_TRIALS, "hits": round(LAB_TRIALS * share(k)), "blind": p.blind[W][k]}
+        for k in p.distances[W]
+        if k not in p.forced[W]
+    }
+
+
+@pytest.mark.parametrize("per", [1, 4])
+def test_no_copier_of_any_rank_reaches_a_distance_and_a_near_perfect_reader_reaches_the_whole_window(per):
+    """Issue 50, item 3: copying the needle of a fixed recency rank r never reads a key, yet near the query few
+    ranks fit (under the layout before it, rank 1 was asked 9 times in 10 at distance 7). For every rank, every
+    probed window and both poolings: k_max 0 at both thresholds and effective length 0, at a reference of the
+    lab's kind (90%) and at the copier's own accuracy inside L0; a perfect reader reaches the whole window, a 97%
+    one too at 90% (its expected hits, rounded)."""
+    p = probe(trials=LAB_TRIALS, windows=sorted({W for windows in LAB_WINDOWS.values() for W in windows}))
+    for lab_L0, W in [(lab_L0, W) for lab_L0, windows in LAB_WINDOWS.items() for W in windows]:
+        for r in map(str, range(PAIRS)):
+            cells = lab_cells(p, W, lambda k, W=W, r=r: p.blind[W][k].get(r, 0.0))
+            own = band(cells, 0, lab_L0)["accuracy"]
+            assert [reach(cells, th, per) for th in THRESHOLDS.values()] == [0, 0], (W, r)
+            assert [effective_length(cells, ref, per)["length"] for ref in (0.9, own)] == [0, 0], (W, r)
+        whole = read_pools(lab_cells(p, W, lambda k: 1.0), per)[-1][0]
+        if per == 4:  # every pool is read: the whole window is the longest distance not forced
+            assert whole == max(set(p.distances[W]) - p.forced[W])
+        for share, names in [(1.0, THRESHOLDS), (GOOD, ["strict"])]:
+            cells = lab_cells(p, W, lambda k, share=share: share)
+            assert all(reach(cells, THRESHOLDS[n], per) == whole for n in names), (W, share)
+
+
+def test_a_97_percent_reader_reads_the_whole_window_and_the_best_copier_nothing_at_the_rates_computed():
     """On the probe's layout at L0 = 64, s = 2 (windows of 128): 32 distances of 48 trials, the forced ones left
     out, pooled 4 at a time (192 trials a cell); a hand-written reader through the probe, then its cells' hits
-    simulated, seeded, against the exact rates."""
+    simulated, seeded, against the exact rates: a 97% reader, and the copier of the rank the first cell asks most."""
     p = probe("2", trials=48)
     cells = p.counts(Answerer(noisy(GOOD, 0)), 128, Runtime)["cells"]
     longest = max(map(int, cells))
     assert reach(cells, THRESHOLDS["strict"], per=4) == reach(cells, THRESHOLDS["pi"], per=4) == longest
+    errors = readout_errors(cells, 4)
+    first = sorted(cells, key=int)[:4]
+    best = max(map(str, range(PAIRS)), key=lambda r: sum(cells[k]["blind"].get(r, 0) for k in first))
     trials = np.array([c["trials"] for c in cells.values()])
     rng, runs = np.random.default_rng(1), 2000
-    for accuracy, threshold, whole in [(GOOD, THRESHOLDS["strict"], 0.95), (p.chance, THRESHOLDS["pi"], None)]:
+    for accuracy, threshold, good in [
+        (np.full(len(cells), GOOD), THRESHOLDS["strict"], True),
+        (np.array([c["blind"].get(best, 0.0) for c in cells.values()]), THRESHOLDS["pi"], False),
+    ]:
         reads = [
             reach(
-                {k: {"trials": int(n), "hits": int(h)} for k, n, h in zip(cells, trials, hits, strict=True)},
+                {k: c | {"hits": int(h)} for (k, c), h in zip(cells.items(), hits, strict=True)},
                 threshold,
                 4,
             )
             for hits in rng.binomial(trials, accuracy, (runs, len(trials)))
         ]
-        if whole:  # the whole window with >= 95% probability
-            assert np.mean([r == longest for r in reads]) >= whole
-        else:  # any distance at all with <= 5% probability
-            rate = error_rates([192] * 8, threshold, accuracy)["false_pass"]
-            assert np.mean([r > 0 for r in reads]) <= 0.05 and rate <= 0.05
-            assert abs(np.mean([r > 0 for r in reads]) - rate) < 4 * math.sqrt(rate * (1 - rate) / runs)
-    assert error_rates([192] * 8, THRESHOLDS["strict"], p.chance)["false_fail"] < 0.05
+        name = "strict" if good else "pi"
+        rate = errors[name]["false_fail" if good else "false_pass"]
+        seen = np.mean([r != longest for r in reads] if good else [r > 0 for r in reads])
+        tolerance = 4 * math.sqrt(rate * (1 - rate) / runs) + 2 / runs
+        assert rate <= 0.05 and seen < rate + tolerance, name
+        if good:  # exact; the copier's rate bounds it (its rate varies by distance: less spread than at the floor)
+            assert seen > rate - tolerance
 
 
 def test_bad_probe_settings_fail_with_what_is_valid():
@@ -313,3 +407,35 @@ def test_the_distance_plots_draw_a_panel_per_grid(tmp_path):
     grid = {"64": {"3": 1.0, "62": 0.5}, "128": None}
     distance_plots(plots, [("step 500", grid), ("step 1000", grid)], L0, 0.1, "retrieval.png", "by distance")
     assert plots.written == [("retrieval.png", "by distance")] and (tmp_path / "retrieval.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [{}, {"rope_scaling": "yarn", "rope_scaling_factor": 2.0, "original_len": 32}, {"pos_emb": "alibi"}],
+)
+def test_a_context_read_once_gives_each_query_the_logits_of_its_own_whole_window(changes):
+    """Probe.forked_answers against whole_answers on each query's window, on a small GPT whose answers are made its
+    own greedy ones there (so that a right answer is any logit's doing): all right forked too, and all wrong where
+    the second capital is changed. A dynamic scaling (its frequencies change with the length) reads windows whole."""
+    from model import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    config = GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=64, vocab_size=len(TOK.chars), **changes)
+    model = GPT(config).eval()
+    p, W = probe("2", trials=2), 128
+    contexts, needles, asked, _ = p.windows[W]
+    owner, which = (asked >= 0).nonzero(as_tuple=True)
+    rows = contexts[owner].clone()
+    rows[:, -NEEDLE:] = needles[owner, which]
+    with torch.no_grad():  # the model's own answer: V its argmax after the key, then W its argmax after that V
+        for t in (W - 1, W):
+            rows[:, t] = model(rows[:, :-1], rows[:, 1:])[0][:, t - 1].argmax(-1)
+    queries = rows[:, -NEEDLE:]
+    assert forks(model) and p.whole_answers(model, rows, [W - 2], Runtime).all()
+    assert p.forked_answers(model, contexts, owner, queries, Runtime).all()
+    wrong = queries.clone()
+    wrong[:, 2] = (wrong[:, 2] + 1) % len(TOK.chars)
+    assert not p.forked_answers(model, contexts, owner, wrong, Runtime).any()
+    if config.takes("rope_scaling"):
+        dynamic = GPT(GPTConfig(**{**config.asdict(), "rope_scaling": "dynamic", "rope_scaling_factor": 2.0}))
+        assert not forks(dynamic)
