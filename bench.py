@@ -350,7 +350,7 @@ def bench_probe(run):
     rows = []
     for (what, W, read, compiled), s in seconds.items():
         # a query answered at the end of a window of W tokens: each distance query, or each slot window's pairs
-        windows = len(probe.slots[W]) if what == "slot" else run.probe_settings.probe_trials * len(probe.distances[W])
+        windows = len(probe.slots[W]) if what == "slot" else run.probe_windows.probe_trials * len(probe.distances[W])
         answers = windows * (probe.recall.pairs if what == "slot" else 1)
         figures = spread(s)
         figures["windows_per_s"] = windows / (figures["ms_median"] / 1e3)
