@@ -2,6 +2,7 @@
 independent float64 computation. Each test pins a property that a plausible bug would break."""
 
 import ast
+import functools
 import math
 import re
 
@@ -34,7 +35,7 @@ def test_rotation_matrix_is_identity_at_zero():
 
 @pytest.mark.parametrize("a,b", [(3.7, -11.2), (1000.0, 25.0), (-4.0, 4.0)])
 def test_rotation_matrix_composes(a, b):
-    R = lambda m: rope.rotation_matrix(16, m)  # noqa: E731
+    R = functools.partial(rope.rotation_matrix, 16)  # R(m), the paper's notation
     torch.testing.assert_close(R(a) @ R(b), R(a + b), atol=1e-10, rtol=0)
 
 
