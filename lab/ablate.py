@@ -367,11 +367,9 @@ def summarize(plan, done, sweeps, best):
     schemes, sel = {}, plan.settings.selection_seed
     # each scheme at its own rate only where a sweep chose one: otherwise that ranking is the shared one, the same runs
     rankings = {"shared": dict.fromkeys(plan.grid, 1)} | ({"tuned": best} if plan.sweeping else {})
-    reference = (
-        ablate_report.reference_score([done[REFERENCE, 1, seed][1] for seed in plan.seeds], plan.gcfg.block_size)
-        if plan.probe and REFERENCE in plan.grid
-        else None
-    )
+    # the effective length's one score for every scheme, fixed in the config before the run as RULER's is: the gate
+    # of steps-to-learn, which every query slot of a model that learned the task reaches at L0
+    reference = plan.settings.learn_gate if plan.probe else None
     for name, cfg in plan.grid.items():
         sweep = {s: done[name, s, sel][0]["final_val_loss"] for s in sweeps.get(name, [])}
         schemes[name] = {

@@ -14,7 +14,7 @@ import numpy as np
 
 from files import atomic_write
 from lab.report import Plots, dress, md_regime, md_table, palette, pm
-from lab.retrieval import BANDS, THRESHOLDS, band, distance_plots, interval, readout, shares
+from lab.retrieval import BANDS, THRESHOLDS, distance_plots, interval, readout, shares
 from lab.stats import ALPHA, equivalence_can_pass, equivalence_spread, holm, mean_std, sign_p, smallest_effect, verdicts
 from rope import NO_SCALING as AS_TRAINED  # the loss tables' key of a model scored as it was trained
 
@@ -79,21 +79,6 @@ def seed_figures(run, ev, L0, gate, per, reference):
     }
 
 
-def reference_score(evals, L0):
-    """The one score every scheme's effective length is read at: the reference scheme's (RoPE's, REFERENCE) mean
-    whole answers inside L0 over its seeds, at the shared rate, from its L0 windows (its longest where none). As
-    RULER reads every model against one named model's score (Llama-2-7B's 85.6% at its trained 4K), the scheme
-    every other is compared against gives it, named by the config before any compared scheme is read: not each
-    scheme's own accuracy inside L0, under which the better a scheme retrieves there, the more it must do past it;
-    and no model reading no key reaches a distance at it (each read cell must lie above its floor). None where a
-    seed has no cell inside L0."""
-    inside = []
-    for ev in evals:
-        windows = {W: c for W, c in ev["retrieval"].items() if c is not None}
-        inside.append(band((windows.get(str(L0)) or windows[max(windows, key=int)])["cells"], 0, L0))
-    return None if None in inside else statistics.fmean(b["accuracy"] for b in inside)
-
-
 def steps_to_learn(slots, gate):
     """{"step", "learned"}: the first evaluation step whose slot probe has every query slot at gate or above, or
     the last evaluation (the ceiling, max_iters) with learned False where none has: censored there."""
@@ -152,9 +137,9 @@ BEYOND = BANDS[1:]  # the bands past L0 (retrieval.bands)
 
 def reference_text(reference):
     return (
-        "none (no RoPE in the grid)"
+        "none (no probe)"
         if reference is None
-        else f"RoPE's mean whole answers inside L0 at the shared rate ({reference:.0%})"
+        else f"the learning gate's share of whole answers ({reference:.0%}), fixed in the config before the run"
     )
 
 

@@ -104,6 +104,9 @@ def test_grid_writes_every_output_and_a_rerun_skips_finished_runs(data_dir, tmp_
             {"step": learned_at[0], "learned": True} if learned_at else {"step": 4, "learned": False}
         )
     assert res["probe"]["per"] == 4 and set(res["probe"]["error_rates"]) == {"pi", "strict"}
+    # every scheme's effective length is read at the gate of steps-to-learn (its default), fixed before the run
+    assert res["probe"]["reference"] == 0.9
+    assert all(w["effective_length"]["reference"] == 0.9 for f in rope["per_seed"] for w in f["windows"].values())
     assert len(res["learning_order"]["shared"]) == 1
     assert len(rope["attention"]["distance"]) == 2 and learned["biases"] is None
     assert rope["threads"] == [1] and res["selection_seed"] is None  # one shared rate: no selection runs

@@ -188,6 +188,11 @@ def test_seeds_whose_base_fails_the_gate_are_screened_out_in_order_and_the_ceili
     failed = res["base"]["rope-b200"]["1338"]
     assert (failed["gate"], failed["passed"], failed["steps"]) == (None, False, 4)  # up to the ceiling, undecayed
     assert {p.name.rsplit("-seed", 1)[1] for p in (out / "sweep").iterdir()} == {"1001"}
+    # every arm's effective length is read at the gate's share, fixed in the config, whatever the bases scored
+    lengths = [
+        sc["effective"] for a in res["finetune"].values() for r in a["runs"].values() for sc in r["scores"].values()
+    ]
+    assert res["reference"] == 0.5 and all(e["reference"] == 0.5 for e in lengths if e) and any(lengths)
     md = (out / "results.md").read_text()
     assert "| test | 1338 | rope-b200 | not by the ceiling | 4 | 0% | no | no |" in md
     assert "Inclusion depends on the base model alone, before any method touches it" in md
