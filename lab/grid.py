@@ -225,8 +225,9 @@ def train_run(name, gcfg, tc, out, bc=None, schedule=None):
 
 
 def write_json(path, obj):
-    """Write atomically: these files mark a finished step, so a half-written one must never exist."""
-    atomic_write(path, lambda f: f.write((json.dumps(obj, indent=1) + "\n").encode()))
+    """Write atomically: these files mark a finished step, so a half-written one must never exist. Compact: the
+    lab's results.json keep every probe cell, and indenting them nearly doubled the files the guides commit."""
+    atomic_write(path, lambda f: f.write((json.dumps(obj, separators=(",", ":")) + "\n").encode()))
 
 
 def read_json(path, delete=None):
