@@ -149,6 +149,15 @@ def own(x):
     return x.get("tuned", x["shared"])
 
 
+def own_words(r):
+    """What own() reads, for the tables' captions: each scheme's own rate only where a sweep chose rates."""
+    return (
+        "each scheme at its own rate"
+        if any("tuned" in x for x in r["schemes"].values())
+        else "every scheme at the shared rate"
+    )
+
+
 # The ablation's two claims, each made for every scheme against the reference: its final val loss is lower
 # (verdicts_against) and which of the two learns retrieval first (learning_order). A claim's id names the scheme
 # and the reference, e.g. "alibi-loss-vs-rope"; results.json, results.md, tests and the guide name it by that id.
@@ -516,7 +525,7 @@ def md_retrieval(r):
         f"k_max at one reference for every scheme, {reference_text(probe['reference'])}. Worst slot: the worst "
         f"query slot's whole answers at L0 when "
         f"every needle is queried once in a random order (elimination would score {elim} at slots 1 onwards). "
-        f"Each scheme at its own rate, mean ± std over the test seeds; below, each seed's bands with their 95% "
+        f"{own_words(r).capitalize()}, mean ± std over the test seeds; below, each seed's bands with their 95% "
         f"intervals.\n\n"
         + md_table(["scheme", "worst slot at L0", *names.values(), "k_max 20%", "k_max 90%", "effective length"], rows)
         + "\n\n"
@@ -643,8 +652,7 @@ def md_speed(r):
     )
     return (
         "## Training speed\n\nTokens per second during training, median over the run's logging windows, mean ± "
-        f"std over the test seeds, each scheme at its own rate; {note}.\n\n"
-        + md_table(["scheme", "tokens/s", "CPU threads"], rows)
+        f"std over the test seeds, {own_words(r)}; {note}.\n\n" + md_table(["scheme", "tokens/s", "CPU threads"], rows)
     )
 
 
@@ -666,7 +674,7 @@ def md_attention(r):
     return (
         f"## Inside: attention distance and entropy\n\nPer layer, the mean over heads of the attention-weighted "
         f"distance (tokens) / the attention's entropy (nats; a uniform causal head has about {uniform:.2f}), over "
-        f"fixed validation windows at L0, first seed, each scheme at its own rate; attention.png shows every "
+        f"fixed validation windows at L0, first seed, {own_words(r)}; attention.png shows every "
         f"head.\n\n" + md_table(["scheme", *(f"layer {i}" for i in range(len(rows[0]) - 1))], rows)
     )
 
@@ -681,7 +689,7 @@ def md_lengths(r):
     windows = ", ".join(f"{w} of {L}" for L, w in r["windows"].items())
     return (
         f"## Length extrapolation\n\nValidation loss averaged over every position of fixed windows, the same "
-        f"for every model ({windows} tokens), mean ± std over seeds, each scheme at its own rate. RoPE models are "
+        f"for every model ({windows} tokens), mean ± std over seeds, {own_words(r)}. RoPE models are "
         f"also scored with "
         f"inference-time scaling by the factor L/L0 beyond L0 (—: at or below L0 the factor would be 1). N/A: "
         f"learned positions have no embedding past L0.\n\n"

@@ -126,6 +126,7 @@ def test_grid_writes_every_output_and_a_rerun_skips_finished_runs(data_dir, tmp_
     assert "## Ranking: every scheme at the shared learning rate" in md and "## Retrieval by distance" in md
     assert f"one family of {claim['family']} tests" in md and "## The regime" in md
     assert "## Learning retrieval: steps to learn" in md and "2 x 0.5^2 = 0.5" in md
+    assert "every scheme at the shared rate" in md and "own rate" not in md  # no sweep chose a rate
     with open(out / "results.csv") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 4 and all(r["loss_64"] == "" for r in rows if r["scheme"] == "learned")
@@ -309,7 +310,9 @@ def test_each_scheme_sweeps_its_rate_on_the_held_out_seed_widens_an_edge_and_ran
     res = json.loads((out / "results.json").read_text())
     schemes, rope = res["schemes"], res["schemes"]["rope"]
     assert code == 0 and res["selection_seed"] == 1000 and {"0.25", "1"} <= set(rope["sweep"])
-    assert schemes["d"]["sweep"] == {} and "| d | — |" in (out / "results.md").read_text()  # DroPE: the shared rate
+    md = (out / "results.md").read_text()
+    assert schemes["d"]["sweep"] == {} and "| d | — |" in md  # DroPE: the shared rate
+    assert "each scheme at its own rate" in md and "every scheme at the shared rate" not in md
     best = rope["best_scale"]
     assert rope["sweep"][f"{best:g}"] == min(rope["sweep"].values()) and rope["tuned"]["scale"] == best
     scales = sorted(map(float, rope["sweep"]))
