@@ -178,12 +178,20 @@ def arrays(todo, needs, label, first):
     return lines
 
 
+def this_command():
+    """This process's command line as a user retypes it: `python -m lab.ablate ...` where it ran as a module (its
+    argv[0] is then the module's file, which a lab tool refuses as a path), else `python script ...`."""
+    spec = getattr(sys.modules["__main__"], "__spec__", None)
+    head = ["-m", spec.name] if spec is not None else sys.argv[:1]
+    return shlex.join(["python", *head, *sys.argv[1:]])
+
+
 def command(argv, doc, settings, run):
     """The main of a lab tool (config.main with the lab's settings classes: its own, GPTConfig, TrainConfig,
     BatchConfig): a dry run exits 0, runs that failed (Failed) exit 1 with the command that redoes them, an
     interruption exits 130 with the hint that rerunning resumes; the hints quote the command line where it is this
     process's."""
-    rerun = f" ({shlex.join(['python', *sys.argv])})" if argv is None else ""
+    rerun = f" ({this_command()})" if argv is None else ""
 
     def outcome(*parsed):
         try:

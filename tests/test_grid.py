@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -605,3 +606,13 @@ def test_a_sweep_widens_past_the_edge_its_best_lies_on_and_stops_at_its_most():
     assert sweep.widen([0.5, 1, 2], 1, 5) is None  # the best inside: nothing to widen
     assert sweep.widen([0.25, 0.5, 1, 2, 4], 4, 5) is None and sweep.widen([1], 1, 5) is None
     assert sweep.widen([1e-3, 3e-3, 9e-3], 9e-3, 5) == 0.027  # named as its run folder will be
+
+
+def test_the_resume_hint_retypes_a_module_run_as_python_dash_m(monkeypatch):
+    main = types.ModuleType("__main__")
+    main.__spec__ = types.SimpleNamespace(name="lab.ablate")
+    monkeypatch.setattr(sys, "argv", ["/repo/lab/ablate.py", "configs/ablate_cpu.toml", "--out_dir=a b"])
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    assert launch.this_command() == "python -m lab.ablate configs/ablate_cpu.toml '--out_dir=a b'"
+    main.__spec__ = None  # run as a script: its path stays
+    assert launch.this_command() == "python /repo/lab/ablate.py configs/ablate_cpu.toml '--out_dir=a b'"
