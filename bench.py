@@ -123,8 +123,8 @@ def timed_first_call(fn, sync):
 
 def square_matmul(run):
     """n and a call of an (n, n) @ (n, n) matmul in the training dtype: big enough to reach the device's peak."""
-    n = 128 if run.quick else 4096 if run.rt.device_type == "cuda" else 1024
-    a, b = (torch.randn(n, n, device=run.rt.device, dtype=run.rt.dtype) for _ in range(2))
+    n = 128 if run.quick else 4096 if run.runtime.device_type == "cuda" else 1024
+    a, b = (torch.randn(n, n, device=run.runtime.device, dtype=run.runtime.dtype) for _ in range(2))
     return n, lambda: a @ b
 
 
@@ -143,27 +143,31 @@ def bench_matmul_peak(run):
     return [({"n": n, "dtype": run.dtype_name, "threads": torch.get_num_threads()}, figures)]
 
 
-def make_train_step(model, tc, rt):
+def make_train_step(model, train_cfg, runtime):
     """train.py's optimizer step over the given forward (the model or its compiled form) and micro-batches
     [(x, y), ...], its loss read back as train.py reads it every step. The learning rate stays at its peak:
     its value does not change the step's time."""
-    optimizer, scaler = make_optimizer(model, tc, rt)
+    optimizer, scaler = make_optimizer(model, train_cfg, runtime)
 
     def step(forward, batches):
         micro_batches = [Batch(x, y) for x, y in batches]
-        train_step(forward, optimizer, scaler, micro_batches, tc.learning_rate, tc.grad_clip, rt)[0].item()
+        train_step(forward, optimizer, scaler, micro_batches, train_cfg.learning_rate, train_cfg.grad_clip, runtime)[
+            0
+        ].item()
 
     return step
 
 
 def bench_train_step(run):
-    gcfg, tc, rt = run.gcfg, run.tc, run.rt
-    torch.manual_seed(tc.seed)
-    model = GPT(gcfg).to(rt.device)
-    step = make_train_step(model, tc, rt)
-    micro = tc.gradient_accumulation_steps
+    model_cfg, train_cfg, runtime = run.model_cfg, run.train_cfg, run.runtime
+    torch.manual_seed(train_cfg.seed)
+    model = GPT(model_cfg).to(runtime.device)
+    step = make_train_step(model, train_cfg, runtime)
+    micro = train_cfg.gradient_accumulation_steps
     # a few fixed random batches, cycled: the step's cost does not depend on which tokens it sees
-    data = torch.randint(gcfg.vocab_size, (4, micro, tc.batch_size, gcfg.block_size + 1), device=rt.device)
+    data = torch.randint(
+        model_cfg.vocab_size, (4, micro, train_cfg.batch_size, model_cfg.block_size + 1), device=runtime.device
+    )
     batches = [[(seq[:, :-1], seq[:, 1:]) for seq in group] for group in data]  # x, y (B, T) each
     turns = itertools.cycle(batches)
 
@@ -180,8 +184,8 @@ def bench_train_step(run):
         compile_s = timed_first_call(variants[True], run.sync)
     seconds = time_in_turns(variants, run.repeats("train_step"), warmup=2, sync=run.sync, desc="train_step")
     peak_gflops = gflops(n, statistics.median(seconds.pop("matmul")))
-    tokens_per_step = micro * tc.batch_size * gcfg.block_size
-    flops_per_token = model.flops_per_token(gcfg.block_size)
+    tokens_per_step = micro * train_cfg.batch_size * model_cfg.block_size
+    flops_per_token = model.flops_per_token(model_cfg.block_size)
     rows = []
     for compiled, s in seconds.items():
         figures = spread(s)
@@ -198,15 +202,15 @@ def bench_generate(run):
     """Greedy decoding from a 1-token prompt, batch 1: with the KV cache (dynamic, and static: fixed shapes, a CUDA
     graph when compiled on CUDA), eager and compiled, and without it; speedup is each variant's tokens/s over the
     uncached one's."""
-    torch.manual_seed(run.tc.seed)
-    model = GPT(run.gcfg).to(run.rt.device).eval()
-    prompt = torch.zeros((1, 1), dtype=torch.long, device=run.rt.device)
+    torch.manual_seed(run.train_cfg.seed)
+    model = GPT(run.model_cfg).to(run.runtime.device).eval()
+    prompt = torch.zeros((1, 1), dtype=torch.long, device=run.runtime.device)
 
     def generation(use_cache, compile=False, static_cache=False):
         cache = "static" if static_cache else "dynamic" if use_cache else "none"
 
         def call():
-            with decode_autocast(run.rt.device_type, run.rt.dtype):  # as sample.py decodes
+            with decode_autocast(run.runtime.device_type, run.runtime.dtype):  # as sample.py decodes
                 for _ in generate(model, prompt, run.new_tokens, Sampling(temperature=0), cache, compile):
                     pass
 
@@ -273,11 +277,11 @@ def bench_rope_apply(run):
     """Forward + backward of the rotation, float32, against two reference formulations and clone()."""
     shape = ROPE_SHAPE_QUICK if run.quick else ROPE_SHAPE
     T, d = shape[2:]
-    device = run.rt.device
+    device = run.runtime.device
     g = torch.Generator().manual_seed(0)
     x = torch.randn(shape, generator=g).to(device).requires_grad_()
     grad = torch.randn(shape, generator=g).to(device)
-    cos, sin = rope.rope_cache(rope.rope_frequencies(d).to(device), torch.arange(T, device=device))  # (T, d/2)
+    cos, sin = rope.tables(rope.frequencies(d).to(device), torch.arange(T, device=device))  # (T, d/2)
     impls = rope_impls(cos, sin)
     with torch.no_grad():
         for name, (layout, fn) in impls.items():
@@ -326,17 +330,19 @@ def bench_probe(run):
     per answer: the layout's cost before contexts were read once), and the slot probe at L0 (by_slot), as the lab
     runs them (its tokens per forward, its device and dtype), eager and compiled. answers_per_s: scored answers
     (whole answers of a query) per second."""
-    meta = load_meta(Path(run.tc.data_dir) / run.tc.dataset)
-    gcfg = replace(run.gcfg, vocab_size=meta["vocab_size"])
-    L0 = gcfg.block_size
-    probe = Probe(meta, L0, run.probe_windows, run.probe_windows.probe_pairs, run.tc.batch_size * L0, run.rt.device)
-    torch.manual_seed(run.tc.seed)
-    model = GPT(gcfg).to(run.rt.device).eval()
+    meta = load_meta(Path(run.train_cfg.data_dir) / run.train_cfg.dataset)
+    model_cfg = replace(run.model_cfg, vocab_size=meta["vocab_size"])
+    L0 = model_cfg.block_size
+    probe = Probe(
+        meta, L0, run.probe_windows, run.probe_windows.probe_pairs, run.train_cfg.batch_size * L0, run.runtime.device
+    )
+    torch.manual_seed(run.train_cfg.seed)
+    model = GPT(model_cfg).to(run.runtime.device).eval()
 
     def scoring(forward, what, W, read):
         if what == "slot":
-            return lambda: probe.by_slot(forward, W, run.rt)
-        return lambda: probe.hits(forward, W, run.rt, whole=read == "whole")
+            return lambda: probe.by_slot(forward, W, run.runtime)
+        return lambda: probe.hits(forward, W, run.runtime, whole=read == "whole")
 
     work = [("distance", W, read) for W in probe.lengths for read in ("whole", "forked")] + [("slot", L0, "whole")]
     variants = {(*job, False): scoring(model, *job) for job in work}
@@ -405,7 +411,7 @@ def bench_to_loss(run):
     commands = {
         "nanogpt": (run.nanogpt, NANOGPT_CPU),
         "float32": (ROOT, [*ours, "--dtype=float32"]),
-        run.dtype_name: (ROOT, [*ours, f"--dtype={run.tc.dtype}"]),
+        run.dtype_name: (ROOT, [*ours, f"--dtype={run.train_cfg.dtype}"]),
     }  # what the config's dtype runs as here
     val = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -465,25 +471,27 @@ class Run:
     def __init__(self, args, probe_windows):
         self.quick = args.quick
         if args.quick and not args.config:
-            self.gcfg, self.tc = GPTConfig(**QUICK[0]), TrainConfig(**QUICK[1])
+            self.model_cfg, self.train_cfg = GPTConfig(**QUICK[0]), TrainConfig(**QUICK[1])
             self.config_name = "tiny"
         else:
             path = args.config or DEFAULT_CONFIG
-            self.gcfg, self.tc = config.parse([str(path)], GPTConfig, TrainConfig)
+            self.model_cfg, self.train_cfg = config.parse([str(path)], GPTConfig, TrainConfig)
             self.config_name = args.config or str(DEFAULT_CONFIG.relative_to(DEFAULT_CONFIG.parent.parent))
         self.config_path = str(Path(args.config or DEFAULT_CONFIG).resolve())
         self.nanogpt = args.nanogpt
-        self.tc = replace(self.tc, device=args.device or self.tc.device, dtype=args.dtype or self.tc.dtype)
+        self.train_cfg = replace(
+            self.train_cfg, device=args.device or self.train_cfg.device, dtype=args.dtype or self.train_cfg.dtype
+        )
         self.probe_windows = probe_windows
         if args.threads or args.quick:
             torch.set_num_threads(args.threads or 1)
         # the benches time eager and compiled side by side (see compile_note); the header reports the runtime
-        self.rt = setup_runtime(self.tc.device, self.tc.dtype, compile=False, quiet=True)
-        self.dtype_name = self.rt.dtype_name
+        self.runtime = setup_runtime(self.train_cfg.device, self.train_cfg.dtype, compile=False, quiet=True)
+        self.dtype_name = self.runtime.dtype_name
         self.compile, self.compile_note = False, "off with --quick"
         if not args.quick:
             try:
-                self.compile, self.compile_note = check_compile(True, self.rt.device_type), "on"
+                self.compile, self.compile_note = check_compile(True, self.runtime.device_type), "on"
             except ValueError as e:
                 self.compile_note = f"skipped: {e}"
         self.new_tokens = args.new_tokens or (16 if args.quick else 500)
@@ -493,12 +501,12 @@ class Run:
         return self._repeats or REPEATS[bench]
 
     def sync(self):
-        if self.rt.device_type == "cuda":
-            torch.cuda.synchronize(self.rt.device)
+        if self.runtime.device_type == "cuda":
+            torch.cuda.synchronize(self.runtime.device)
 
     def shape(self, batch):
         """The variant fields naming the model (and batch) measured."""
-        c = self.gcfg
+        c = self.model_cfg
         out = {
             "config": self.config_name,
             "n_layer": c.n_layer,
@@ -510,7 +518,7 @@ class Run:
             "dtype": self.dtype_name,
         }
         if batch:
-            out["batch_size"] = self.tc.batch_size * self.tc.gradient_accumulation_steps
+            out["batch_size"] = self.train_cfg.batch_size * self.train_cfg.gradient_accumulation_steps
         return out
 
 
@@ -561,12 +569,14 @@ def table_row(bench, variant, figures):
 
 
 def table_header(run, only):
-    c = run.gcfg
+    c = run.model_cfg
     lines = [
-        f"device {run.rt.device}, {run.dtype_name}, {torch.get_num_threads()} thread(s), torch {torch.__version__}; "
+        f"device {run.runtime.device}, {run.dtype_name}, {torch.get_num_threads()} thread(s), "
+        f"torch {torch.__version__}; "
         f"compiled variants {run.compile_note}",
         f"config {run.config_name}: n_layer={c.n_layer} n_head={c.n_head} n_embd={c.n_embd} "
-        f"block_size={c.block_size} batch_size={run.tc.batch_size} vocab_size={c.vocab_size} pos_emb={c.pos_emb}",
+        f"block_size={c.block_size} batch_size={run.train_cfg.batch_size} vocab_size={c.vocab_size} "
+        f"pos_emb={c.pos_emb}",
     ]
     if "rope_apply" in only:
         lines.append(
@@ -586,7 +596,7 @@ def bench(args, probe_windows):
             continue
         for variant, figures in BENCHES[name](run):
             line = (
-                json.dumps({"bench": name, "device": run.rt.device, **variant, **figures})
+                json.dumps({"bench": name, "device": run.runtime.device, **variant, **figures})
                 if args.json
                 else table_row(name, variant, figures)
             )

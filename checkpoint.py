@@ -248,6 +248,15 @@ def start_model(init_from, config, meta):
     return fine_tune_config(source, config, meta, f"init_from={init_from}"), source
 
 
+def starting_point(train_cfg, config, meta, out):
+    """Where a run starts: (its model config, the Source of a fine-tune's first weights or None, a resume's
+    checkpoint in out or None), each refused here where it contradicts the run."""
+    config, source = start_model(train_cfg.init_from, config, meta)
+    if not train_cfg.resume:
+        return config, source, None
+    return config, source, resumable_checkpoint(out, config, meta, train_cfg.max_iters, train_cfg.optimizer)
+
+
 def run_settings(argv, parts, out_dir):
     """The settings of a training command, [CONFIG.toml] [--key=value ...]: one instance of each class of parts
     ({config.json's part: its settings class}). A resume continues the run as it was started, with the settings it
@@ -329,18 +338,18 @@ def check_out_dir(out_dir, resume):
     return path
 
 
-def run_info(gcfg, tc, bc, schedule, meta, world_size):
+def run_info(model_cfg, train_cfg, batch_cfg, schedule, meta, world_size):
     """What every checkpoint of a run carries beside its state: its train settings, tokenizer (meta) and record, which
     is config.json's contents: the model, train and batch settings, the schedule's own, code, environment, processes."""
     record = {
-        "model": gcfg.asdict(),
-        "train": asdict(tc),
-        "batches": asdict(bc),
+        "model": model_cfg.asdict(),
+        "train": asdict(train_cfg),
+        "batches": asdict(batch_cfg),
         "schedule": schedule.settings(),
         **run_record(),
         "world_size": world_size,
     }
-    return {"train_config": asdict(tc), "tokenizer": meta, "record": record}
+    return {"train_config": asdict(train_cfg), "tokenizer": meta, "record": record}
 
 
 def first_files(out, record, at, resume):

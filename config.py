@@ -24,6 +24,7 @@ NON_NEGATIVE = ("be a finite number >= 0", lambda v: 0 <= v < math.inf)
 RATE = ("be a finite number > 0", lambda v: 0 < v < math.inf)
 FRACTION = ("lie in [0, 1)", lambda v: 0 <= v < 1)
 SHARE = ("lie in [0, 1]", lambda v: 0 <= v <= 1)
+AT_LEAST_1 = ("be a finite number >= 1", lambda v: 1 <= v < math.inf)
 
 
 def one_of(choices):
@@ -263,18 +264,18 @@ def help_text(*classes):
     return "\n".join(f"  {f'--{f.name}={f.default}':<34} {f.metadata['help']}" for cls in classes for f in fields(cls))
 
 
-def main(argv, doc, classes, run, read=parse, error=lambda e: f"error: {e}", interrupted=lambda e: ""):
+def main(argv, doc, classes, run, read=None, error=lambda e: f"error: {e}", interrupted=lambda e: ""):
     """Every command's main: --help prints doc and every setting of classes (with those of the objects the other
-    arguments choose); else run(*read(argv, *classes)). Bad input (any ValueError e) prints the one line error(e)
-    (None: nothing, another process says it) and exits 1; Ctrl-C (KeyboardInterrupt) prints interrupted(e) and exits
-    130."""
+    arguments choose); else run(*read(argv)), by default run(*parse(argv, *classes)). Bad input (any ValueError e)
+    prints the one line error(e) (None: nothing, another process says it) and exits 1; Ctrl-C (KeyboardInterrupt)
+    prints interrupted(e) and exits 130."""
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         if "-h" in argv or "--help" in argv:
             shown = chosen(classes, *split(a for a in argv if a not in ("-h", "--help")))
             print(doc + "\nSettings (defaults < CONFIG.toml < --key=value):\n" + help_text(*shown))
             return
-        run(*read(argv, *classes))
+        run(*(read(argv) if read else parse(argv, *classes)))
     except ValueError as e:
         line = error(e)
         if line is not None:

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import config
 import hf
-import rope
+import scalings
 from checkpoint import load_source
 from config import opt
 from data.tokenizer import tokenizer_from_meta
@@ -98,17 +98,19 @@ class ExportConfig(SourceSettings):
         if not self.hf_dir:
             raise ValueError("hf_dir is empty; name the folder to write, e.g. --hf_dir=hf-out")
         if self.rope_scaling is not None:  # export has no length to stretch L0 to: no factor, refused before loading
-            rope.scaling_pair(self.rope_scaling, self.rope_scaling_factor)
+            scalings.scaling_pair(self.rope_scaling, self.rope_scaling_factor)
 
 
-def export(ec):
-    """Write ec.hf_dir from the checkpoint of ec.out_dir; returns the largest logit difference of the check."""
-    hf_dir = Path(ec.hf_dir)
+def export(export_cfg):
+    """Write export_cfg.hf_dir from export_cfg.out_dir's checkpoint; returns the check's largest logit difference."""
+    hf_dir = Path(export_cfg.hf_dir)
     if hf_dir.is_file() or any((hf_dir / name).exists() for name in RUN_FILES):
-        raise ValueError(f"hf_dir={ec.hf_dir}: a file or a training run's folder; name a new folder for the export")
-    source = load_source(ec.spec(), "out_dir", ec.checkpoint)
+        raise ValueError(
+            f"hf_dir={export_cfg.hf_dir}: a file or a training run's folder; name a new folder for the export"
+        )
+    source = load_source(export_cfg.spec(), "out_dir", export_cfg.checkpoint)
     model = source.model().float().eval()  # written, and checked, in float32
-    ec.rescale(model)
+    export_cfg.rescale(model)
     try:
         model_hf = hf.exported(model, source.meta)
     except ValueError as e:
@@ -121,7 +123,7 @@ def export(ec):
     c = model.config
     print(
         f"{source.label} -> {hf_dir}/ as {type(model_hf).__name__} ({c.pos_emb}"
-        + (f", {c.rope_scaling} x{c.rope_scaling_factor:g}" if c.scaled else "")
+        + (f", {c.rope_scaling} x{c.rope_scaling_factor:g}" if scalings.is_scaled(c) else "")
         + f"; tokenizer {source.meta['tokenizer']}): logits agree with nanorope's to {diff:.2g}"
     )
     return diff

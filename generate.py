@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 
 import positions
+import scalings
+import spans
 
 
 @dataclass(frozen=True)
@@ -81,9 +83,9 @@ class KVCache:
         end = self.length + T
         assert end <= self.max_len, f"KV cache overflow: {end} > {self.max_len}"
         if ids is None:
-            return positions.Span(self.length, T, end, self.k[0].device)
+            return spans.Span(self.length, T, end, self.k[0].device)
         self.ids[:, self.length : end] = ids
-        return positions.Span(self.length, T, end, self.k[0].device, ids=ids, key_ids=self.ids[:, :end])
+        return spans.Span(self.length, T, end, self.k[0].device, ids=ids, key_ids=self.ids[:, :end])
 
     def update(self, layer, k, v):
         """Store this forward's k, v (B, nh, T, hs) after the cached ones; return all of them."""
@@ -100,13 +102,13 @@ class StaticKVCache:
     """A KV cache whose shapes never change, for a decoding step that CUDA graphs can replay: max_len slots per
     layer, and the position `length` as a 0-dim tensor on the device, which the step advances in place.
 
-    Each step writes its keys and values at `length` and attends over every slot; its positions.Span (a tensor
+    Each step writes its keys and values at `length` and attends over every slot; its spans.Span (a tensor
     start) tells the attention and the positional schemes that the slots past the query are not written yet, so
     they are masked as the future. Nothing is read back by the host: one graph serves every position. reset()
     starts a new window in the same tensors, which a CUDA graph keeps pointing at."""
 
     def __init__(self, config, batch_size, max_len, device, dtype):
-        if config.scaling.dynamic and max_len > config.L0:
+        if scalings.scaling_of(config).dynamic and max_len > config.L0:
             raise ValueError(
                 f"static_cache cannot serve rope_scaling={config.rope_scaling!r} past the trained length: "
                 "its frequencies change with the length, which a static step does not know"
@@ -129,7 +131,7 @@ class StaticKVCache:
         """T new tokens at `length`, which the host never reads; the keys are every slot."""
         if ids is not None:
             raise ValueError("static_cache takes no per-row position ids; decode them with a dynamic KV cache")
-        return positions.Span(self.length, T, self.max_len, self.length.device)
+        return spans.Span(self.length, T, self.max_len, self.length.device)
 
     def update(self, layer, k, v):
         """Write this forward's k, v (B, nh, T, hs) at positions length..; return every slot (B, nh, max_len, hs)."""
@@ -148,7 +150,7 @@ def context_length(config, requested=None):
     if requested is None or requested == config.block_size:
         return config.block_size
     if not positions.scheme(config.pos_emb).extrapolates:
-        reach = ", ".join(name for name, cls in positions.SCHEMES.items() if cls.extrapolates)
+        reach = ", ".join(name for name, cls in positions.all_schemes().items() if cls.extrapolates)
         raise ValueError(
             f"max_context={requested} needs a scheme that extrapolates; {config.pos_emb} positions stop "
             f"at block_size={config.block_size} (use {reach})"

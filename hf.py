@@ -13,6 +13,7 @@ import torch
 import config
 import positions
 import rope
+import scalings
 from data.hub import hf_checkpoint, hf_tokenizer_fields
 from model import GPTConfig
 
@@ -63,7 +64,7 @@ def refusal(cfg):
         return "parallel_residual=True with learned positions: GPT-2's residual is sequential"
     if not issubclass(scheme, positions.RoPE):
         return None
-    if cfg.scaling.tempered and cfg.rope_fraction < 1:
+    if scalings.scaling_of(cfg).tempered and cfg.rope_fraction < 1:
         return (
             f"rope_scaling={cfg.rope_scaling!r} with rope_fraction={cfg.rope_fraction} < 1: transformers puts its "
             "attention temperature on the rotated dims alone, nanorope on the whole score; export with another "
@@ -83,7 +84,7 @@ def rope_parameters(cfg, rotates):
         return {"rope_type": "default", "rope_theta": cfg.rope_base, "partial_rotary_factor": 0.0}
     # the fraction itself, not rot_dim / head_dim: both sides take int(head_dim * fraction) dims
     rot_dim = int(cfg.head_dim * cfg.rope_fraction)
-    return cfg.scaling.hf_parameters(rot_dim, cfg.rope_base, cfg.rope_scaling_factor, cfg.L0) | {
+    return scalings.scaling_of(cfg).hf_parameters(rot_dim, cfg.rope_base, cfg.rope_scaling_factor, cfg.L0) | {
         "partial_rotary_factor": cfg.rope_fraction
     }
 
@@ -220,7 +221,7 @@ def rotary_architecture(model, meta):
         layer_norm_eps=model.ln_f.eps,
         tie_word_embeddings=c.tie_embeddings,
         rope_parameters=rope_parameters(c, rotary is not None),
-        max_position_embeddings=c.scaling.hf_context(c.block_size, c.L0, c.rope_scaling_factor),
+        max_position_embeddings=scalings.scaling_of(c).hf_context(c.block_size, c.L0, c.rope_scaling_factor),
         **token_ids(meta),
     )
     if c.qk_norm:
@@ -337,7 +338,7 @@ def import_config(where, hf):
             n_head=hf.n_head,
             n_embd=hf.n_embd,
             bias=True,
-            pos_emb=positions.Learned.name,
+            pos_emb="learned",
             mlp_act=activation(where, hf.activation_function),
             tie_embeddings=hf.tie_word_embeddings,
         )
@@ -347,7 +348,7 @@ def import_config(where, hf):
         require(where, "attention_bias", hf.attention_bias, True)
         rp = hf.rope_parameters
         try:
-            base, scaling, factor, L0 = rope.from_hf(rp, hf.max_position_embeddings)
+            base, scaling, factor, L0 = scalings.from_hf(rp, hf.max_position_embeddings)
         except ValueError as e:
             raise ValueError(f"{where}: {e}") from None
         config = GPTConfig(

@@ -1,11 +1,15 @@
-"""The GPT decoder: a pre-norm transformer in the GPT-2 mould.
+"""The GPT decoder: a pre-norm transformer in the GPT-2 mould, with the positional scheme as a switch.
 
-The positional scheme is a config switch (`pos_emb`), built from positions.py's registry;
-decoding (KV cache, sampling) is generate.py's. This module knows nothing about training.
+    tokens -> wte (+ a position table: sinusoidal, learned) -> n_layer x Block -> ln_f -> lm_head -> logits
+    Block: x + attn(ln_1(x)), then x + mlp(ln_2(x))
+    attn:  q, k, v = c_attn(x); q and k turned by the scheme (RoPE: rope.py's R(m)); softmax(q k^T / sqrt(hs)) v
+
+The scheme comes from positions.py's registry (`pos_emb`); GPTConfig, at the end, declares every setting the model
+reads. Decoding (KV cache, sampling) is generate.py's; this module knows nothing about training.
 """
 
 import math
-from dataclasses import dataclass, field, fields, make_dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 import torch
 import torch.nn as nn
@@ -13,127 +17,8 @@ import torch.nn.functional as F
 
 import positions
 import rope
-from config import FRACTION, NON_NEGATIVE, POSITIVE, declared, one_of, opt, validate, weightless
-
-ACTIVATIONS = {  # mlp_act -> the MLP's nonlinearity
-    "gelu": F.gelu,  # the exact (erf) GELU of GPT-2's paper
-    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),  # the approximation GPT-2's checkpoints were trained with
-    "relu2": lambda x: F.relu(x).square(),  # ReLU squared (So et al. 2021, "Primer")
-}
-
-
-@dataclass
-class ModelConfig:
-    """The model's own settings and the rules between them; GPTConfig adds every scheme's (`gathered`)."""
-
-    block_size: int = opt(256, "context length the model is trained at", weights=False, built=True, check=POSITIVE)
-    vocab_size: int = opt(65, "vocabulary size; set from the dataset's meta.json", check=POSITIVE)
-    n_layer: int = opt(6, "number of transformer blocks", check=POSITIVE)
-    n_head: int = opt(6, "attention heads per block", check=POSITIVE)
-    n_embd: int = opt(384, "model width", check=POSITIVE)
-    dropout: float = opt(
-        0.0,
-        "dropout probability (0 for pretraining small models)",
-        weights=False,
-        built=True,
-        resume=True,
-        check=FRACTION,
-    )
-    bias: bool = opt(False, "biases in linear layers and layer norms")
-    pos_emb: str = opt("rope", "positional scheme: " + ", ".join(positions.SCHEMES))
-    original_len: int | None = opt(
-        None,
-        "L0, the context the model first learned (default block_size): every "
-        "length-relative default reads it, and a fine-tune at a longer block_size "
-        "keeps its checkpoint's",
-        weights=False,
-        check=POSITIVE,
-        renamed=("rope_original_len",),
-    )
-    qk_norm: bool = opt(
-        False, "layer-normalise each head's queries and keys (learned gain) before positions and scores"
-    )
-    mlp_act: str = opt("gelu", "MLP activation: " + ", ".join(ACTIVATIONS), check=one_of(tuple(ACTIVATIONS)))
-    tie_embeddings: bool = opt(True, "the head reuses the token embedding (false: a head of its own)")
-    logit_softcap: float = opt(
-        0.0, "c > 0 squashes logits to c * tanh(logits / c), in training and sampling (0: off)", check=NON_NEGATIVE
-    )
-    zero_init_proj: bool = opt(False, "the attention and MLP output projections start at zero")
-    parallel_residual: bool = opt(
-        False,
-        "attention and MLP read the same input, x + attn(ln_1(x)) + mlp(ln_2(x)), "
-        "as GPT-NeoX and Pythia (false: one after the other, as GPT-2)",
-    )
-
-    def __post_init__(self):
-        scheme = positions.scheme(self.pos_emb)  # an unknown name fails first
-        validate(self)
-        if self.L0 > self.block_size:
-            raise ValueError(
-                f"original_len={self.original_len} (L0) exceeds block_size={self.block_size}; L0 is the "
-                "length first trained, at most the context now"
-            )
-        if self.n_embd % self.n_head:
-            raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
-        for f in fields(self):
-            if getattr(self, f.name) != f.default and not self.takes(f.name):
-                users = ", ".join(name for name in positions.SCHEMES if self.takes(f.name, name))
-                raise ValueError(
-                    f"{f.name}={getattr(self, f.name)!r} does nothing for pos_emb={self.pos_emb!r}; it "
-                    f"applies to pos_emb {users}"
-                )
-        scheme.check(self)
-
-    def takes(self, name, pos_emb=None):
-        """Whether setting name acts on pos_emb (default this config's scheme), as its field declares."""
-        applies = self.__dataclass_fields__[name].metadata["applies"]
-        return applies is None or issubclass(positions.scheme(pos_emb or self.pos_emb), applies)
-
-    @property
-    def L0(self):
-        """The length the model first learned: original_len as typed, else block_size. Every default relative to
-        the trained length reads it, so a typed original_len stays known as typed."""
-        return self.original_len or self.block_size
-
-    @property
-    def head_dim(self):
-        return self.n_embd // self.n_head
-
-    @property
-    def scaled(self):
-        """Whether a RoPE scaling changes anything (rope.in_force)."""
-        return rope.in_force(self.rope_scaling, self.rope_scaling_factor) != rope.NO_SCALING
-
-    @property
-    def scaling(self):
-        """The RoPE scaling in force (a rope.Scaling)."""
-        return rope.SCALINGS[rope.in_force(self.rope_scaling, self.rope_scaling_factor)]
-
-    def with_scheme(self, name):
-        """This config with pos_emb=name, the settings that do not apply to that scheme back at their defaults."""
-        return replace(self, pos_emb=name, **{f.name: f.default for f in fields(self) if not self.takes(f.name, name)})
-
-    def asdict(self):
-        """Every setting as given (None where a default rule applies)."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-    def resolved(self):
-        """asdict with the default rules applied: what the settings mean."""
-        return self.asdict() | {"original_len": self.L0}
-
-
-def gathered(base):
-    """base (a dataclass of settings) with every registered scheme's settings as fields of its own (flat keys, as
-    a TOML file or the command line sets them), each declared to apply to the class that declares it."""
-    added = [
-        (name, type_, field(default=f.default, metadata=dict(f.metadata) | {"applies": scheme}))
-        for scheme in positions.SCHEMES.values()
-        for name, (type_, f) in vars(scheme).get("settings", {}).items()
-    ]
-    return make_dataclass("GPTConfig", added, bases=(base,), namespace={"__module__": __name__})
-
-
-GPTConfig = gathered(ModelConfig)
+from config import AT_LEAST_1, FRACTION, NON_NEGATIVE, POSITIVE, SHARE, declared, one_of, opt, validate, weightless
+from spans import Span
 
 
 def attention(q, k, v, mask, **kw):
@@ -167,7 +52,7 @@ class CausalSelfAttention(nn.Module):
         qk = qkv[:2]
         if self.qk_norm:  # before the scheme's rotation or scaling; in float32 as the gains, under autocast too
             qk = torch.stack((self.ln_q(qk[0].float()), self.ln_k(qk[1].float()))).to(qk.dtype)  # (2, B, nh, T, hs)
-        q, k = pos.rotate(qk, span, self.layer)  # (B, nh, T, hs) each; values never carry position
+        q, k = pos.rotate(qk, span, self.layer)  # RoPE turns queries and keys here; values never carry position
         v = qkv[2]
         if cache is not None:
             k, v = cache.update(self.layer, k, v)  # (B, nh, S, hs): the span's keys
@@ -179,6 +64,13 @@ class CausalSelfAttention(nn.Module):
         y = attention(q, k, v, mask, dropout_p=dropout, is_causal=causal, scale=scale)  # (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
         return F.dropout(self.c_proj(y), self.dropout, self.training)
+
+
+ACTIVATIONS = {  # mlp_act -> the MLP's nonlinearity
+    "gelu": F.gelu,  # the exact (erf) GELU of GPT-2's paper
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),  # the approximation GPT-2's checkpoints were trained with
+    "relu2": lambda x: F.relu(x).square(),  # ReLU squared (So et al. 2021, "Primer")
+}
 
 
 class MLP(nn.Module):
@@ -213,10 +105,12 @@ class GPT(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.config = config
+        blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layer))  # the architecture, then its scheme
+        # registered in GPT-2's order, the order in which init_weights draws their starting values
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
         self.pos = positions.scheme(config.pos_emb)(config)
         self.drop = nn.Dropout(config.dropout)
-        self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layer))
+        self.blocks = blocks
         self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_embeddings:  # the head reuses the token embedding (fewer parameters, better small models)
@@ -240,34 +134,13 @@ class GPT(nn.Module):
             else:  # embeddings, an untied head (GPT-2's scale, as the tied one starts) and the other linear weights
                 nn.init.normal_(p, mean=0.0, std=0.02)
 
-    def num_params(self, non_embedding=True):
-        """Parameter count; non_embedding leaves out the lookup tables, which cost no multiplications: a position
-        table, and the token embedding when the head has a weight of its own (tied, it is the head: counted once)."""
-        n = sum(p.numel() for p in self.parameters())
-        tables = self.pos.embedding_numel() + (0 if self.config.tie_embeddings else self.wte.weight.numel())
-        return n - tables if non_embedding else n
-
-    def flops_per_token(self, seq_len):
-        """Training FLOPs per token (forward + backward): 6N for the weights plus attention's 12·L·T·d
-        (PaLM appendix B)."""
-        c = self.config
-        return 6 * self.num_params() + 12 * c.n_layer * seq_len * c.n_embd
-
     def forward(self, idx, targets=None, cache=None, start_pos=0, reduction="mean", position_ids=None):
-        """Logits (B, T, vocab) and the cross-entropy if targets are given: their mean, or with
-        reduction="none" each position's (B, T).
-
-        idx holds tokens at positions start_pos onwards, or at each row's own increasing position_ids (B, T)
-        (PoSE's skipped ids); with a cache, only the new tokens, which sit after the cached ones (the cache stores their
-        keys and values, and their positions; the decoder advances it). Without targets only the last position's
-        logits are computed (all that generation needs).
-        """
+        """Logits (B, T, vocab) and the cross-entropy if targets are given: their mean, or with reduction="none" each
+        position's (B, T). idx holds tokens at positions start_pos onwards, or at each row's own increasing
+        position_ids (B, T) (PoSE's skipped ids); with a cache, only the new tokens, after the cached ones. Without
+        targets only the last position's logits are computed (all that generation needs)."""
         T = idx.shape[1]
-        span = (
-            cache.span(T, position_ids)
-            if cache is not None
-            else positions.Span(start_pos, T, T, idx.device, ids=position_ids)
-        )
+        span = cache.span(T, position_ids) if cache is not None else Span(start_pos, T, T, idx.device, position_ids)
         x = self.drop(self.pos.embed(self.wte(idx), span))  # (B, T, C)
         for block in self.blocks:
             x = block(x, self.pos, span, cache)
@@ -287,20 +160,28 @@ class GPT(nn.Module):
         c = self.config.logit_softcap
         return c * torch.tanh(logits.float() / c) if c else logits
 
+    def num_params(self, non_embedding=True):
+        """Parameter count; non_embedding leaves out the lookup tables, which cost no multiplications: a position
+        table, and the token embedding when the head has a weight of its own (tied, it is the head: counted once)."""
+        n = sum(p.numel() for p in self.parameters())
+        tables = self.pos.embedding_numel() + (0 if self.config.tie_embeddings else self.wte.weight.numel())
+        return n - tables if non_embedding else n
+
+    def flops_per_token(self, seq_len):
+        """Training FLOPs per token (forward + backward): 6N for the weights plus attention's 12·L·T·d (PaLM app. B)."""
+        return 6 * self.num_params() + 12 * self.config.n_layer * seq_len * self.config.n_embd
+
     def load_trained(self, state):
-        """Load a trained model's state dict, a fine-tune's source's too: its scheme fitted to this model (a learned
+        """Load a trained state dict, a fine-tune's source's too, its scheme's part fitted to this model (a learned
         table cut to a shorter block_size)."""
         self.load_state_dict(self.pos.fitted(state, "pos."))
         return self
 
     def reconfigure(self, **changes):
-        """Change settings that no weight depends on (config.weightless: the RoPE scaling to evaluate or sample past
-        block_size, L0), or the scheme itself between schemes with the same parameters (DroPE's drop of RoPE: the
-        settings the new scheme does not take return to their defaults). The config is replaced and the scheme
-        rebuilt from it, keeping its trained parameters, so model.config always tells the truth."""
-        built = declared("built", type(self.config))  # once, not per setting
-        allowed = [k for k in weightless(type(self.config)) if k not in built]
-        allowed.append("pos_emb")
+        """Change settings that no weight depends on (the RoPE scaling past block_size, L0), or the scheme itself
+        between schemes with the same parameters (DroPE's drop of RoPE; the settings the new scheme does not take
+        return to their defaults). The scheme is rebuilt from the new config, keeping its trained parameters."""
+        allowed = [k for k in weightless(GPTConfig) if k not in declared("built", GPTConfig)] + ["pos_emb"]
         fixed = [k for k in changes if k not in allowed]
         if fixed:
             raise ValueError(f"{', '.join(fixed)} cannot change on a built model; only {', '.join(allowed)} can")
@@ -316,3 +197,105 @@ class GPT(nn.Module):
             ) from None
         self.pos, self.config = pos, config
         return self
+
+
+@dataclass
+class GPTConfig:
+    """Every setting the model reads, with the rules between them. A scheme's own settings name the scheme they act
+    on (`applies`: it and its subclasses); elsewhere a value other than the default is refused."""
+
+    block_size: int = opt(256, "context length the model is trained at", weights=False, built=True, check=POSITIVE)
+    vocab_size: int = opt(65, "vocabulary size; set from the dataset's meta.json", check=POSITIVE)
+    n_layer: int = opt(6, "number of transformer blocks", check=POSITIVE)
+    n_head: int = opt(6, "attention heads per block", check=POSITIVE)
+    n_embd: int = opt(384, "model width", check=POSITIVE)
+    dropout: float = opt(0.0, "dropout probability", weights=False, built=True, resume=True, check=FRACTION)
+    bias: bool = opt(False, "biases in linear layers and layer norms")
+    pos_emb: str = opt("rope", "positional scheme: " + ", ".join(positions.NAMES))
+    original_len: int | None = opt(
+        None,
+        "L0, the context the model first learned (default block_size): every length-relative default reads it, and "
+        "a fine-tune at a longer block_size keeps its checkpoint's",
+        weights=False,
+        check=POSITIVE,
+        renamed=("rope_original_len",),
+    )
+    qk_norm: bool = opt(False, "layer-normalise each head's queries and keys (learned gain) before positions, scores")
+    mlp_act: str = opt("gelu", "MLP activation: " + ", ".join(ACTIVATIONS), check=one_of(tuple(ACTIVATIONS)))
+    tie_embeddings: bool = opt(True, "the head reuses the token embedding (false: a head of its own)")
+    logit_softcap: float = opt(0.0, "c > 0: logits squashed to c * tanh(logits / c) (0: off)", check=NON_NEGATIVE)
+    zero_init_proj: bool = opt(False, "the attention and MLP output projections start at zero")
+    parallel_residual: bool = opt(
+        False, "x + attn(ln_1(x)) + mlp(ln_2(x)) as GPT-NeoX and Pythia (false: one after the other, as GPT-2)"
+    )
+    # RoPE's (rope.py), and so its subclasses' (xpos, rnope)
+    rope_base: float = opt(10000.0, "RoPE base b in theta_i = b^(-2(i-1)/d)", applies="rope")
+    rope_fraction: float = opt(1.0, "fraction of each head's dims that RoPE rotates", applies="rope")
+    rope_layout: str = opt(
+        "interleaved", "RoPE pairing: " + ", ".join(rope.LAYOUTS), applies="rope", check=one_of(rope.LAYOUTS)
+    )
+    rope_scaling: str = opt(
+        rope.NO_SCALING, "RoPE context scaling: none or a name in scalings.py's SCALINGS", applies="rope", weights=False
+    )
+    rope_scaling_factor: float = opt(
+        1.0, "RoPE scaling factor s (1: none)", applies="rope", weights=False, check=AT_LEAST_1
+    )
+    rope_p: float = opt(1.0, "p-RoPE: share of RoPE's frequencies that turn, the highest", applies="rope", check=SHARE)
+    # the other schemes' (schemes.py)
+    xpos_scale_base: float | None = opt(
+        None, "xpos: B in the decay zeta^((m - n)/B) of its scores (default L0 / 2, the paper's ratio)", applies="xpos"
+    )
+    nope_every: int = opt(
+        4, "rnope: every this many layers, the last has no positional information", applies="rnope", check=POSITIVE
+    )
+    rnope_window: int | None = opt(
+        None,
+        "rnope: keys a RoPE layer's query sees, sliding-window attention (default L0 / 2, the paper's ratio)",
+        applies="rnope",
+        check=POSITIVE,
+    )
+
+    def __post_init__(self):
+        scheme = positions.scheme(self.pos_emb)  # an unknown name fails first
+        validate(self)
+        if self.L0 > self.block_size:
+            raise ValueError(
+                f"original_len={self.original_len} (L0) exceeds block_size={self.block_size}; L0 is the length "
+                "first trained, at most the context now"
+            )
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
+        for f in fields(self):
+            if getattr(self, f.name) != f.default and not self.takes(f.name):
+                users = ", ".join(name for name in positions.all_schemes() if self.takes(f.name, name))
+                raise ValueError(
+                    f"{f.name}={getattr(self, f.name)!r} does nothing for pos_emb={self.pos_emb!r}; it applies to "
+                    f"pos_emb {users}"
+                )
+        scheme.check(self)
+
+    def takes(self, name, pos_emb=None):
+        """Whether setting name acts on pos_emb (default this config's scheme), as its field declares."""
+        applies = self.__dataclass_fields__[name].metadata["applies"]
+        return applies is None or issubclass(positions.scheme(pos_emb or self.pos_emb), positions.scheme(applies))
+
+    @property
+    def L0(self):
+        """The length the model first learned: original_len as typed, else block_size."""
+        return self.original_len or self.block_size
+
+    @property
+    def head_dim(self):
+        return self.n_embd // self.n_head
+
+    def with_scheme(self, name):
+        """This config with pos_emb=name, the settings that do not apply to that scheme back at their defaults."""
+        return replace(self, pos_emb=name, **{f.name: f.default for f in fields(self) if not self.takes(f.name, name)})
+
+    def asdict(self):
+        """Every setting as given (None where a default rule applies)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def resolved(self):
+        """asdict with the default rules applied: what the settings mean."""
+        return self.asdict() | {"original_len": self.L0}

@@ -107,13 +107,13 @@ class Optimizers:
             o.load_state_dict(state[name])
 
 
-def muon_precision(rt):
+def muon_precision(runtime):
     """Newton-Schulz's dtype: bf16 where the run computes in bf16 (its matmuls are then fast here), else float32."""
-    return torch.bfloat16 if rt.dtype == torch.bfloat16 else torch.float32
+    return torch.bfloat16 if runtime.dtype == torch.bfloat16 else torch.float32
 
 
-def make_optimizer(model, tc, rt):
-    """The optimizer (tc.optimizer) and the gradient scaler that float16 needs (a pass-through in other dtypes):
+def make_optimizer(model, train_cfg, runtime):
+    """The optimizer (train_cfg.optimizer) and the gradient scaler that float16 needs (a pass-through in other dtypes):
     every step uses both.
 
     AdamW: matrices decay, vectors (biases, norm gains) do not; the fused kernel (one pass over each parameter
@@ -121,27 +121,34 @@ def make_optimizer(model, tc, rt):
     run's precision (muon_precision), everything else to that AdamW; the two as one Optimizers, Muon's group
     stepping at muon_lr / learning_rate times the schedule's lr (its lr_scale)."""
     params = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
-    on_muon = {name: tc.optimizer == "muon" and name.startswith("blocks.") and p.dim() == 2 for name, p in params}
-    matrices = [p for name, p in params if on_muon[name] and not (tc.muon_split_qkv and name.endswith("c_attn.weight"))]
-    qkv = [p for name, p in params if on_muon[name] and tc.muon_split_qkv and name.endswith("c_attn.weight")]
+    on_muon = {
+        name: train_cfg.optimizer == "muon" and name.startswith("blocks.") and p.dim() == 2 for name, p in params
+    }
+    matrices = [
+        p for name, p in params if on_muon[name] and not (train_cfg.muon_split_qkv and name.endswith("c_attn.weight"))
+    ]
+    qkv = [p for name, p in params if on_muon[name] and train_cfg.muon_split_qkv and name.endswith("c_attn.weight")]
     rest = [p for name, p in params if not on_muon[name]]
     groups = [
-        {"params": [p for p in rest if p.dim() >= 2], "weight_decay": tc.weight_decay},
+        {"params": [p for p in rest if p.dim() >= 2], "weight_decay": train_cfg.weight_decay},
         {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0},
     ]
     adamw = torch.optim.AdamW(
-        groups, lr=tc.learning_rate, betas=(tc.beta1, tc.beta2), fused=rt.device_type in ("cuda", "cpu") or None
+        groups,
+        lr=train_cfg.learning_rate,
+        betas=(train_cfg.beta1, train_cfg.beta2),
+        fused=runtime.device_type in ("cuda", "cpu") or None,
     )
-    scaler = torch.amp.GradScaler(rt.device_type, enabled=rt.dtype == torch.float16)
-    if tc.optimizer == "adamw":
+    scaler = torch.amp.GradScaler(runtime.device_type, enabled=runtime.dtype == torch.float16)
+    if train_cfg.optimizer == "adamw":
         return adamw, scaler
-    scale = tc.muon_lr / tc.learning_rate
+    scale = train_cfg.muon_lr / train_cfg.learning_rate
     muon = Muon(
         [{"params": matrices, "lr_scale": scale}] + ([{"params": qkv, "lr_scale": scale, "split": 3}] if qkv else []),
-        lr=tc.muon_lr,
-        momentum=tc.muon_momentum,
-        weight_decay=tc.muon_weight_decay,
-        ns_steps=tc.muon_ns_steps,
-        ns_dtype=muon_precision(rt),
+        lr=train_cfg.muon_lr,
+        momentum=train_cfg.muon_momentum,
+        weight_decay=train_cfg.muon_weight_decay,
+        ns_steps=train_cfg.muon_ns_steps,
+        ns_dtype=muon_precision(runtime),
     )
     return Optimizers(muon=muon, adamw=adamw), scaler

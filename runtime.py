@@ -213,18 +213,23 @@ def setup_runtime(device="auto", dtype="auto", compile=None, quiet=False):
         )
     device, reason = pick_device(device, local_rank)
     device_type = device.partition(":")[0]
-    rt = Runtime(device, pick_dtype(dtype, device_type), check_compile(compile, device_type), rank, local_rank, world)
+    runtime = Runtime(
+        device, pick_dtype(dtype, device_type), check_compile(compile, device_type), rank, local_rank, world
+    )
     if "RANK" in os.environ:
-        dist.init_process_group(backend="nccl" if rt.device_type == "cuda" else "gloo")
-        if dtype == "auto" and rt.device_type == "cpu":  # each process probed: bf16 only if all chose it
-            rt.dtype = torch.float32 if any_rank(rt.dtype != torch.bfloat16, rt) else torch.bfloat16
-    if rt.device_type == "cuda":
-        torch.cuda.set_device(rt.device)
+        dist.init_process_group(backend="nccl" if runtime.device_type == "cuda" else "gloo")
+        if dtype == "auto" and runtime.device_type == "cpu":  # each process probed: bf16 only if all chose it
+            runtime.dtype = torch.float32 if any_rank(runtime.dtype != torch.bfloat16, runtime) else torch.bfloat16
+    if runtime.device_type == "cuda":
+        torch.cuda.set_device(runtime.device)
         # TF32 matmuls: several times the float32 tensor-core rate, precision ample for training
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-    if rt.master and not quiet:
-        print(f"device: {rt.device} ({reason}); dtype: {rt.dtype_name}; compile: {rt.compile}; processes: {world}")
-    return rt
+    if runtime.master and not quiet:
+        print(
+            f"device: {runtime.device} ({reason}); dtype: {runtime.dtype_name}; compile: {runtime.compile}; "
+            f"processes: {world}"
+        )
+    return runtime
 
 
 def leave_process_group():
@@ -233,23 +238,23 @@ def leave_process_group():
         dist.destroy_process_group()
 
 
-def any_rank(flag, rt):
+def any_rank(flag, runtime):
     """True on every process if it is True on any: one collective, so all take the same branch."""
-    t = torch.tensor(float(flag), device=rt.device)
-    if rt.world_size > 1:
+    t = torch.tensor(float(flag), device=runtime.device)
+    if runtime.world_size > 1:
         dist.all_reduce(t)
     return t.item() > 0
 
 
-def mean_and_any(loss_sum, stop_requested, rt):
+def mean_and_any(loss_sum, stop_requested, runtime):
     """(the step's loss averaged over the processes, whether any asked to stop): one collective under DDP carries
     both, so every rank stops together."""
-    if rt.world_size == 1:
+    if runtime.world_size == 1:
         return loss_sum.item(), stop_requested
-    status = torch.stack([loss_sum, torch.tensor(float(stop_requested), device=rt.device)])
+    status = torch.stack([loss_sum, torch.tensor(float(stop_requested), device=runtime.device)])
     dist.all_reduce(status)
     loss_total, requests = status.tolist()
-    return loss_total / rt.world_size, requests > 0
+    return loss_total / runtime.world_size, requests > 0
 
 
 def run_record():

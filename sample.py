@@ -26,6 +26,7 @@ import torch
 from tqdm import tqdm
 
 import config
+import scalings
 from checkpoint import load_source
 from config import NON_NEGATIVE, POSITIVE, one_of, opt
 from data.tokenizer import tokenizer_from_meta
@@ -107,17 +108,17 @@ def read_prompt(start):
 class Sampler:
     """One model ready to sample: the model (with any sampling-time RoPE scaling), tokenizer and prompt ids."""
 
-    def __init__(self, spec, flag, prompt, sc, device):
+    def __init__(self, spec, flag, prompt, sample_cfg, device):
         self.name = spec
-        source = load_source(spec, flag, sc.checkpoint)
+        source = load_source(spec, flag, sample_cfg.checkpoint)
         self.path, self.info, meta = source.label, source.info, source.meta
         self.model = source.model(device).eval()
         self.tok = tokenizer_from_meta(meta)
-        cfg = self.model.config
+        model_cfg = self.model.config
         try:
-            self.max_context = context_length(cfg, sc.max_context)
-            if cfg.takes("rope_scaling"):  # a scaling without its factor stretches L0 to max_context
-                sc.rescale(self.model, stretch=max(1.0, self.max_context / cfg.L0))
+            self.max_context = context_length(model_cfg, sample_cfg.max_context)
+            if model_cfg.takes("rope_scaling"):  # a scaling without its factor stretches L0 to max_context
+                sample_cfg.rescale(self.model, stretch=max(1.0, self.max_context / model_cfg.L0))
             ids = self.tok.encode(prompt) if prompt else []
         except ValueError as e:
             raise ValueError(f"{flag}={spec}: {e}") from None
@@ -128,10 +129,10 @@ class Sampler:
     @property
     def scheme(self):
         """The positional scheme, with the RoPE scaling in force if any."""
-        cfg = self.model.config
-        if not cfg.scaled:
-            return cfg.pos_emb
-        return f"{cfg.pos_emb} ({cfg.rope_scaling} x{cfg.rope_scaling_factor:g})"
+        model_cfg = self.model.config
+        if not scalings.is_scaled(model_cfg):
+            return model_cfg.pos_emb
+        return f"{model_cfg.pos_emb} ({model_cfg.rope_scaling} x{model_cfg.rope_scaling_factor:g})"
 
     def describe(self):
         return (
@@ -149,14 +150,21 @@ class Sampler:
         ids = torch.tensor([[self.start_id, *self.prompt_ids]], device=self.ids.device)[:, -self.max_context - 1 :]
         return self.model(ids[:, :-1], ids[:, 1:])[1].item()
 
-    def sample(self, sc, generator, on_token=None, write=None):
+    def sample(self, sample_cfg, generator, on_token=None, write=None):
         """Draw one sample, passing text to write as it becomes whole; returns (text, tokens per second)."""
         out, pending = [], []  # pending: drawn but not yet written, only the tail is ever decoded
         t0 = time.perf_counter()
-        sampling = Sampling(sc.temperature, sc.top_k, sc.top_p)
-        cache = "static" if sc.static_cache else "dynamic" if sc.kv_cache else "none"
+        sampling = Sampling(sample_cfg.temperature, sample_cfg.top_k, sample_cfg.top_p)
+        cache = "static" if sample_cfg.static_cache else "dynamic" if sample_cfg.kv_cache else "none"
         for nxt in generate(
-            self.model, self.ids, sc.max_new_tokens, sampling, cache, sc.compile, sc.max_context, generator
+            self.model,
+            self.ids,
+            sample_cfg.max_new_tokens,
+            sampling,
+            cache,
+            sample_cfg.compile,
+            sample_cfg.max_context,
+            generator,
         ):
             out.append(nxt.item())
             if on_token:
@@ -173,12 +181,12 @@ class Sampler:
         return self.tok.decode(out), rate
 
 
-def decoding(sc):
+def decoding(sample_cfg):
     """How tokens are drawn, for the speed reports: a compiled decoding's first sample includes the compile."""
-    if not sc.kv_cache:
+    if not sample_cfg.kv_cache:
         return "kv cache off"
-    cache = "static kv cache" if sc.static_cache else "kv cache on"
-    return f"{cache}, compiled: the first sample's rate includes compiling" if sc.compile else cache
+    cache = "static kv cache" if sample_cfg.static_cache else "kv cache on"
+    return f"{cache}, compiled: the first sample's rate includes compiling" if sample_cfg.compile else cache
 
 
 def generator_for(seed, device):
@@ -186,35 +194,36 @@ def generator_for(seed, device):
     return torch.Generator(device=device).manual_seed(seed)
 
 
-def load_all(specs, flag, prompt, sc, device):
-    samplers = [Sampler(spec, flag, prompt, sc, device) for spec in specs]
-    if sc.rope_scaling and not any(s.model.config.takes("rope_scaling") for s in samplers):
+def load_all(specs, flag, prompt, sample_cfg, device):
+    samplers = [Sampler(spec, flag, prompt, sample_cfg, device) for spec in specs]
+    if sample_cfg.rope_scaling and not any(s.model.config.takes("rope_scaling") for s in samplers):
         schemes = ", ".join(f"{s.name} uses pos_emb={s.model.config.pos_emb}" for s in samplers)
-        raise ValueError(f"rope_scaling={sc.rope_scaling} needs a RoPE model; {schemes}")
+        raise ValueError(f"rope_scaling={sample_cfg.rope_scaling} needs a RoPE model; {schemes}")
     return samplers
 
 
 # ----------------------------------------------------------------------------- one model, streamed
 
 
-def sample_one(sc, prompt, device, reason):
-    (m,) = load_all([sc.spec()], "out_dir", prompt, sc, device)
+def sample_one(sample_cfg, prompt, device, reason):
+    (m,) = load_all([sample_cfg.spec()], "out_dir", prompt, sample_cfg, device)
     print(f"{m.describe()}; device {device} ({reason})", file=sys.stderr)
-    g = generator_for(sc.seed, device)
+    g = generator_for(sample_cfg.seed, device)
 
     def write(s):
         sys.stdout.write(s)
         sys.stdout.flush()
 
     rates = []
-    for i in range(sc.num_samples):
+    for i in range(sample_cfg.num_samples):
         if i:
             write(SEPARATOR + "\n")
         write(prompt)
-        rates.append(m.sample(sc, g, write=write)[1])
+        rates.append(m.sample(sample_cfg, g, write=write)[1])
         write("\n")
     print(
-        f"{sc.max_new_tokens} new tokens per sample at {statistics.median(rates):,.0f} tokens/s ({decoding(sc)})",
+        f"{sample_cfg.max_new_tokens} new tokens per sample at {statistics.median(rates):,.0f} tokens/s "
+        f"({decoding(sample_cfg)})",
         file=sys.stderr,
     )
 
@@ -222,15 +231,19 @@ def sample_one(sc, prompt, device, reason):
 # ----------------------------------------------------------------------------- several models, compared
 
 
-def compare(sc, prompt, device, reason):
-    samplers = load_all([c.strip() for c in sc.compare.split(",") if c.strip()], "compare", prompt, sc, device)
+def compare(sample_cfg, prompt, device, reason):
+    samplers = load_all(
+        [c.strip() for c in sample_cfg.compare.split(",") if c.strip()], "compare", prompt, sample_cfg, device
+    )
     print(f"device {device} ({reason})", file=sys.stderr)
-    total = len(samplers) * sc.num_samples * sc.max_new_tokens
+    total = len(samplers) * sample_cfg.num_samples * sample_cfg.max_new_tokens
     rows = []
     with tqdm(total=total, desc="sampling", unit="tok", leave=False, disable=None) as bar:
         for m in samplers:
-            g = generator_for(sc.seed, device)
-            texts, rates = zip(*(m.sample(sc, g, on_token=bar.update) for _ in range(sc.num_samples)), strict=True)
+            g = generator_for(sample_cfg.seed, device)
+            texts, rates = zip(
+                *(m.sample(sample_cfg, g, on_token=bar.update) for _ in range(sample_cfg.num_samples)), strict=True
+            )
             rows.append(
                 {
                     "model": m.name,
@@ -243,19 +256,19 @@ def compare(sc, prompt, device, reason):
                     "samples": [prompt + t for t in texts],
                 }
             )
-    show = {"markdown": as_markdown, "text": as_blocks, "columns": as_columns}[sc.format]
-    print(show(rows, settings(sc, prompt)))
+    show = {"markdown": as_markdown, "text": as_blocks, "columns": as_columns}[sample_cfg.format]
+    print(show(rows, settings(sample_cfg, prompt)))
 
 
 STATS = ("model", "pos_emb", "params", "iters", "best val loss", "prompt loss", "tokens/s")
 
 
-def settings(sc, prompt):
+def settings(sample_cfg, prompt):
     shown = repr(prompt if len(prompt) <= 60 else prompt[:57] + "...")
     return (
-        f"prompt {shown} ({len(prompt)} chars)\nseed {sc.seed}, temperature {sc.temperature:g}, "
-        f"top_k {sc.top_k or '-'}, top_p {sc.top_p or '-'}, {sc.max_new_tokens} new tokens, "
-        f"context {sc.max_context or 'block_size'}, {decoding(sc)}; "
+        f"prompt {shown} ({len(prompt)} chars)\nseed {sample_cfg.seed}, temperature {sample_cfg.temperature:g}, "
+        f"top_k {sample_cfg.top_k or '-'}, top_p {sample_cfg.top_p or '-'}, {sample_cfg.max_new_tokens} new tokens, "
+        f"context {sample_cfg.max_context or 'block_size'}, {decoding(sample_cfg)}; "
         f"prompt loss in nats/token"
     )
 
@@ -321,12 +334,12 @@ def fmt(x):
 # ----------------------------------------------------------------------------- main
 
 
-def sample(sc):
-    prompt = read_prompt(sc.start)
-    device, reason = pick_device(sc.device)
-    check_compile(sc.compile, device.split(":")[0])
+def sample(sample_cfg):
+    prompt = read_prompt(sample_cfg.start)
+    device, reason = pick_device(sample_cfg.device)
+    check_compile(sample_cfg.compile, device.split(":")[0])
     with decode_autocast(device.split(":")[0]):
-        (compare if sc.compare else sample_one)(sc, prompt, device, reason)
+        (compare if sample_cfg.compare else sample_one)(sample_cfg, prompt, device, reason)
 
 
 def main(argv=None):

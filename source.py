@@ -5,7 +5,7 @@ comes from, for checkpoint.load_source, and the RoPE scaling to read it with. A 
 from dataclasses import dataclass
 from pathlib import Path
 
-import rope
+import scalings
 from checkpoint import CHECKPOINTS, checkpoint_in
 from config import check_of, one_of, opt, validate
 from model import GPTConfig
@@ -25,7 +25,6 @@ class SourceSettings:
     rope_scaling: str | None = opt(
         None,
         "a RoPE scaling to read the model with, for RoPE models (default: each model's own)",
-        check=check_of(GPTConfig, "rope_scaling"),
     )
     rope_scaling_factor: float | None = opt(
         None,
@@ -35,8 +34,8 @@ class SourceSettings:
 
     def __post_init__(self):
         validate(self)
-        if self.rope_scaling_factor is not None:  # a scaling without its factor: the tool's stretch (rescale)
-            rope.scaling_pair(self.rope_scaling, self.rope_scaling_factor)
+        # a scaling's name is checked here; one without its factor takes the tool's stretch (rescale)
+        scalings.scaling_pair(self.rope_scaling, self.rope_scaling_factor, stretch=1.0)
 
     def spec(self):
         """What out_dir names, else out/ (train.py's default) or the newest out*/ folder in the working directory
@@ -54,7 +53,7 @@ class SourceSettings:
 
     def rescale(self, model, stretch=None):
         """Reconfigure model to the RoPE scaling asked for (none asked: it keeps its own); a scaling without its
-        factor takes stretch, or is refused where there is none (rope.scaling_pair)."""
+        factor takes stretch, or is refused where there is none (scalings.scaling_pair)."""
         if self.rope_scaling is not None:
-            scaling, factor = rope.scaling_pair(self.rope_scaling, self.rope_scaling_factor, stretch)
+            scaling, factor = scalings.scaling_pair(self.rope_scaling, self.rope_scaling_factor, stretch)
             model.reconfigure(rope_scaling=scaling, rope_scaling_factor=factor)

@@ -4,8 +4,9 @@ of the rows, and PoSE's skipped position ids. train.py asks for its batches here
 A task is to the batches what a positional scheme is to the model: a class that declares its own settings (`settings`,
 as positions.py's schemes do), chosen by one setting, `task`. Its settings join BatchConfig's, as flat keys, only
 when it is chosen (`BatchConfig.chosen`), so that a run takes them, and --help lists them, only then; its module is
-imported only then, so a plain run reads none of it. Besides its settings a task class gives `check(bc)`, the rules
-between them, and `writer(bc, tokenizer, block_size)`, what writes its rows and the share of rows it takes.
+imported only then, so a plain run reads none of it. Besides its settings a task class gives `check(batch_cfg)`, the
+rules
+between them, and `writer(batch_cfg, tokenizer, block_size)`, what writes its rows and the share of rows it takes.
 """
 
 import functools
@@ -14,7 +15,7 @@ from dataclasses import asdict, dataclass, field, make_dataclass
 
 import torch
 
-from config import POSITIVE, one_of, opt, validate
+from config import AT_LEAST_1, POSITIVE, one_of, opt, validate
 from data.loader import Batches
 from data.tokenizer import tokenizer_from_meta
 
@@ -40,7 +41,7 @@ class BatchConfig:
         "PoSE (Zhu et al. 2024): rows of block_size tokens whose position ids skip "
         "ahead in chunks, so that they reach pose_factor x block_size - 1 (off: "
         "0..block_size-1)",
-        check=("be a finite number >= 1", lambda v: 1 <= v < float("inf")),
+        check=AT_LEAST_1,
     )
     pose_chunks: int = opt(2, "PoSE's chunks a row is cut into (the paper's N = 2)", check=POSITIVE)
 
@@ -56,28 +57,28 @@ class BatchConfig:
         if self.task_class:
             self.task_class.check(self)
 
-    def check_model(self, gcfg, scheme):
-        """Refuse PoSE where the model in force (gcfg, its positional scheme class `scheme`) cannot act on it."""
+    def check_model(self, model_cfg, scheme):
+        """Refuse PoSE where the model in force (model_cfg, its positional scheme class `scheme`) cannot act on it."""
         if self.pose_factor is None:
             return
-        target = round(self.pose_factor * gcfg.block_size)  # L_t: the ids reach L_t - 1
+        target = round(self.pose_factor * model_cfg.block_size)  # L_t: the ids reach L_t - 1
         if not scheme.reads_positions:
             raise ValueError(
-                f"pose_factor={self.pose_factor:g} does nothing for pos_emb={gcfg.pos_emb!r}: it reads no "
+                f"pose_factor={self.pose_factor:g} does nothing for pos_emb={model_cfg.pos_emb!r}: it reads no "
                 "position ids, which are all PoSE changes; use a scheme that does (e.g. rope)"
             )
-        if not scheme.extrapolates and target > gcfg.block_size:
+        if not scheme.extrapolates and target > model_cfg.block_size:
             raise ValueError(
                 f"pose_factor={self.pose_factor:g} puts position ids up to {target - 1}, past "
-                f"pos_emb={gcfg.pos_emb!r}'s table of block_size={gcfg.block_size} positions; PoSE "
+                f"pos_emb={model_cfg.pos_emb!r}'s table of block_size={model_cfg.block_size} positions; PoSE "
                 "needs a scheme that reads positions past block_size (e.g. rope)"
             )
         if target > POSE_MOST_POSITIONS:
             raise ValueError(
-                f"pose_factor={self.pose_factor:g} x block_size={gcfg.block_size} asks for "
+                f"pose_factor={self.pose_factor:g} x block_size={model_cfg.block_size} asks for "
                 f"{target:.4g} positions, past 2^24 = {POSE_MOST_POSITIONS:,}, beyond which float32 (the "
                 "scores' precision) cannot tell a position from its neighbour; use pose_factor <= "
-                f"{POSE_MOST_POSITIONS // gcfg.block_size:,}"
+                f"{POSE_MOST_POSITIONS // model_cfg.block_size:,}"
             )
 
     @classmethod
@@ -136,14 +137,20 @@ def rebuild(task, settings):
     return BatchConfig.chosen(task)(**settings)
 
 
-def make_batches(bc, dataset_dir, meta, block_size, batch_size, seed, device, eval_iters):
-    """The Batches of a run: text, with bc's task in a share of the training rows and PoSE's ids as bc says."""
-    task, share = bc.task_class.writer(bc, tokenizer_from_meta(meta), block_size) if bc.task_class else (None, 0.0)
+def make_batches(batch_cfg, dataset_dir, meta, block_size, batch_size, seed, device, eval_iters):
+    """The Batches of a run: text, with batch_cfg's task in a share of the training rows, and PoSE's ids if it asks."""
+    task, share = (
+        batch_cfg.task_class.writer(batch_cfg, tokenizer_from_meta(meta), block_size)
+        if batch_cfg.task_class
+        else (None, 0.0)
+    )
     pose = None
-    if bc.pose_factor is not None:
+    if batch_cfg.pose_factor is not None:
         # here, not in check_model: it needs block_size alone, and every caller passes here (lab/extend.py does not
         # call check_model)
-        if bc.pose_chunks > block_size:
-            raise ValueError(f"pose_chunks={bc.pose_chunks} exceeds block_size={block_size}: each chunk holds a token")
-        pose = PoSE(bc.pose_factor, bc.pose_chunks)
+        if batch_cfg.pose_chunks > block_size:
+            raise ValueError(
+                f"pose_chunks={batch_cfg.pose_chunks} exceeds block_size={block_size}: each chunk holds a token"
+            )
+        pose = PoSE(batch_cfg.pose_factor, batch_cfg.pose_chunks)
     return Batches(dataset_dir, meta, block_size, batch_size, seed, device, eval_iters, task, share, pose)

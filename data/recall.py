@@ -104,17 +104,19 @@ class Recall:
     }
 
     @staticmethod
-    def check(bc):
-        """The rules between the task's settings (bc, a data.batches.BatchConfig with them)."""
-        if bc.recall_fewest is not None and bc.recall_fewest > bc.recall_pairs:
-            raise ValueError(f"recall_fewest={bc.recall_fewest} must lie in [1, recall_pairs={bc.recall_pairs}]")
+    def check(batch_cfg):
+        """The rules between the task's settings (batch_cfg, a data.batches.BatchConfig with them)."""
+        if batch_cfg.recall_fewest is not None and batch_cfg.recall_fewest > batch_cfg.recall_pairs:
+            raise ValueError(
+                f"recall_fewest={batch_cfg.recall_fewest} must lie in [1, recall_pairs={batch_cfg.recall_pairs}]"
+            )
 
     @classmethod
-    def writer(cls, bc, tokenizer, block_size):
-        """(the task as bc sets it, the share of training rows it writes), a block too short for it failing now."""
-        task = cls(tokenizer, bc.recall_pairs, bc.recall_queries, bc.recall_fewest)
+    def writer(cls, batch_cfg, tokenizer, block_size):
+        """(the task as batch_cfg sets it, the share of training rows it writes); a block too short for it fails now."""
+        task = cls(tokenizer, batch_cfg.recall_pairs, batch_cfg.recall_queries, batch_cfg.recall_fewest)
         task.insert(torch.zeros(1, block_size + 1, dtype=torch.long), 1.0, 0)
-        return task, bc.recall_share
+        return task, batch_cfg.recall_share
 
     def __init__(self, tokenizer, pairs=4, queries=None, fewest=None):
         """pairs needles a row, or from fewest to pairs (default pairs) drawn per row; queries at its end (default

@@ -35,7 +35,7 @@ import torch
 
 import config
 import positions
-import rope
+import scalings
 import train
 from checkpoint import load_checkpoint
 from config import opt
@@ -70,7 +70,7 @@ REFERENCE = "rope"  # the scheme every other one is compared against, seed by se
 # what a RoPE variant may change: the settings declared to act on RoPE that its weights depend on (a scaling is
 # scored at inference, beyond L0)
 VARIANT_KEYS = tuple(
-    f.name for f in fields(GPTConfig) if f.metadata["applies"] is positions.RoPE and f.metadata["weights"]
+    f.name for f in fields(GPTConfig) if f.metadata["applies"] == positions.RoPE.name and f.metadata["weights"]
 )
 
 
@@ -83,10 +83,10 @@ class DroPE:
     recalibration_lr: float | None = None  # the recalibration's peak, reached again by a warmup after the drop
     recalibration_warmup: int = 20
 
-    def check(self, tc):
-        if not 0 < self.drop_rope_at < tc.max_iters:
+    def check(self, train_cfg):
+        if not 0 < self.drop_rope_at < train_cfg.max_iters:
             raise ValueError(
-                f"drop_rope_at={self.drop_rope_at} must lie between 0 and max_iters={tc.max_iters}, "
+                f"drop_rope_at={self.drop_rope_at} must lie between 0 and max_iters={train_cfg.max_iters}, "
                 "leaving steps to recalibrate without RoPE"
             )
         if self.recalibration_lr is not None and not 0 < self.recalibration_lr < math.inf:
@@ -97,8 +97,8 @@ class DropSchedule(train.Schedule):
     """train.Schedule until DroPE's drop; from it pos_emb none, and with a recalibration_lr a warmup to that peak
     and a cosine to a tenth of it at max_iters."""
 
-    def __init__(self, tc, drope):
-        super().__init__(tc)
+    def __init__(self, train_cfg, drope):
+        super().__init__(train_cfg)
         self.drope = drope
 
     def lr(self, it):
@@ -109,12 +109,12 @@ class DropSchedule(train.Schedule):
             it - d.drop_rope_at,
             d.recalibration_lr,
             d.recalibration_warmup,
-            self.tc.max_iters - d.drop_rope_at,
+            self.train_cfg.max_iters - d.drop_rope_at,
             d.recalibration_lr / 10,
         )
 
-    def model_config(self, it, gcfg):
-        return gcfg.with_scheme(positions.NoPE.name) if it >= self.drope.drop_rope_at else gcfg
+    def model_config(self, it, model_cfg):
+        return model_cfg.with_scheme("none") if it >= self.drope.drop_rope_at else model_cfg
 
     def settings(self):
         return asdict(self.drope)
@@ -125,7 +125,7 @@ TRAIN_VARIANT_KEYS = tuple(DroPE.__dataclass_fields__)  # what a variant may cha
 
 @dataclass
 class AblateConfig(ProbeSettings, SweepSettings):
-    schemes: str = opt(",".join(positions.SCHEMES), "positional schemes to compare (pos_emb values), comma-separated")
+    schemes: str = opt(",".join(positions.NAMES), "positional schemes to compare (pos_emb values), comma-separated")
     variants: str = opt("", "RoPE variants to add: 'name: key=value, ...; name: ...', keys " + ", ".join(VARIANT_KEYS))
     lr_scales: str = opt(
         "1",
@@ -149,7 +149,7 @@ class AblateConfig(ProbeSettings, SweepSettings):
     )
     eval_lengths: str = opt("0.5,1,2,4,8", "context lengths to evaluate at, as multiples of block_size")
     rope_scalings: str = opt(
-        ",".join((rope.LINEAR, rope.NTK, rope.YARN)),
+        ",".join((scalings.LINEAR, scalings.NTK, scalings.YARN)),
         "inference-time RoPE scalings scored beyond block_size (factor L/L0)",
     )
     sample_prompt: str = opt("ROMEO:", "prompt of the one sample per scheme")
@@ -164,14 +164,14 @@ class AblateConfig(ProbeSettings, SweepSettings):
 # ----------------------------------------------------------------------------- the grid
 
 
-def make_grid(ac, gcfg):
+def make_grid(ablate_cfg, model_cfg):
     """({scheme name: its GPTConfig}, in the order of the tables; {name: its DroPE, or None})."""
-    for s in split_list(ac.schemes):
-        if s not in positions.SCHEMES:
-            raise ValueError(f"schemes: {s!r} is not a positional scheme; choose from {', '.join(positions.SCHEMES)}")
-    entries = [(s, {"pos_emb": s}) for s in split_list(ac.schemes)]
+    for s in split_list(ablate_cfg.schemes):
+        if s not in positions.NAMES:
+            raise ValueError(f"schemes: {s!r} is not a positional scheme; choose from {', '.join(positions.NAMES)}")
+    entries = [(s, {"pos_emb": s}) for s in split_list(ablate_cfg.schemes)]
     types = field_types(GPTConfig, VARIANT_KEYS) | field_types(DroPE, TRAIN_VARIANT_KEYS)
-    entries += [(name, {"pos_emb": "rope", **o}) for name, o in parse_changes(ac.variants, types)]
+    entries += [(name, {"pos_emb": "rope", **o}) for name, o in parse_changes(ablate_cfg.variants, types)]
     names = [name for name, _ in entries]
     if not names:
         raise ValueError("schemes and variants are both empty; name at least one scheme, e.g. schemes=rope")
@@ -183,7 +183,7 @@ def make_grid(ac, gcfg):
         drop = {k: o.pop(k) for k in TRAIN_VARIANT_KEYS if k in o}
         try:
             drops[name] = DroPE(**drop) if drop else None
-            grid[name] = replace(gcfg.with_scheme(o.pop("pos_emb")), **o)
+            grid[name] = replace(model_cfg.with_scheme(o.pop("pos_emb")), **o)
         except TypeError:
             raise ValueError(
                 f"variant {name!r}: DroPE's {', '.join(drop)} needs drop_rope_at, the step of the drop"
@@ -204,9 +204,9 @@ def param_counts(grid):
     return counts
 
 
-def eval_lengths(ac, block_size):
+def eval_lengths(ablate_cfg, block_size):
     lengths = []
-    for m in split_list(ac.eval_lengths):
+    for m in split_list(ablate_cfg.eval_lengths):
         L = round(config.coerce("eval_lengths", m, float) * block_size)
         if L < 1:
             raise ValueError(f"eval_lengths: {m} x block_size={block_size} is under one token; use larger multiples")
@@ -216,8 +216,8 @@ def eval_lengths(ac, block_size):
     return sorted(set(lengths))
 
 
-def rope_scalings(ac):
-    names, valid = split_list(ac.rope_scalings), [k for k in rope.SCALINGS if k != rope.NO_SCALING]
+def rope_scalings(ablate_cfg):
+    names, valid = split_list(ablate_cfg.rope_scalings), [k for k in scalings.SCALINGS if k != scalings.NO_SCALING]
     for s in names:
         if s not in valid:
             raise ValueError(f"rope_scalings: {s!r} is unknown; choose from {', '.join(valid)}")
@@ -227,7 +227,7 @@ def rope_scalings(ac):
 def changes(plan, name):
     """What a scheme or variant changes beyond its pos_emb, in its model or its training, {key: value}."""
     cfg = plan.grid[name]
-    plain = plan.gcfg.with_scheme(cfg.pos_emb)
+    plain = plan.model_cfg.with_scheme(cfg.pos_emb)
     drop = plan.drops[name]
     return {k: v for k, v in cfg.asdict().items() if getattr(plain, k) != v} | (asdict(drop) if drop else {})
 
@@ -235,40 +235,46 @@ def changes(plan, name):
 # ----------------------------------------------------------------------------- one run
 
 
-def extrapolate(model, windows, scalings, rt):
+def extrapolate(model, windows, rescaled, runtime):
     """{scaling: {L: mean loss or None}} and {scaling: loss by position in the longest window}.
-    'none' is the model as trained; each scaling its scheme takes is scored beyond L0 with factor L/L0."""
-    cfg = model.config
-    scheme = positions.scheme(cfg.pos_emb)
-    L0, longest = cfg.block_size, max(windows)
+    'none' is the model as trained; each scaling of rescaled that its scheme takes is scored beyond L0 with factor
+    L/L0."""
+    model_cfg = model.config
+    scheme = positions.scheme(model_cfg.pos_emb)
+    L0, longest = model_cfg.block_size, max(windows)
     loss, position = {}, {}
-    for scaling in [rope.NO_SCALING] + (scalings if cfg.takes("rope_scaling") else []):
+    for scaling in [scalings.NO_SCALING] + (rescaled if model_cfg.takes("rope_scaling") else []):
         loss[scaling] = {}
         for L, batches in windows.items():
-            if scaling != rope.NO_SCALING and L <= L0:
+            if scaling != scalings.NO_SCALING and L <= L0:
                 continue
             if not scheme.extrapolates and L > L0:
                 loss[scaling][str(L)] = None
                 continue
             scaled = (
                 model
-                if scaling == rope.NO_SCALING
+                if scaling == scalings.NO_SCALING
                 else model.reconfigure(rope_scaling=scaling, rope_scaling_factor=L / L0)
             )
-            curve = position_losses(scaled, batches, rt)
+            curve = position_losses(scaled, batches, runtime)
             loss[scaling][str(L)] = curve.mean().item()
             if L == longest:
                 position[scaling] = curve.tolist()
     return loss, position
 
 
-def sample_text(model, meta, ac, seed, rt):
+def sample_text(model, meta, ablate_cfg, seed, runtime):
     tok = tokenizer_from_meta(meta)
-    idx = torch.tensor([tok.encode(ac.sample_prompt)], device=rt.device)
-    g = torch.Generator(device=rt.device).manual_seed(seed)
-    with decode_autocast(rt.device_type, rt.dtype):  # as sample.py decodes, so the two agree
-        new = [t.item() for t in generate(model, idx, ac.sample_tokens, Sampling(ac.sample_temperature), generator=g)]
-    return ac.sample_prompt + tok.decode(new)
+    idx = torch.tensor([tok.encode(ablate_cfg.sample_prompt)], device=runtime.device)
+    g = torch.Generator(device=runtime.device).manual_seed(seed)
+    with decode_autocast(runtime.device_type, runtime.dtype):  # as sample.py decodes, so the two agree
+        new = [
+            t.item()
+            for t in generate(
+                model, idx, ablate_cfg.sample_tokens, Sampling(ablate_cfg.sample_temperature), generator=g
+            )
+        ]
+    return ablate_cfg.sample_prompt + tok.decode(new)
 
 
 def arm_name(name, scale):
@@ -281,18 +287,20 @@ def staged_training(plan, job):
     up to one run), and probe every query slot at L0 after each: train_run's summary with "slots" {str(step):
     {str(slot): whole answers}}, the curve steps-to-learn reads (empty where training carries no recall task)."""
     name, scale, seed = job
-    gcfg, tc, out = plan.grid[name], plan.run_tc(name, seed, scale), plan.folder(job)
-    schedule, slots = plan.schedule(name, tc), {}
-    for step in eval_steps(tc) if plan.probe else [tc.max_iters]:
+    model_cfg, train_cfg, out = plan.grid[name], plan.run_tc(name, seed, scale), plan.folder(job)
+    schedule, slots = plan.schedule(name, train_cfg), {}
+    for step in eval_steps(train_cfg) if plan.probe else [train_cfg.max_iters]:
         try:
-            summary = train_run(name, gcfg, replace(tc, max_iters=step), out, plan.bc, schedule)
+            summary = train_run(name, model_cfg, replace(train_cfg, max_iters=step), out, plan.batch_cfg, schedule)
         except Interrupted:  # named by the run's length, not the stage's
             at = load_checkpoint(out / "ckpt.pt")["iter"]
-            raise Interrupted(f"run {out.name} stopped at iteration {at} of {tc.max_iters}") from None
+            raise Interrupted(f"run {out.name} stopped at iteration {at} of {train_cfg.max_iters}") from None
         if plan.probe:
             slots[str(step)] = evaluated(
                 out / f"slots{step}.json",
-                lambda step=step: plan.probe.by_slot(checked_model(out, plan.rt, step), gcfg.block_size, plan.rt),
+                lambda step=step: plan.probe.by_slot(
+                    checked_model(out, plan.runtime, step), model_cfg.block_size, plan.runtime
+                ),
                 plan.probe.made_with,
             )
     return summary | {"slots": slots, "threads": torch.get_num_threads()}
@@ -303,7 +311,7 @@ def retrieval_counts(plan, model):
     trained."""
     reaches = positions.scheme(model.config.pos_emb).extrapolates
     return {
-        str(W): plan.probe.counts(model, W, plan.rt) if reaches or W <= model.config.block_size else None
+        str(W): plan.probe.counts(model, W, plan.runtime) if reaches or W <= model.config.block_size else None
         for W in plan.probe.lengths
     }
 
@@ -314,13 +322,15 @@ def finish_run(plan, job):
     name, scale, seed = job
     out, probing = plan.folder(job), {} if plan.probe is None else plan.probe.made_with
     summary = evaluated(out / "summary.json", lambda: staged_training(plan, job), probing)
-    ac, first = plan.settings, seed == plan.seeds[0]
-    sampled = ac.sample_tokens > 0 and first  # one sample per scheme
+    ablate_cfg, first = plan.settings, seed == plan.seeds[0]
+    sampled = ablate_cfg.sample_tokens > 0 and first  # one sample per scheme
     settings = probing | {
         "lengths": plan.lengths,
-        "eval_tokens": ac.eval_tokens,
+        "eval_tokens": ablate_cfg.eval_tokens,
         "scalings": plan.scalings,
-        "sample": [ac.sample_prompt, ac.sample_tokens, ac.sample_temperature] if sampled else None,
+        "sample": [ablate_cfg.sample_prompt, ablate_cfg.sample_tokens, ablate_cfg.sample_temperature]
+        if sampled
+        else None,
         "inside": first,
         "probe_lengths": None if plan.probe is None else plan.probe.lengths,
     }
@@ -331,21 +341,21 @@ def evaluate(plan, job, sampled, first):
     """A run's scores at every length and scaling and on the probe, with its sample where sampled, and what its first
     seed shows inside (attention, biases) where first."""
     name, scale, seed = job
-    gcfg, tc, out = plan.grid[name], plan.run_tc(name, seed, scale), plan.folder(job)
+    model_cfg, train_cfg, out = plan.grid[name], plan.run_tc(name, seed, scale), plan.folder(job)
     t0 = time.perf_counter()
-    model = checked_model(out, plan.rt, tc.max_iters)
+    model = checked_model(out, plan.runtime, train_cfg.max_iters)
     # sample and look inside first: extrapolate leaves the model reconfigured with its last scaling
-    sample = sample_text(model, plan.meta, plan.settings, seed, plan.rt) if sampled else None
+    sample = sample_text(model, plan.meta, plan.settings, seed, plan.runtime) if sampled else None
     inside = (
         {
-            "attention": diagnostics.attention_stats(model, plan.windows[gcfg.block_size], plan.rt),
+            "attention": diagnostics.attention_stats(model, plan.windows[model_cfg.block_size], plan.runtime),
             "biases": diagnostics.bias_curves(model, max(plan.lengths)),
         }
         if first
         else {}
     )
     retrieval = retrieval_counts(plan, model) if plan.probe else None
-    loss, position = extrapolate(model, plan.windows, plan.scalings, plan.rt)
+    loss, position = extrapolate(model, plan.windows, plan.scalings, plan.runtime)
     return {
         "loss": loss,
         "position": position,
@@ -395,19 +405,19 @@ def summarize(plan, done, sweeps, best):
         }
     return {
         "reference": REFERENCE if REFERENCE in schemes else None,
-        "block_size": plan.gcfg.block_size,
+        "block_size": plan.model_cfg.block_size,
         "lengths": plan.lengths,
         "windows": {str(L): n_windows(b) for L, b in plan.windows.items()},
         "seeds": plan.seeds,
         "selection_seed": sel if plan.sweeping else None,
         "scales": plan.scales,
-        "tokens_per_run": tokens_per_run(plan.gcfg, plan.tc),
+        "tokens_per_run": tokens_per_run(plan.model_cfg, plan.train_cfg),
         "learning_rates": {
-            "learning_rate": plan.tc.learning_rate,
-            "muon_lr": plan.tc.muon_lr,
-            "optimizer": plan.tc.optimizer,
+            "learning_rate": plan.train_cfg.learning_rate,
+            "muon_lr": plan.train_cfg.muon_lr,
+            "optimizer": plan.train_cfg.optimizer,
         },
-        "settings": {"ablate": asdict(plan.settings), **train_settings(plan.gcfg, plan.tc, plan.bc)},
+        "settings": {"ablate": asdict(plan.settings), **train_settings(plan.model_cfg, plan.train_cfg, plan.batch_cfg)},
         "regime": regime_rows(
             [
                 (f"this config (RoPE base {cfg.rope_base:g})", cfg.head_dim, cfg.rope_base, cfg.block_size)
@@ -415,7 +425,7 @@ def summarize(plan, done, sweeps, best):
             ]
         ),
         "probe": probe_record(plan, reference),
-        "device": plan.rt.device,
+        "device": plan.runtime.device,
         "environment": run_record(),
         "schemes": schemes,
         "verdicts": {
@@ -432,16 +442,18 @@ def probe_record(plan, reference):
     that a near-perfect reader (GOOD) misses the longest window."""
     if plan.probe is None:
         return None
-    ac, probe = plan.settings, plan.probe
+    ablate_cfg, probe = plan.settings, plan.probe
     longest = max(probe.lengths)
-    errors = readout_errors(probe.cells(longest, dict.fromkeys(probe.distances[longest], 0))["cells"], ac.probe_pool)
+    errors = readout_errors(
+        probe.cells(longest, dict.fromkeys(probe.distances[longest], 0))["cells"], ablate_cfg.probe_pool
+    )
     return {
         "chance": probe.chance,
         "reference": reference,
         "elimination": probe.elimination,
         "lengths": probe.lengths,
-        "learn_gate": ac.learn_gate,
-        "per": ac.probe_pool,
+        "learn_gate": ablate_cfg.learn_gate,
+        "per": ablate_cfg.probe_pool,
         "cell_trials": errors["trials"],
         "floor": errors["floor"],
         "cells": errors["cells"],
@@ -454,8 +466,8 @@ def n_windows(batches):
     return len(batches.eval_starts["val"])
 
 
-def tokens_per_run(gcfg, tc):
-    return tc.max_iters * tc.gradient_accumulation_steps * tc.batch_size * gcfg.block_size
+def tokens_per_run(model_cfg, train_cfg):
+    return train_cfg.max_iters * train_cfg.gradient_accumulation_steps * train_cfg.batch_size * model_cfg.block_size
 
 
 # ----------------------------------------------------------------------------- plan, estimate, main
@@ -476,33 +488,35 @@ class Plan(SweepPlan):
     desc, marker = "ablate", "eval.json"
 
     @classmethod
-    def make(cls, ac, gcfg, tc, bc):
-        if ac.sample_tokens and not ac.sample_prompt:
+    def make(cls, ablate_cfg, model_cfg, train_cfg, batch_cfg):
+        if ablate_cfg.sample_tokens and not ablate_cfg.sample_prompt:
             raise ValueError("sample_prompt is empty; give a prompt, or sample_tokens=0 for no samples")
-        scales = numbers("lr_scales", ac.lr_scales, float, 1e-9, "0.5,1,2")
+        scales = numbers("lr_scales", ablate_cfg.lr_scales, float, 1e-9, "0.5,1,2")
         if 1 not in scales:
-            raise ValueError(f"lr_scales={ac.lr_scales!r} must include 1, the shared rate every scheme is ranked at")
-        lengths = eval_lengths(ac, gcfg.block_size)
-        common = cls.common(ac, gcfg, tc, bc, lengths, sweeping=len(scales) > 1)
-        if ac.sample_tokens:
-            tokenizer_from_meta(common["meta"]).encode(ac.sample_prompt)  # an unknown character fails now
-        grid, drops = make_grid(ac, common["gcfg"])
+            raise ValueError(
+                f"lr_scales={ablate_cfg.lr_scales!r} must include 1, the shared rate every scheme is ranked at"
+            )
+        lengths = eval_lengths(ablate_cfg, model_cfg.block_size)
+        common = cls.common(ablate_cfg, model_cfg, train_cfg, batch_cfg, lengths, sweeping=len(scales) > 1)
+        if ablate_cfg.sample_tokens:
+            tokenizer_from_meta(common["meta"]).encode(ablate_cfg.sample_prompt)  # an unknown character fails now
+        grid, drops = make_grid(ablate_cfg, common["model_cfg"])
         probe = (
             Probe(
                 common["meta"],
-                gcfg.block_size,
-                ac,
-                ac.probe_pairs,
-                tc.batch_size * gcfg.block_size,
-                common["rt"].device,
+                model_cfg.block_size,
+                ablate_cfg,
+                ablate_cfg.probe_pairs,
+                train_cfg.batch_size * model_cfg.block_size,
+                common["runtime"].device,
             )
-            if bc.task_class is Recall
+            if batch_cfg.task_class is Recall
             else None
         )
         for name, drop in drops.items():
             try:
                 if drop:
-                    drop.check(tc)  # a bad training change fails now, not after other runs trained
+                    drop.check(train_cfg)  # a bad training change fails now, not after other runs trained
             except ValueError as e:
                 raise ValueError(f"scheme {name!r}: {e}") from None
         return cls(
@@ -510,7 +524,7 @@ class Plan(SweepPlan):
             grid=grid,
             drops=drops,
             lengths=lengths,
-            scalings=rope_scalings(ac),
+            scalings=rope_scalings(ablate_cfg),
             params=param_counts(grid),
             scales=scales,
             probe=probe,
@@ -529,15 +543,17 @@ class Plan(SweepPlan):
         """The TrainConfig of scheme name's run with seed, its learning rates scaled by scale, and its rate's decay
         fixed to the whole run, which it trains in stages (staged_training)."""
         rates = {
-            "learning_rate": self.tc.learning_rate * scale,
-            "muon_lr": self.tc.muon_lr * scale,
-            "min_lr": None if self.tc.min_lr is None else self.tc.min_lr * scale,
+            "learning_rate": self.train_cfg.learning_rate * scale,
+            "muon_lr": self.train_cfg.muon_lr * scale,
+            "min_lr": None if self.train_cfg.min_lr is None else self.train_cfg.min_lr * scale,
         }
-        return replace(self.tc, seed=seed, lr_decay_iters=self.tc.lr_decay_iters or self.tc.max_iters, **rates)
+        return replace(
+            self.train_cfg, seed=seed, lr_decay_iters=self.train_cfg.lr_decay_iters or self.train_cfg.max_iters, **rates
+        )
 
-    def schedule(self, name, tc):
+    def schedule(self, name, train_cfg):
         """The schedule of scheme name's runs: DroPE's, or train.train's default (None)."""
-        return DropSchedule(tc, self.drops[name]) if self.drops[name] else None
+        return DropSchedule(train_cfg, self.drops[name]) if self.drops[name] else None
 
     run = finish_run
 
@@ -549,16 +565,16 @@ class Plan(SweepPlan):
 
     def folder(self, job):
         name, scale, seed = job
-        return run_dir(self.tc, arm_name(name, scale), seed)
+        return run_dir(self.train_cfg, arm_name(name, scale), seed)
 
     def check(self, job):
         """A run folder made with other settings is refused before anything runs, max_iters aside: a run grows stage
         by stage (its lr_decay_iters, the whole run's length, is checked)."""
         name, scale, seed = job
-        tc = self.run_tc(name, seed, scale)
+        train_cfg = self.run_tc(name, seed, scale)
         check_run(
             self.folder(job),
-            train_settings(self.grid[name], tc, self.bc, self.schedule(name, tc)),
+            train_settings(self.grid[name], train_cfg, self.batch_cfg, self.schedule(name, train_cfg)),
             grown=("train.max_iters",),
         )
 
@@ -569,31 +585,35 @@ class Plan(SweepPlan):
 
 def calibrate(plan):
     """Training FLOP/s reached here and now: the median of a few timed steps of the first scheme on random tokens."""
-    cfg, tc, rt = next(iter(plan.grid.values())), plan.tc, plan.rt
+    cfg, train_cfg, runtime = next(iter(plan.grid.values())), plan.train_cfg, plan.runtime
     torch.manual_seed(0)
-    model = GPT(cfg).to(rt.device)
-    optimizer, scaler = make_optimizer(model, tc, rt)
-    x = torch.randint(cfg.vocab_size, (tc.batch_size, cfg.block_size), device=rt.device)
+    model = GPT(cfg).to(runtime.device)
+    optimizer, scaler = make_optimizer(model, train_cfg, runtime)
+    x = torch.randint(cfg.vocab_size, (train_cfg.batch_size, cfg.block_size), device=runtime.device)
     times = []
     for _ in range(10):
         t0 = time.perf_counter()
-        train.train_step(model, optimizer, scaler, [Batch(x, x)], tc.learning_rate, tc.grad_clip, rt)[0].item()
+        train.train_step(
+            model, optimizer, scaler, [Batch(x, x)], train_cfg.learning_rate, train_cfg.grad_clip, runtime
+        )[0].item()
         times.append(time.perf_counter() - t0)
     return model.flops_per_token(cfg.block_size) * x.numel() / statistics.median(times[3:])  # the first warm up
 
 
-def eval_steps(tc):
+def eval_steps(train_cfg):
     """The steps at which a run evaluates (and ends a stage): every eval_interval, and max_iters."""
-    return sorted({*range(tc.eval_interval, tc.max_iters + 1, tc.eval_interval), tc.max_iters})
+    return sorted(
+        {*range(train_cfg.eval_interval, train_cfg.max_iters + 1, train_cfg.eval_interval), train_cfg.max_iters}
+    )
 
 
 def run_flops(cfg, plan):
     """(training, evaluation) FLOPs of one run: its steps, then its in-training evaluations and slot probes, its
     extrapolation and its retrieval probe. flops_per_token counts forward + backward; a forward alone is a third."""
-    tc, L0, fpt = plan.tc, cfg.block_size, GPT(cfg).flops_per_token
+    train_cfg, L0, fpt = plan.train_cfg, cfg.block_size, GPT(cfg).flops_per_token
     scheme = positions.scheme(cfg.pos_emb)
-    n_evals = len(eval_steps(tc))
-    in_training = n_evals * 2 * tc.eval_iters * tc.batch_size * L0 * fpt(L0) / 3  # train and val splits
+    n_evals = len(eval_steps(train_cfg))
+    in_training = n_evals * 2 * train_cfg.eval_iters * train_cfg.batch_size * L0 * fpt(L0) / 3  # train and val splits
     probes = 0
     if plan.probe:
         slots = plan.settings.probe_trials * plan.settings.probe_distances  # the slot probe's windows
@@ -604,7 +624,7 @@ def run_flops(cfg, plan):
     rescaled = plan.scalings if cfg.takes("rope_scaling") else []
     scored = [(L, 1 + len(rescaled) if L > L0 else 1) for L in plan.lengths if scheme.extrapolates or L <= L0]
     extrapolation = sum(n * n_windows(plan.windows[L]) * L * fpt(L) / 3 for L, n in scored)
-    return tokens_per_run(cfg, tc) * fpt(L0), in_training + probes + extrapolation
+    return tokens_per_run(cfg, train_cfg) * fpt(L0), in_training + probes + extrapolation
 
 
 def status(plan, job):
@@ -616,7 +636,7 @@ def status(plan, job):
 
 
 def print_plan(plan, statuses):
-    g, tc = plan.gcfg, plan.tc
+    g, train_cfg = plan.model_cfg, plan.train_cfg
     counts = {k: list(statuses.values()).count(k) for k in ("finished", "resume", "new")}
     sweep = (
         f", each scheme's {len(plan.scales)} learning-rate scales on selection seed {plan.settings.selection_seed}"
@@ -625,7 +645,8 @@ def print_plan(plan, statuses):
     )
     print(
         f"grid: {len(plan.grid)} schemes x {len(plan.seeds)} test seeds{sweep}: {len(statuses)} runs to start with "
-        f"into {tc.out_dir}: {counts['finished']} finished, {counts['resume']} to resume, {counts['new']} to train"
+        f"into {train_cfg.out_dir}: {counts['finished']} finished, {counts['resume']} to resume, "
+        f"{counts['new']} to train"
     )
     print(f"  {'scheme':<16}{'pos_emb':<12}{'params':>10}  changes")
     for name, cfg in plan.grid.items():
@@ -634,7 +655,8 @@ def print_plan(plan, statuses):
             + ", ".join(f"{k}={v}" for k, v in changes(plan, name).items())
         )
     print(
-        f"test seeds {', '.join(map(str, plan.seeds))}; each run {tc.max_iters} steps, {tokens_per_run(g, tc):,} "
+        f"test seeds {', '.join(map(str, plan.seeds))}; each run {train_cfg.max_iters} steps, "
+        f"{tokens_per_run(g, train_cfg):,} "
         f"tokens (model {g.n_layer}x{g.n_embd}, {g.n_head} heads, L0 = {g.block_size})"
     )
     windows = ", ".join(str(n_windows(b)) for b in plan.windows.values())

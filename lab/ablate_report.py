@@ -16,7 +16,7 @@ from files import atomic_write
 from lab.report import Plots, dress, md_regime, md_table, palette, pm
 from lab.retrieval import BANDS, THRESHOLDS, distance_plots, interval, readout, shares
 from lab.stats import ALPHA, equivalence_can_pass, equivalence_spread, holm, mean_std, sign_p, smallest_effect, verdicts
-from rope import NO_SCALING as AS_TRAINED  # the loss tables' key of a model scored as it was trained
+from scalings import NO_SCALING as AS_TRAINED  # the loss tables' key of a model scored as it was trained
 
 # ----------------------------------------------------------------------------- figures over seeds
 
@@ -57,13 +57,13 @@ def scheme_figures(runs, evals, L0, gate, per, reference):
     }
 
 
-def seed_figures(run, ev, L0, gate, per, reference):
+def seed_figures(run, scores, L0, gate, per, reference):
     """One seed's figures: its loss; its slot curve and steps-to-learn (None without the recall task); and in each
     probed window length its cells (trials and hits by distance, the forced ones apart: every interval and band can
     be recomputed from them), its bands, k_max at each threshold with `per` distances pooled, and its effective
     length at reference (None past the scheme's reach)."""
     slots = run.get("slots") or {}
-    windows = ev.get("retrieval") or {}
+    windows = scores.get("retrieval") or {}
     longest = max(map(int, windows), default=0)
     s = longest / (2 * L0)  # the bands inside L0, L0 to s L0 and s L0 to 2s L0 = the longest window
 

@@ -8,6 +8,7 @@ import torch
 
 import model as model_module
 import positions
+import spans
 
 
 def weights(q, k, mask, is_causal, scale):
@@ -37,12 +38,12 @@ def recorded_attention():
 
 
 @torch.no_grad()
-def attention_stats(model, batches, rt):
+def attention_stats(model, batches, runtime):
     """{"distance": [layer][head], "entropy": [layer][head]}: the mean distance (query position minus key position,
     weighted by attention) and the entropy (nats) of each head's attention over batches' fixed validation windows."""
     n_layer, totals, n = model.config.n_layer, None, 0
     for x, _ in batches.eval_batches("val"):  # (B, T)
-        with recorded_attention() as seen, rt.autocast():
+        with recorded_attention() as seen, runtime.autocast():
             model(x)
         T = x.shape[1]
         dist = (torch.arange(T)[:, None] - torch.arange(T)[None, :]).clamp(min=0).float().to(x.device)  # (T, T)
@@ -62,7 +63,7 @@ def bias_curves(model, reach):
     pos = model.pos
     if type(pos).bias is positions.Scheme.bias:
         return None
-    span = positions.Span(reach - 1, 1, reach, model.wte.weight.device)
+    span = spans.Span(reach - 1, 1, reach, model.wte.weight.device)
     return {
         layer: pos.bias(span, layer)[:, 0].flip(-1).tolist()  # (nh, reach): distance 0 first
         for layer in range(model.config.n_layer)

@@ -23,31 +23,31 @@ def eval_sets(dataset_dir, meta, lengths, n_tokens, tokens_per_forward, device):
 
 
 @torch.no_grad()
-def position_losses(model, batches, rt):
+def position_losses(model, batches, runtime):
     """(L,) float64 mean loss at each position 0..L-1 over the fixed validation windows of batches."""
     total, n = torch.zeros(batches.block_size, dtype=torch.float64), 0
     for x, y in batches.eval_batches("val"):  # (B, L) each
-        with rt.autocast():
+        with runtime.autocast():
             loss = model(x, y, reduction="none")[1]  # (B, L)
         total += loss.sum(0).double().cpu()
         n += len(y)
     return total / n
 
 
-def eval_runtime(tc):
+def eval_runtime(train_cfg):
     """The device and precision the lab evaluates in: the training settings', without compile or DDP."""
-    device, _ = pick_device(tc.device)
-    return Runtime(device, pick_dtype(tc.dtype, device.split(":")[0]), compile=False)
+    device, _ = pick_device(train_cfg.device)
+    return Runtime(device, pick_dtype(train_cfg.dtype, device.split(":")[0]), compile=False)
 
 
-def checked_model(out, rt, step=None, **changes):
+def checked_model(out, runtime, step=None, **changes):
     """The model of out's checkpoint, at iteration step where given (a figure is never filed under another step),
     reconfigured by changes (GPT.reconfigure) where given. Raises Gone where training has moved past step."""
-    ckpt = load_checkpoint(out / "ckpt.pt", rt.device)
+    ckpt = load_checkpoint(out / "ckpt.pt", runtime.device)
     if step is not None and ckpt["iter"] > step:  # the run keeps its latest checkpoint alone
         raise Gone(
             f"the model it scores, at iteration {step}, is gone ({out / 'ckpt.pt'} is at iteration {ckpt['iter']})"
         )
     assert step is None or ckpt["iter"] == step, f"{out / 'ckpt.pt'} is at iteration {ckpt['iter']}, not {step}"
-    model = model_from_checkpoint(ckpt, rt.device).eval()
+    model = model_from_checkpoint(ckpt, runtime.device).eval()
     return model.reconfigure(**changes) if changes else model

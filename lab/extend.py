@@ -47,7 +47,7 @@ from pathlib import Path
 import torch
 
 import config
-import rope
+import scalings
 import train
 from checkpoint import load_checkpoint
 from config import NON_NEGATIVE, POSITIVE, RATE, opt
@@ -67,9 +67,9 @@ from runtime import run_record
 # scaling is a method of its name (none: direct fine-tuning). PoSE is no scaling but a way to fill the rows: L0 long,
 # their position ids skipping ahead to s L0, with PI's scaling as in its paper's main runs, at PI's steps and rows
 # or at PI's tokens (its two names are extend_report's, whose claims name them too).
-METHODS = {name: (name, False, False) for name in rope.SCALINGS} | {
-    extend_report.POSE: (rope.LINEAR, True, False),
-    extend_report.POSE_TOKENS: (rope.LINEAR, True, True),
+METHODS = {name: (name, False, False) for name in scalings.SCALINGS} | {
+    extend_report.POSE: (scalings.LINEAR, True, False),
+    extend_report.POSE_TOKENS: (scalings.LINEAR, True, True),
 }
 ROLES = ("selection", "test")  # the seeds screened: the one that chooses the rates, those the claims test
 
@@ -83,8 +83,8 @@ class ExtendConfig(ProbeSettings, SweepSettings):
         check=number_list(float, 1.0, "200,10000"),
     )
     methods: str = opt(
-        ",".join((rope.NO_SCALING, rope.LINEAR, rope.NTK, rope.YARN)),
-        f"fine-tuning methods: {', '.join(METHODS)} ({rope.NO_SCALING}: direct fine-tuning; {rope.LINEAR}: PI)",
+        ",".join((scalings.NO_SCALING, scalings.LINEAR, scalings.NTK, scalings.YARN)),
+        f"fine-tuning methods: {', '.join(METHODS)} ({scalings.NO_SCALING}: direct fine-tuning; {scalings.LINEAR}: PI)",
     )
     factors: str = opt(
         "2,4", "extension factors s: fine-tune at s x block_size, comma-separated", check=number_list(float, 1.0, "2,4")
@@ -150,9 +150,9 @@ class ExtendConfig(ProbeSettings, SweepSettings):
                 f"multiples of finetune_eval={self.finetune_eval}, the steps the L0 loss is measured at"
             )
 
-    def candidates(self, role, tc):
+    def candidates(self, role, train_cfg):
         """The seeds screened for role, in order: screen_most from the role's first."""
-        first = self.selection_seed if role == "selection" else tc.seed
+        first = self.selection_seed if role == "selection" else train_cfg.seed
         return [first + i for i in range(self.screen_most)]
 
 
@@ -163,15 +163,17 @@ class GateSchedule(train.Schedule):
     before the gate have one rate whatever the gate's step, so the stages a base model trains in add up to one run
     of this schedule, and its settings record the gate's step."""
 
-    def __init__(self, tc, gate, check_every, decay_iters, decay_from=None):
-        super().__init__(tc)
+    def __init__(self, train_cfg, gate, check_every, decay_iters, decay_from=None):
+        super().__init__(train_cfg)
         self.gate, self.check_every, self.decay_iters, self.decay_from = gate, check_every, decay_iters, decay_from
 
     def lr(self, it):
-        tc, peak = self.tc, self.tc.learning_rate
+        train_cfg, peak = self.train_cfg, self.train_cfg.learning_rate
         if self.decay_from is None or it <= self.decay_from:
-            return train.warmup_cosine(it, peak, tc.warmup_iters, tc.warmup_iters, peak)  # its floor: the peak
-        floor = peak / 10 if tc.min_lr is None else tc.min_lr
+            return train.warmup_cosine(
+                it, peak, train_cfg.warmup_iters, train_cfg.warmup_iters, peak
+            )  # its floor: the peak
+        floor = peak / 10 if train_cfg.min_lr is None else train_cfg.min_lr
         return train.warmup_cosine(it - self.decay_from, peak, 0, self.decay_iters, floor)
 
     def settings(self):
@@ -199,48 +201,59 @@ class Lab(Plan):
     desc = "extend"
 
     @classmethod
-    def make(cls, ec, gcfg, tc, bc):
-        if not gcfg.takes("rope_scaling"):
-            raise ValueError(f"pos_emb={gcfg.pos_emb!r}: the lab fine-tunes RoPE with its scalings; use pos_emb=rope")
-        methods = split_list(ec.methods)
+    def make(cls, extend_cfg, model_cfg, train_cfg, batch_cfg):
+        if not model_cfg.takes("rope_scaling"):
+            raise ValueError(
+                f"pos_emb={model_cfg.pos_emb!r}: the lab fine-tunes RoPE with its scalings; use pos_emb=rope"
+            )
+        methods = split_list(extend_cfg.methods)
         for m in methods:
             if m not in METHODS:
                 raise ValueError(f"methods: {m!r} is unknown; choose from {', '.join(METHODS)}")
-        if bc.task_class is not Recall:
+        if batch_cfg.task_class is not Recall:
             raise ValueError(
-                f"task={bc.task}: the lab's retrieval probe needs the recall task in training; set task=recall"
+                f"task={batch_cfg.task}: the lab's retrieval probe needs the recall task in training; set task=recall"
             )
-        selection, test = (ec.candidates(role, tc) for role in ROLES)
+        selection, test = (extend_cfg.candidates(role, train_cfg) for role in ROLES)
         if set(selection) & set(test):
             raise ValueError(
-                f"selection_seed={ec.selection_seed} and seed={tc.seed}: the {ec.screen_most} seeds "
+                f"selection_seed={extend_cfg.selection_seed} and seed={train_cfg.seed}: the "
+                f"{extend_cfg.screen_most} seeds "
                 f"screened from each (screen_most) overlap; a rate chosen on a seed must not be tested "
                 f"on it"
             )
-        if ec.seeds > ec.screen_most:
-            raise ValueError(f"seeds={ec.seeds} must be <= screen_most={ec.screen_most}, the seeds screened for them")
-        factors, L0 = numbers("factors", ec.factors, float, 1.0, "2,4"), gcfg.block_size
-        common = cls.common(ec, gcfg, tc, bc, sorted({L0} | {round(m * L0) for s in factors for m in (s, 2 * s)}))
+        if extend_cfg.seeds > extend_cfg.screen_most:
+            raise ValueError(
+                f"seeds={extend_cfg.seeds} must be <= screen_most={extend_cfg.screen_most}, the seeds screened for them"
+            )
+        factors, L0 = numbers("factors", extend_cfg.factors, float, 1.0, "2,4"), model_cfg.block_size
+        common = cls.common(
+            extend_cfg,
+            model_cfg,
+            train_cfg,
+            batch_cfg,
+            sorted({L0} | {round(m * L0) for s in factors for m in (s, 2 * s)}),
+        )
         probe = Probe(
             common["meta"],
             L0,
-            ec,
-            ec.probe_pairs,
-            tc.batch_size * L0,
-            common["rt"].device,
+            extend_cfg,
+            extend_cfg.probe_pairs,
+            train_cfg.batch_size * L0,
+            common["runtime"].device,
             lengths=[L0] + [round(m * s * L0) for s in factors for m in (1, 2)],
         )
         lab = cls(
             **common,
-            bases=numbers("rope_bases", ec.rope_bases, float, 1.0, "200,10000"),
+            bases=numbers("rope_bases", extend_cfg.rope_bases, float, 1.0, "200,10000"),
             methods=methods,
             factors=factors,
-            lrs=numbers("finetune_lrs", ec.finetune_lrs, float, 1e-12, "3e-4,1e-3,3e-3"),
-            steps=numbers("finetune_steps", ec.finetune_steps, int, 1, "100,200,400"),
+            lrs=numbers("finetune_lrs", extend_cfg.finetune_lrs, float, 1e-12, "3e-4,1e-3,3e-3"),
+            steps=numbers("finetune_steps", extend_cfg.finetune_steps, int, 1, "100,200,400"),
             probe=probe,
         )
         for method in methods:  # a bad setting fails now, not after the base models trained
-            lab.finetune(lab.bases[0], method, factors[0], tc.seed, lab.lrs[0])
+            lab.finetune(lab.bases[0], method, factors[0], train_cfg.seed, lab.lrs[0])
         return lab
 
     def included(self, selection, seeds):
@@ -249,54 +262,56 @@ class Lab(Plan):
 
     @property
     def L0(self):
-        return self.gcfg.block_size
+        return self.model_cfg.block_size
 
     def base(self, b, seed, max_iters=None):
         """(out, model config, train config) of the base run of RoPE base b (up to max_iters, its stage; by default
         the gate's ceiling)."""
-        tc = replace(self.tc, seed=seed, max_iters=max_iters or self.tc.max_iters, lr_decay_iters=None)
-        return self.out / "base" / f"rope-b{b:g}-seed{seed}", replace(self.gcfg, rope_base=float(b)), tc
+        train_cfg = replace(
+            self.train_cfg, seed=seed, max_iters=max_iters or self.train_cfg.max_iters, lr_decay_iters=None
+        )
+        return self.out / "base" / f"rope-b{b:g}-seed{seed}", replace(self.model_cfg, rope_base=float(b)), train_cfg
 
-    def schedule(self, tc, decay_from=None):
+    def schedule(self, train_cfg, decay_from=None):
         """A base run's schedule: its rate held until the gate passed at decay_from (None: not yet)."""
-        ec = self.settings
-        return GateSchedule(tc, ec.base_gate, ec.base_check, ec.base_decay, decay_from)
+        extend_cfg = self.settings
+        return GateSchedule(train_cfg, extend_cfg.base_gate, extend_cfg.base_check, extend_cfg.base_decay, decay_from)
 
     def finetune(self, b, method, s, seed, lr, steps=None):
         """(out, model config, train config, batch config) of a fine-tune of RoPE base b, up to steps (default the
         last read step); sweep runs (the selection seed) in sweep/, test runs in finetune/."""
         scaling, pose, pose_tokens = METHODS[method]
-        scaling, factor = rope.scaling_pair(scaling, None, stretch=float(s))  # direct fine-tuning: none, factor 1
+        scaling, factor = scalings.scaling_pair(scaling, None, stretch=float(s))  # direct fine-tuning: none, factor 1
         base_out, base_cfg, _ = self.base(b, seed)
         L0 = self.L0
-        gcfg = replace(
+        model_cfg = replace(
             base_cfg,
             block_size=L0 if pose else round(s * L0),
             rope_scaling=scaling,
             rope_scaling_factor=factor,
             original_len=L0,
         )
-        rows = self.tc.batch_size if pose_tokens else max(1, round(self.tc.batch_size / s))
-        tc = replace(
-            self.tc,
+        rows = self.train_cfg.batch_size if pose_tokens else max(1, round(self.train_cfg.batch_size / s))
+        train_cfg = replace(
+            self.train_cfg,
             seed=seed,
             init_from=str(base_out),
             learning_rate=lr,
             min_lr=lr,
-            muon_lr=self.tc.muon_lr * lr / self.tc.learning_rate,
+            muon_lr=self.train_cfg.muon_lr * lr / self.train_cfg.learning_rate,
             warmup_iters=self.settings.finetune_warmup,
             max_iters=steps or self.steps[-1],
             lr_decay_iters=None,
             eval_interval=self.settings.finetune_eval,
             batch_size=rows,
         )
-        bc = replace(self.bc, pose_factor=float(s)) if pose else self.bc
+        batch_cfg = replace(self.batch_cfg, pose_factor=float(s)) if pose else self.batch_cfg
         kind = "sweep" if self.sweeping(seed) else "finetune"
-        return self.out / kind / f"rope-b{b:g}-{method}-x{s:g}-lr{lr:g}-seed{seed}", gcfg, tc, bc
+        return self.out / kind / f"rope-b{b:g}-{method}-x{s:g}-lr{lr:g}-seed{seed}", model_cfg, train_cfg, batch_cfg
 
     def sweeping(self, seed):
         """Whether seed is a selection seed's (it only chooses rates: its fine-tunes are scored on loss alone)."""
-        return seed in self.settings.candidates("selection", self.tc)
+        return seed in self.settings.candidates("selection", self.train_cfg)
 
     def run(self, job):
         """The figures of one run, kept in its folder's result.json once it is complete, so a rerun reads them."""
@@ -307,12 +322,12 @@ class Lab(Plan):
         """The lab settings the figures of job's run read beyond its run folder's own (lab/grid.evaluated records
         them): its scores', and the steps it reads, which it grows to (check_run takes them as recorded)."""
         if job[0] == "base":
-            return scoring(self) | {"max_iters": self.tc.max_iters}
-        ec = self.settings
+            return scoring(self) | {"max_iters": self.train_cfg.max_iters}
+        extend_cfg = self.settings
         return scoring(self, not self.sweeping(job[4])) | {
             "finetune_steps": self.steps,
-            "plateau_span": ec.plateau_span,
-            "plateau_tol": ec.plateau_tol,
+            "plateau_span": extend_cfg.plateau_span,
+            "plateau_tol": extend_cfg.plateau_tol,
         }
 
     def folder(self, job):
@@ -322,15 +337,15 @@ class Lab(Plan):
         """A run folder made with other settings, or with a record that cannot be read (a result.json is made
         again), is refused, what grows stage by stage aside: max_iters, and a base run's gate step."""
         if job[0] == "base":
-            out, gcfg, tc = self.base(*job[1:])
+            out, model_cfg, train_cfg = self.base(*job[1:])
             check_run(
                 out,
-                train_settings(gcfg, tc, self.bc, self.schedule(tc)),
+                train_settings(model_cfg, train_cfg, self.batch_cfg, self.schedule(train_cfg)),
                 grown=("train.max_iters", "schedule.decay_from"),
             )
         else:
-            out, gcfg, tc, bc = self.finetune(*job[1:])
-            check_run(out, train_settings(gcfg, tc, bc), grown=("train.max_iters",))
+            out, model_cfg, train_cfg, batch_cfg = self.finetune(*job[1:])
+            check_run(out, train_settings(model_cfg, train_cfg, batch_cfg), grown=("train.max_iters",))
         check_records(out, rebuilt=[self.marker])
 
     def needs(self, job):
@@ -355,7 +370,7 @@ class Lab(Plan):
 
 
 def loss_at(model, lab, L):
-    return position_losses(model, lab.windows[L], lab.rt).mean().item()
+    return position_losses(model, lab.windows[L], lab.runtime).mean().item()
 
 
 def scoring(lab, probed=True):
@@ -364,13 +379,20 @@ def scoring(lab, probed=True):
     return {"eval_tokens": lab.settings.eval_tokens} | (lab.probe.made_with if probed else {})
 
 
-def activation_bytes(gcfg, tc, bc, lab):
+def activation_bytes(model_cfg, train_cfg, batch_cfg, lab):
     """Bytes autograd saves for backward in one micro-batch of a run's shape: what a longer row costs in memory, the
     measure PoSE's claim is about (it keeps L0-long rows), the same on any device."""
     torch.manual_seed(0)
-    model = GPT(replace(gcfg, dropout=0.0)).to(lab.rt.device)
+    model = GPT(replace(model_cfg, dropout=0.0)).to(lab.runtime.device)
     batches = make_batches(
-        bc, Path(tc.data_dir) / tc.dataset, lab.meta, gcfg.block_size, tc.batch_size, 0, lab.rt.device, 1
+        batch_cfg,
+        Path(train_cfg.data_dir) / train_cfg.dataset,
+        lab.meta,
+        model_cfg.block_size,
+        train_cfg.batch_size,
+        0,
+        lab.runtime.device,
+        1,
     )
     saved = {}
 
@@ -392,18 +414,20 @@ def base_run(lab, b, seed):
     query slot retrieves base_gate of whole answers (max_iters at the most); then decay its rate over base_decay
     steps and probe it again: {"curve": {step: scores}, "gate": the step it passed (None: it did not), "steps",
     "passed": the gate passed and still passed after the decay, "train_s"}."""
-    out, gcfg, tc = lab.base(b, seed)
-    ec, curve, gate, stage = lab.settings, {}, None, 0
+    out, model_cfg, train_cfg = lab.base(b, seed)
+    extend_cfg, curve, gate, stage = lab.settings, {}, None, 0
 
     def probe_after(step, schedule):
-        train_run("base", gcfg, replace(tc, max_iters=step), out, lab.bc, schedule)
+        train_run("base", model_cfg, replace(train_cfg, max_iters=step), out, lab.batch_cfg, schedule)
         curve[str(step)] = evaluated(out / f"curve{step}.json", lambda: probed(lab, out, step), scoring(lab))
-        return min(curve[str(step)]["slot"].values()) >= ec.base_gate
+        return min(curve[str(step)]["slot"].values()) >= extend_cfg.base_gate
 
-    while gate is None and stage < tc.max_iters:
-        stage = min(stage + ec.base_check, tc.max_iters)
-        gate = stage if probe_after(stage, lab.schedule(tc)) else None
-    passed = gate is not None and (not ec.base_decay or probe_after(gate + ec.base_decay, lab.schedule(tc, gate)))
+    while gate is None and stage < train_cfg.max_iters:
+        stage = min(stage + extend_cfg.base_check, train_cfg.max_iters)
+        gate = stage if probe_after(stage, lab.schedule(train_cfg)) else None
+    passed = gate is not None and (
+        not extend_cfg.base_decay or probe_after(gate + extend_cfg.base_decay, lab.schedule(train_cfg, gate))
+    )
     return {
         "curve": curve,
         "gate": gate,
@@ -415,10 +439,10 @@ def base_run(lab, b, seed):
 
 def probed(lab, out, step):
     """A base model's scores at L0 after step: retrieval by query slot, the probe's counts by distance, its loss."""
-    model = checked_model(out, lab.rt, step)
+    model = checked_model(out, lab.runtime, step)
     return {
-        "slot": lab.probe.by_slot(model, lab.L0, lab.rt),
-        "counts": lab.probe.counts(model, lab.L0, lab.rt),
+        "slot": lab.probe.by_slot(model, lab.L0, lab.runtime),
+        "counts": lab.probe.counts(model, lab.L0, lab.runtime),
         "loss": loss_at(model, lab, lab.L0),
     }
 
@@ -434,8 +458,8 @@ def finetune_run(lab, b, method, s, seed, lr):
     alone) and at each read step: {"l0_curve": {step: loss}, "plateau": where the L0 loss levelled off (None: not
     within these steps), "scores": {step: ...}, "lr", "train_s", "tokens"}. The selection seed's runs, which only
     choose a rate, are scored on loss alone."""
-    out, gcfg, tc, bc = lab.finetune(b, method, s, seed, lr)
-    base_out, L0, ec = lab.base(b, seed)[0], lab.L0, lab.settings
+    out, model_cfg, train_cfg, batch_cfg = lab.finetune(b, method, s, seed, lr)
+    base_out, L0, extend_cfg = lab.base(b, seed)[0], lab.L0, lab.settings
     lengths, probing = [L0, round(s * L0), round(2 * s * L0)], not lab.sweeping(seed)
 
     def windows(step):
@@ -447,45 +471,46 @@ def finetune_run(lab, b, method, s, seed, lr):
 
     def scores(where, step=None, **changes):
         """Loss at L0, s L0 and 2s L0; the probe's counts in its windows at step."""
-        model = checked_model(where, lab.rt, step, **changes)
-        found = {"retrieval": {name: lab.probe.counts(model, W, lab.rt) for name, W in windows(step).items()}}
+        model = checked_model(where, lab.runtime, step, **changes)
+        found = {"retrieval": {name: lab.probe.counts(model, W, lab.runtime) for name, W in windows(step).items()}}
         return {"loss": {str(L): loss_at(model, lab, L) for L in lengths}} | (found if probing else {})
 
     def made_with(step):
         return scoring(lab, probing) | {"windows": windows(step)}
 
-    scaled = {"rope_scaling": gcfg.rope_scaling, "rope_scaling_factor": gcfg.rope_scaling_factor}
+    scaled = {"rope_scaling": model_cfg.rope_scaling, "rope_scaling_factor": model_cfg.rope_scaling_factor}
     done = {"0": evaluated(out / "step0.json", lambda: scores(base_out, **scaled), made_with(None))}
     l0_curve = {"0": done["0"]["loss"][str(L0)]}
-    for step in range(ec.finetune_eval, lab.steps[-1] + 1, ec.finetune_eval):
-        train_run(method, gcfg, replace(tc, max_iters=step), out, bc)
+    for step in range(extend_cfg.finetune_eval, lab.steps[-1] + 1, extend_cfg.finetune_eval):
+        train_run(method, model_cfg, replace(train_cfg, max_iters=step), out, batch_cfg)
         if step in lab.steps:  # scores holds the L0 loss: one load and one L0 loss, not two
             done[str(step)] = evaluated(out / f"step{step}.json", functools.partial(scores, out, step), made_with(step))
             l0_curve[str(step)] = done[str(step)]["loss"][str(L0)]
         else:
             l0_curve[str(step)] = evaluated(
                 out / f"l0-{step}.json",
-                lambda step=step: {"loss": loss_at(checked_model(out, lab.rt, step), lab, L0)},
+                lambda step=step: {"loss": loss_at(checked_model(out, lab.runtime, step), lab, L0)},
                 scoring(lab, probed=False),
             )["loss"]
     return {
         "l0_curve": l0_curve,
-        "plateau": plateau(l0_curve, ec),
+        "plateau": plateau(l0_curve, extend_cfg),
         "scores": done,
         "lr": lr,
         "train_s": trained_seconds(out),
-        "tokens": lab.steps[-1] * tc.batch_size * gcfg.block_size,
+        "tokens": lab.steps[-1] * train_cfg.batch_size * model_cfg.block_size,
     }
 
 
-def plateau(l0_curve, ec):
+def plateau(l0_curve, extend_cfg):
     """The first step where the L0 loss had fallen by less than plateau_tol over the last plateau_span steps; None
     where it never had."""
     return next(
         (
             int(st)
             for st in l0_curve
-            if int(st) >= ec.plateau_span and l0_curve[str(int(st) - ec.plateau_span)] - l0_curve[st] < ec.plateau_tol
+            if int(st) >= extend_cfg.plateau_span
+            and l0_curve[str(int(st) - extend_cfg.plateau_span)] - l0_curve[st] < extend_cfg.plateau_tol
         ),
         None,
     )
@@ -500,10 +525,10 @@ def screening(lab, done):
     still needed (its seeds passed and undecided fewer than it wants); a seed is included once it passed and every
     seed before it is decided. Raises ValueError once screen_most seeds of a role were decided with fewer passing
     than it needs."""
-    ec, found = lab.settings, {}
-    for role, wanted in (("selection", 1), ("test", ec.seeds)):
+    extend_cfg, found = lab.settings, {}
+    for role, wanted in (("selection", 1), ("test", extend_cfg.seeds)):
         screened, passed, included, undecided = [], [], [], 0
-        for seed in ec.candidates(role, lab.tc):
+        for seed in extend_cfg.candidates(role, lab.train_cfg):
             if len(passed) + undecided >= wanted:
                 break
             screened.append(seed)
@@ -514,9 +539,9 @@ def screening(lab, done):
                 passed.append(seed)
                 if not undecided:  # every seed before it decided
                     included.append(seed)
-        if len(passed) < wanted and not undecided and len(screened) == ec.screen_most:
+        if len(passed) < wanted and not undecided and len(screened) == extend_cfg.screen_most:
             raise ValueError(
-                f"{len(passed)} of the {ec.screen_most} {role} seeds screened (screen_most) passed the gate "
+                f"{len(passed)} of the {extend_cfg.screen_most} {role} seeds screened (screen_most) passed the gate "
                 f"({', '.join(map(str, screened))}); {wanted} needed: raise screen_most, or max_iters for the base "
                 f"models to learn in"
             )
@@ -538,7 +563,7 @@ def run_lab(lab):
     sweeps = {arm: list(lab.lrs) for arm in arms}
     if lab.settings.dry_run:
         bases = screened_jobs(lab, {})[0]
-        candidates = {seed for role in ROLES for seed in lab.settings.candidates(role, lab.tc)}
+        candidates = {seed for role in ROLES for seed in lab.settings.candidates(role, lab.train_cfg)}
         more = Launch(
             f"the next seed's, up to {lab.settings.screen_most} seeds a role",
             most=len(candidates) * len(lab.bases) - len(bases),
@@ -557,8 +582,8 @@ def run_lab(lab):
         }
         results = extend_report.lab_results(chosen, done, sweeps, rates, found) | {
             "memory": memory,
-            "settings": {"extend": asdict(lab.settings), **train_settings(lab.gcfg, lab.tc, lab.bc)},
-            "device": lab.rt.device,
+            "settings": {"extend": asdict(lab.settings), **train_settings(lab.model_cfg, lab.train_cfg, lab.batch_cfg)},
+            "device": lab.runtime.device,
             "environment": run_record(),
         }
         lab.write_results(results, extend_report.write_plots(results, lab.out), extend_report.markdown, t0)

@@ -6,7 +6,7 @@ import math
 import statistics
 from dataclasses import dataclass
 
-import rope
+import scalings
 from lab.report import Plots, dress, md_regime, md_table, pm, regime_rows
 from lab.retrieval import BANDS, THRESHOLDS, distance_plots, readout as read_cells, readout_errors as errors, shares
 from lab.stats import (
@@ -88,7 +88,7 @@ def lab_results(lab, done, sweeps, rates, screening):
         "reference": reference,
         "elimination": lab.probe.elimination,
         "base_gate": lab.settings.base_gate,
-        "regime": regime_rows([(f"this config (base {b:g})", lab.gcfg.head_dim, b, L0) for b in lab.bases]),
+        "regime": regime_rows([(f"this config (base {b:g})", lab.model_cfg.head_dim, b, L0) for b in lab.bases]),
         "base": base,
         "finetune": finetune,
         "train_s": sum(r["train_s"] for r in done.values()),
@@ -195,7 +195,12 @@ class Claim:
     margin: float | None = None  # a "same" claim's, in nats
 
 
-DIRECT, PI, NTK, YARN = rope.NO_SCALING, rope.LINEAR, rope.NTK, rope.YARN  # the methods as the papers name them
+DIRECT, PI, NTK, YARN = (
+    scalings.NO_SCALING,
+    scalings.LINEAR,
+    scalings.NTK,
+    scalings.YARN,
+)  # the methods as the papers name them
 CLAIMS = (
     Claim(
         "ntk-loss-below-pi-untuned",

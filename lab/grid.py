@@ -46,8 +46,8 @@ class SeedSettings:
     def __post_init__(self):
         config.validate(self)
 
-    def test_seeds(self, tc):
-        return [tc.seed + i for i in range(self.seeds)]
+    def test_seeds(self, train_cfg):
+        return [train_cfg.seed + i for i in range(self.seeds)]
 
 
 # ----------------------------------------------------------------------------- settings text
@@ -109,16 +109,16 @@ def number_list(kind, low, example):
 # ----------------------------------------------------------------------------- runs and their folders
 
 
-def run_dir(tc, name, seed):
-    return Path(tc.out_dir) / "runs" / f"{name}-seed{seed}"
+def run_dir(train_cfg, name, seed):
+    return Path(train_cfg.out_dir) / "runs" / f"{name}-seed{seed}"
 
 
-def train_settings(gcfg, tc, bc=None, schedule=None):
+def train_settings(model_cfg, train_cfg, batch_cfg=None, schedule=None):
     """What determines a run's result: the resolved model, training and batch settings and the schedule's."""
     return {
-        "model": gcfg.asdict(),
-        "train": {k: v for k, v in asdict(tc).items() if k not in NOT_SETTINGS},
-        "batches": asdict(bc or BatchConfig()),
+        "model": model_cfg.asdict(),
+        "train": {k: v for k, v in asdict(train_cfg).items() if k not in NOT_SETTINGS},
+        "batches": asdict(batch_cfg or BatchConfig()),
         "schedule": schedule.settings() if schedule else {},
     }
 
@@ -182,27 +182,29 @@ def check_records(out, rebuilt=()):
             read_json(path, delete=out)
 
 
-def train_run(name, gcfg, tc, out, bc=None, schedule=None):
-    """Train (or resume) one run into out, its batches as bc says and on schedule (train.train's defaults: plain
+def train_run(name, model_cfg, train_cfg, out, batch_cfg=None, schedule=None):
+    """Train (or resume) one run into out, its batches as batch_cfg says and on schedule (train.train's defaults: plain
     text, train.Schedule); its summary. Raises Interrupted when training stopped early, Failed when its metrics log
     lacks what the summary reads (damaged)."""
     ckpt_path = out / "ckpt.pt"
     at = load_checkpoint(ckpt_path)["iter"] if ckpt_path.is_file() else 0
-    if at < tc.max_iters:  # else training ended and only the summary is missing
+    if at < train_cfg.max_iters:  # else training ended and only the summary is missing
         out.mkdir(parents=True, exist_ok=True)
         with open_log(out / "train.log") as log, contextlib.redirect_stdout(log):
-            train.train(gcfg, replace(tc, out_dir=str(out), resume=at > 0, progress=False), bc, schedule)
+            train.train(
+                model_cfg, replace(train_cfg, out_dir=str(out), resume=at > 0, progress=False), batch_cfg, schedule
+            )
         at = load_checkpoint(ckpt_path)["iter"]
-    if at < tc.max_iters:
-        raise Interrupted(f"run {out.name} stopped at iteration {at} of {tc.max_iters}")
+    if at < train_cfg.max_iters:
+        raise Interrupted(f"run {out.name} stopped at iteration {at} of {train_cfg.max_iters}")
     try:
         # a resumed run's log was trimmed back to its checkpoint and its elapsed_s continues: one line per iteration
         metrics = {m["iter"]: m for m in read_log(out / "metrics.jsonl")}
-        final = metrics[tc.max_iters]
+        final = metrics[train_cfg.max_iters]
         return {
             "scheme": name,
-            "seed": tc.seed,
-            "settings": train_settings(gcfg, tc, bc, schedule),
+            "seed": train_cfg.seed,
+            "settings": train_settings(model_cfg, train_cfg, batch_cfg, schedule),
             "final_val_loss": final["val_loss"],
             "val_bpb": final["val_bpb"],
             "train_s": final["elapsed_s"],
@@ -211,12 +213,12 @@ def train_run(name, gcfg, tc, out, bc=None, schedule=None):
             "val_curve": [
                 [it, m["val_loss"]]
                 for it, m in sorted(metrics.items())
-                if it % tc.eval_interval == 0 or it == tc.max_iters
+                if it % train_cfg.eval_interval == 0 or it == train_cfg.max_iters
             ],
         }
     except (KeyError, TypeError) as e:  # a line edited or lost: the log is not one this run wrote
         raise Failed(
-            f"{out / 'metrics.jsonl'} is damaged (no {e} where iteration {tc.max_iters}'s evaluation should "
+            f"{out / 'metrics.jsonl'} is damaged (no {e} where iteration {train_cfg.max_iters}'s evaluation should "
             f"be); delete {out} and rerun the same command to redo that run"
         ) from None
 

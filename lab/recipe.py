@@ -59,29 +59,29 @@ def reached(out, target):
     return next((e for e in evals if e[2] <= target), None), evals
 
 
-def run_recipes(rc, gcfg, tc, bc):
+def run_recipes(recipe_cfg, model_cfg, train_cfg, batch_cfg):
     types = field_types(GPTConfig, MODEL_KEYS) | field_types(train.TrainConfig, TRAIN_KEYS)
-    recipes = {"base": {}} | dict(parse_changes(rc.recipes, types, "recipe"))
+    recipes = {"base": {}} | dict(parse_changes(recipe_cfg.recipes, types, "recipe"))
     grid = []  # (name, model config, train config, run folder), every folder checked before anything trains
     for name, changes in recipes.items():
-        g = replace(gcfg, **{k: v for k, v in changes.items() if k in MODEL_KEYS})
-        for seed in rc.test_seeds(tc):
-            t = replace(tc, seed=seed, **{k: v for k, v in changes.items() if k in TRAIN_KEYS})
+        g = replace(model_cfg, **{k: v for k, v in changes.items() if k in MODEL_KEYS})
+        for seed in recipe_cfg.test_seeds(train_cfg):
+            t = replace(train_cfg, seed=seed, **{k: v for k, v in changes.items() if k in TRAIN_KEYS})
             out = run_dir(t, name, seed)
-            check_run(out, train_settings(g, t, bc))
+            check_run(out, train_settings(g, t, batch_cfg))
             grid.append((name, g, t, out))
     runs = {name: [] for name in recipes}  # name -> [per seed: {"seed", "reached", "evals"}]
     for name, g, t, out in (bar := tqdm(grid, desc="recipe", unit="run")):
         bar.set_postfix_str(f"{name} seed {t.seed}")
         # the summary reads the run's own settings alone (check_run compares them); the target is read below
-        evaluated(out / "summary.json", functools.partial(train_run, name, g, t, out, bc), {})
-        hit, evals = reached(out, rc.target_loss)
+        evaluated(out / "summary.json", functools.partial(train_run, name, g, t, out, batch_cfg), {})
+        hit, evals = reached(out, recipe_cfg.target_loss)
         runs[name].append({"seed": t.seed, "reached": hit, "evals": evals})
     results = {
-        "settings": {"recipe": asdict(rc), **train_settings(gcfg, tc)},
+        "settings": {"recipe": asdict(recipe_cfg), **train_settings(model_cfg, train_cfg)},
         "recipes": {name: {"changes": recipes[name], "runs": rs, **figures(rs)} for name, rs in runs.items()},
     }
-    out = Path(tc.out_dir)
+    out = Path(train_cfg.out_dir)
     write_json(out / "results.json", results)
     text = markdown(results, write_plot(results, out))
     atomic_write(out / "results.md", lambda f: f.write(text.encode()))
@@ -100,20 +100,20 @@ def figures(runs):
 
 
 def markdown(results, plots):
-    rc, base = results["settings"]["recipe"], results["recipes"]["base"]
+    recipe_cfg, base = results["settings"]["recipe"], results["recipes"]["base"]
     rows = []
     for name, x in results["recipes"].items():
         changes = ", ".join(f"{k}={v}" for k, v in x["changes"].items()) or "the config as it is"
         ratio = (
             f"{base['seconds']['mean'] / x['seconds']['mean']:.2f}x"
-            if x["seconds"] and base["seconds"] and x["reached"] == rc["seeds"]
+            if x["seconds"] and base["seconds"] and x["reached"] == recipe_cfg["seeds"]
             else "N/A"
         )
         rows.append(
             [
                 name,
                 changes,
-                f"{x['reached']}/{rc['seeds']}",
+                f"{x['reached']}/{recipe_cfg['seeds']}",
                 pm(x["steps"], ".0f"),
                 pm(x["seconds"], ".1f"),
                 ratio,
@@ -126,8 +126,8 @@ def markdown(results, plots):
         text_columns=2,
     )
     return (
-        f"# Steps and seconds to val loss <= {rc['target_loss']}\n\n"
-        f"Mean ± std over {rc['seeds']} seeds of the runs that reached it, at the first evaluation (every "
+        f"# Steps and seconds to val loss <= {recipe_cfg['target_loss']}\n\n"
+        f"Mean ± std over {recipe_cfg['seeds']} seeds of the runs that reached it, at the first evaluation (every "
         f"{results['settings']['train']['eval_interval']} steps) at or below it; seconds are elapsed training "
         f"time there, evaluations included. The speed-up is base's mean seconds over the recipe's.\n\n"
         + table

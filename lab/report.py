@@ -4,7 +4,7 @@ tables, mean ± std, and PNG plots (matplotlib optional)."""
 import itertools
 import math
 
-import rope
+import scalings
 from files import atomic_write
 
 LLAMA2 = {"name": "LLaMA-2-7B (the papers' model)", "head_dim": 128, "base": 10000.0, "L0": 4096}  # its config.json:
@@ -15,7 +15,7 @@ def regime(name, head_dim, base, L0):
     """The dimensionless ratios a small model must match to stand in for a large one: RoPE's longest wavelength
     2 pi base^((d-2)/d) over L0, the turns the fastest pair makes within L0 (L0 / 2 pi), and the shares of YaRN's
     pairs (alpha = 1, beta = 32, as deployed) kept (theta), ramped and fully interpolated (theta / s)."""
-    ramp = rope.yarn_ramp(head_dim, base, L0)
+    ramp = scalings.yarn_ramp(head_dim, base, L0)
     pairs = head_dim // 2
     return {
         "name": name,

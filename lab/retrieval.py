@@ -52,6 +52,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+import scalings
 from config import POSITIVE, opt, validate
 from data.recall import LAYOUT, NEEDLE, Recall, distances, query_keys
 from data.tokenizer import tokenizer_from_meta
@@ -199,9 +200,9 @@ class Probe:
         pairs = self.recall.pairs
         return {str(j): 1 / (pairs - j + 1) for j in range(1, pairs + 1)}
 
-    def counts(self, model, W, rt):
+    def counts(self, model, W, runtime):
         """A seed's readout in windows of W tokens, as JSON: `cells` of its hits."""
-        return self.cells(W, self.hits(model, W, rt))
+        return self.cells(W, self.hits(model, W, runtime))
 
     def cells(self, W, hits):
         """{"cells": {str(k): {"trials", "hits", "blind"}}, "forced": the same for the distances whose layout forces
@@ -216,7 +217,7 @@ class Probe:
             }
         return out
 
-    def hits(self, model, W, rt, whole=None):
+    def hits(self, model, W, runtime, whole=None):
         """{k: whole answers} at each probed distance of windows of W tokens (a probed length); whole: read each
         query's window whole (default: where the model does not fork, `forks`), the same answers at up to pairs
         times the forwards (bench.py times both)."""
@@ -229,14 +230,14 @@ class Probe:
         if whole:  # each query's window: its context with the query in the query's place
             rows = contexts[owner].clone()
             rows[:, -NEEDLE:] = queries
-            right = self.whole_answers(model, rows, query_keys(W + 1, 1), rt)[:, 0]
+            right = self.whole_answers(model, rows, query_keys(W + 1, 1), runtime)[:, 0]
         else:
-            right = self.forked_answers(model, contexts, owner, queries, rt)
+            right = self.forked_answers(model, contexts, owner, queries, runtime)
         at = asked[owner, which]  # (m,) the distance each query is asked at, as an index
         return {k: int(right[at == i].sum()) for i, k in enumerate(self.distances[W])}
 
     @torch.no_grad()
-    def forked_answers(self, model, contexts, owner, queries, rt):
+    def forked_answers(self, model, contexts, owner, queries, runtime):
         """(m,) bools: whether each query (m, 3) is answered whole at the end of its context contexts[owner] (n, W+1)
         (the query's key and V read after the context's first W - 2 tokens): each context's forward once, into a KV
         cache copied for each of its queries, which then extend their copies alone. The keys a query attends to are
@@ -248,8 +249,8 @@ class Probe:
         for first in range(0, len(contexts), per_forward):
             context = contexts[first : first + per_forward, :start].to(self.device)
             mine = ((owner >= first) & (owner < first + per_forward)).nonzero().flatten()
-            cache = KVCache(config, len(context), W, self.device, rt.dtype)
-            with rt.autocast():
+            cache = KVCache(config, len(context), W, self.device, runtime.dtype)
+            with runtime.autocast():
                 model(context, cache=cache)
             cache.advance(start)
             # each query's own copy of its context's keys and values, taken by indexing (no zeroed cache to fill)
@@ -257,20 +258,20 @@ class Probe:
             fork.k, fork.v = ([t[rows] for t in kv] for kv in (cache.k, cache.v))
             fork.ids = cache.ids[rows]
             q = queries[mine]
-            with rt.autocast():
+            with runtime.autocast():
                 logits = model(q[:, :2].to(self.device), q[:, 1:].to(self.device), cache=fork)[0]  # (b, 2, vocab)
             right.append((logits.argmax(-1).cpu() == q[:, 1:]).all(-1))
         return torch.cat(right)
 
-    def by_slot(self, model, W, rt):
+    def by_slot(self, model, W, runtime):
         """{str(j): share of whole answers} at query slot j = 1..pairs of windows of W = L0 tokens whose needles are
         all queried once, in a random order (as many windows as the distance probe has at a length)."""
         assert W in self.slots, f"W={W} is not the slot probe's length ({list(self.slots)})"
-        right = self.whole_answers(model, self.slots[W], query_keys(W + 1, self.recall.pairs), rt)  # (n, pairs)
+        right = self.whole_answers(model, self.slots[W], query_keys(W + 1, self.recall.pairs), runtime)  # (n, pairs)
         return {str(j + 1): share.item() for j, share in enumerate(right.float().mean(0))}
 
     @torch.no_grad()
-    def whole_answers(self, model, rows, keys, rt):
+    def whole_answers(self, model, rows, keys, runtime):
         """(n, queries) bools: for each row (n, W+1) and each query key position in keys, whether both answer
         tokens after it are the argmax given the tokens before (teacher-forced: exactly when greedy decoding would
         give them)."""
@@ -279,7 +280,7 @@ class Probe:
         per_forward = max(1, self.tokens_per_forward // x.shape[1])
         right = []
         for xs, ys in zip(x.split(per_forward), y.split(per_forward), strict=True):
-            with rt.autocast():
+            with runtime.autocast():
                 logits = model(xs.to(self.device), ys.to(self.device))[0]  # (b, W, vocab)
             guess = logits[:, at].argmax(-1).cpu()  # (b, queries, 2)
             right.append((guess == ys[:, at]).all(-1))
@@ -289,8 +290,8 @@ class Probe:
 def forks(model):
     """Whether the probe reads a context once for all its queries (Probe.forked_answers): a model that takes a KV
     cache and whose positions mean the same at every length it grows through (not a dynamic scaling)."""
-    scaling = getattr(model.config, "scaling", None)
-    return scaling is not None and not scaling.dynamic
+    config = model.config
+    return hasattr(config, "rope_scaling") and not scalings.scaling_of(config).dynamic
 
 
 @functools.cache  # a readout asks for the same few (hits, trials) many times

@@ -38,8 +38,8 @@ class SweepSettings(SeedSettings, LaunchSettings):
         16384, "validation tokens per context length, in fixed windows of that length", check=config.POSITIVE
     )
 
-    def test_seeds(self, tc, sweeping=True):
-        seeds = super().test_seeds(tc)
+    def test_seeds(self, train_cfg, sweeping=True):
+        seeds = super().test_seeds(train_cfg)
         if sweeping and self.selection_seed in seeds:
             raise ValueError(
                 f"selection_seed={self.selection_seed} is one of the test seeds {seeds}; a rate chosen on "
@@ -55,12 +55,12 @@ class Plan:
     job waits for another."""
 
     settings: SweepSettings  # the tool's own
-    gcfg: GPTConfig
-    tc: train.TrainConfig
-    bc: BatchConfig
+    model_cfg: GPTConfig
+    train_cfg: train.TrainConfig
+    batch_cfg: BatchConfig
     seeds: list  # the test seeds
     meta: dict  # the dataset's
-    rt: Runtime
+    runtime: Runtime
     windows: dict  # {L: Batches holding the fixed validation windows of L tokens}
 
     desc = "lab"  # the progress bar's and the Slurm jobs' name
@@ -68,33 +68,33 @@ class Plan:
     unswept = 1  # the rate of an arm that does not sweep
 
     @staticmethod
-    def common(settings, gcfg, tc, bc, lengths, sweeping=True):
+    def common(settings, model_cfg, train_cfg, batch_cfg, lengths, sweeping=True):
         """The fields every plan resolves alike, as keywords: the dataset's vocabulary, the test seeds, the evaluation
         device and the fixed windows at each of lengths."""
-        dataset_dir = Path(tc.data_dir) / tc.dataset
+        dataset_dir = Path(train_cfg.data_dir) / train_cfg.dataset
         meta = load_meta(dataset_dir)
-        rt = eval_runtime(tc)
-        per_forward = tc.batch_size * gcfg.block_size
-        windows = eval_sets(dataset_dir, meta, lengths, settings.eval_tokens, per_forward, rt.device)
+        runtime = eval_runtime(train_cfg)
+        per_forward = train_cfg.batch_size * model_cfg.block_size
+        windows = eval_sets(dataset_dir, meta, lengths, settings.eval_tokens, per_forward, runtime.device)
         return dict(
             settings=settings,
-            gcfg=replace(gcfg, vocab_size=meta["vocab_size"]),
-            tc=tc,
-            bc=bc,
-            seeds=settings.test_seeds(tc, sweeping),
+            model_cfg=replace(model_cfg, vocab_size=meta["vocab_size"]),
+            train_cfg=train_cfg,
+            batch_cfg=batch_cfg,
+            seeds=settings.test_seeds(train_cfg, sweeping),
             meta=meta,
-            rt=rt,
+            runtime=runtime,
             windows=windows,
         )
 
     @property
     def out(self):
-        return Path(self.tc.out_dir)
+        return Path(self.train_cfg.out_dir)
 
     @property
     def parsed(self):
         """What make builds this plan from, so a worker process can build its own."""
-        return self.settings, self.gcfg, self.tc, self.bc
+        return self.settings, self.model_cfg, self.train_cfg, self.batch_cfg
 
     def needs(self, job):
         """The job that job starts from (None: none)."""
@@ -123,7 +123,7 @@ class Plan:
             pending=self.pending,
             label=self.label,
             desc=self.desc,
-            progress=self.tc.progress,
+            progress=self.train_cfg.progress,
             more=todo,
         )
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import files
-import positions
+import schemes
 import train
 from checkpoint import load_checkpoint, model_from_checkpoint
 from conftest import TINY, run, same_tensors
@@ -331,15 +331,15 @@ def test_each_scheme_sweeps_its_rate_on_the_held_out_seed_widens_an_edge_and_ran
 
 
 def test_a_variants_training_change_goes_to_its_schedule_not_its_model():  # DroPE's drop
-    ac = ablate.AblateConfig(schemes="rope", variants="p: rope_p=0.75; drope: drop_rope_at=800")
-    grid, drops = ablate.make_grid(ac, GPTConfig())
+    ablate_cfg = ablate.AblateConfig(schemes="rope", variants="p: rope_p=0.75; drope: drop_rope_at=800")
+    grid, drops = ablate.make_grid(ablate_cfg, GPTConfig())
     assert grid["p"].rope_p == 0.75 and grid["drope"] == GPTConfig(pos_emb="rope")
     assert drops == {"rope": None, "p": None, "drope": ablate.DroPE(drop_rope_at=800)}
 
 
 def test_drope_drops_rope_mid_run_and_resumes_after_the_drop_exactly(data_dir, tmp_path, capsys):
-    gcfg = GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=32)
-    tc = train.TrainConfig(
+    model_cfg = GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=32)
+    train_cfg = train.TrainConfig(
         data_dir=str(data_dir),
         batch_size=4,
         eval_iters=2,
@@ -351,20 +351,24 @@ def test_drope_drops_rope_mid_run_and_resumes_after_the_drop_exactly(data_dir, t
         eval_interval=2,
         log_interval=1,
     )
-    schedule = ablate.DropSchedule(tc, ablate.DroPE(drop_rope_at=3))
+    schedule = ablate.DropSchedule(train_cfg, ablate.DroPE(drop_rope_at=3))
     straight, split = tmp_path / "straight", tmp_path / "split"
-    train.train(gcfg, replace(tc, out_dir=str(straight)), schedule=schedule)
+    train.train(model_cfg, replace(train_cfg, out_dir=str(straight)), schedule=schedule)
     assert "iteration 3: the schedule changes the model's pos_emb 'rope' -> 'none'" in capsys.readouterr().out
     ckpt = load_checkpoint(straight / "ckpt.pt")
     assert ckpt["model_config"]["pos_emb"] == "none"  # the checkpoint after the drop has no rotation
-    assert type(model_from_checkpoint(ckpt).pos) is positions.NoPE
+    assert type(model_from_checkpoint(ckpt).pos) is schemes.NoPE
     assert json.loads((straight / "config.json").read_text())["schedule"] == {
         "drop_rope_at": 3,
         "recalibration_lr": None,
         "recalibration_warmup": 20,
     }
-    train.train(gcfg, replace(tc, out_dir=str(split), max_iters=4), schedule=schedule)  # stops after the drop
-    train.train(gcfg, replace(tc, out_dir=str(split), resume=True), schedule=schedule)  # resumed past the drop
+    train.train(
+        model_cfg, replace(train_cfg, out_dir=str(split), max_iters=4), schedule=schedule
+    )  # stops after the drop
+    train.train(
+        model_cfg, replace(train_cfg, out_dir=str(split), resume=True), schedule=schedule
+    )  # resumed past the drop
     a, b = load_checkpoint(straight / "ckpt.pt"), load_checkpoint(split / "ckpt.pt")
     assert same_tensors(a["model"], b["model"]) and same_tensors(a["optimizer"], b["optimizer"])
     logs = [
@@ -375,13 +379,13 @@ def test_drope_drops_rope_mid_run_and_resumes_after_the_drop_exactly(data_dir, t
 
 
 def test_drope_recalibrates_on_a_schedule_of_its_own_when_given_a_peak():
-    tc = train.TrainConfig(learning_rate=1.0, min_lr=0.1, warmup_iters=2, max_iters=20)
-    lrs = [ablate.DropSchedule(tc, ablate.DroPE(10, 0.5, 3)).lr(it) for it in range(20)]
-    assert lrs[:10] == [train.Schedule(tc).lr(it) for it in range(10)]  # before the drop: the run's own schedule
+    train_cfg = train.TrainConfig(learning_rate=1.0, min_lr=0.1, warmup_iters=2, max_iters=20)
+    lrs = [ablate.DropSchedule(train_cfg, ablate.DroPE(10, 0.5, 3)).lr(it) for it in range(20)]
+    assert lrs[:10] == [train.Schedule(train_cfg).lr(it) for it in range(10)]  # before the drop: the run's own schedule
     assert lrs[10:13] == pytest.approx([0.125, 0.25, 0.375]) and lrs[13] == pytest.approx(0.5)  # re-warmed to 0.5
     assert lrs[19] == pytest.approx(0.05 + 0.5 * (1 + np.cos(np.pi * 6 / 7)) * 0.45)  # cosine to a tenth of it
-    assert [ablate.DropSchedule(tc, ablate.DroPE(10)).lr(it) for it in range(20)] == [
-        train.Schedule(tc).lr(it) for it in range(20)
+    assert [ablate.DropSchedule(train_cfg, ablate.DroPE(10)).lr(it) for it in range(20)] == [
+        train.Schedule(train_cfg).lr(it) for it in range(20)
     ]  # without a peak of its own: the run's schedule goes on
 
 

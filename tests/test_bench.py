@@ -81,7 +81,7 @@ def test_reference_formulations_match_the_rotation_matrix(layout):
     # the paper's explicit R(m), not apply_rope, is the reference: the benchmark's own check compares with apply_rope
     d, T = 8, 5
     x = torch.randn(2, 3, T, d)
-    cos, sin = rope.rope_cache(rope.rope_frequencies(d), torch.arange(T))
+    cos, sin = rope.tables(rope.frequencies(d), torch.arange(T))
     perm = rope.half_to_interleaved(d)
     want = torch.stack([x[..., m, :].double() @ rope.rotation_matrix(d, m).T for m in range(T)], dim=-2)
     name = "complex" if layout == "interleaved" else "rotate_half"

@@ -114,9 +114,9 @@ def test_the_shipped_training_configs_parse_into_the_real_dataclasses():
     ]  # their tools' own
     assert configs
     for path in configs:
-        gcfg, tc = config.parse([str(path)], GPTConfig, TrainConfig)
+        model_cfg, train_cfg = config.parse([str(path)], GPTConfig, TrainConfig)
         for key, value in config.read_toml(path).items():  # each setting lands in its dataclass field
-            assert getattr(gcfg if hasattr(gcfg, key) else tc, key) == value, (path, key)
+            assert getattr(model_cfg if hasattr(model_cfg, key) else train_cfg, key) == value, (path, key)
 
 
 def test_keys_are_unique_across_classes_and_all_have_help():

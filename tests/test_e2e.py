@@ -46,10 +46,12 @@ def test_the_gpt2_124m_config_trains_shrunk_on_a_prepared_dataset(data_dir, tmp_
     """configs/gpt2_124m.toml with its shape shrunk and a char dataset in place of OpenWebText (the gpt2
     tokenizer's files cannot be fetched offline): its recipe runs, with every setting not overridden kept."""
     path = ROOT / "configs" / "gpt2_124m.toml"
-    gcfg, tc = config.parse([str(path), "--vocab_size=50257"], GPTConfig, train.TrainConfig)
+    model_cfg, train_cfg = config.parse([str(path), "--vocab_size=50257"], GPTConfig, train.TrainConfig)
     with torch.device("meta"):  # the full shape, without allocating it: GPT-2 small, no biases, no position table
-        assert GPT(gcfg).num_params() == 123_551_232
-    assert tc.batch_size * gcfg.block_size * tc.gradient_accumulation_steps == 491_520  # ~0.5M tokens a step
+        assert GPT(model_cfg).num_params() == 123_551_232
+    assert (
+        train_cfg.batch_size * model_cfg.block_size * train_cfg.gradient_accumulation_steps == 491_520
+    )  # ~0.5M tokens a step
 
     out = tmp_path / "run"
     overrides = flags(

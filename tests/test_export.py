@@ -109,14 +109,14 @@ SHIPPED = sorted(
 @pytest.mark.parametrize("name", SHIPPED)
 def test_every_shipped_configs_model_exports(tmp_path, name):
     """The model each config trains (its options: qk_norm, mlp_act, positions, ...), shrunk to a tiny shape."""
-    gcfg, _ = config.parse([str(ROOT / "configs" / name)], GPTConfig, TrainConfig)
+    model_cfg, _ = config.parse([str(ROOT / "configs" / name)], GPTConfig, TrainConfig)
     options = {
         k: v
-        for k, v in gcfg.asdict().items()
+        for k, v in model_cfg.asdict().items()
         if v != getattr(GPTConfig(), k)
         and k not in ("n_layer", "n_head", "n_embd", "block_size", "original_len", "vocab_size", "dropout")
     }
-    model, hf_model, _ = exported(tmp_path, gcfg.pos_emb, **{k: v for k, v in options.items() if k != "pos_emb"})
+    model, hf_model, _ = exported(tmp_path, model_cfg.pos_emb, **{k: v for k, v in options.items() if k != "pos_emb"})
     assert max_difference(model, hf_model, 32) < TOLERANCE
 
 
@@ -228,7 +228,7 @@ def test_gpt2_tokenizer_keeps_its_end_of_text_token(tmp_path, corpus, monkeypatc
 REFUSED = {  # name: (pos_emb, config, the arguments after OUT_DIR, the error's gist)
     **{
         s: (s, {}, ["hf"], f"pos_emb='{s}' has no transformers architecture")
-        for s, cls in positions.SCHEMES.items()
+        for s, cls in positions.all_schemes().items()
         if cls.transformers()[0] is None
     },
     "p-rope": ("rope", {"rope_p": 0.5}, ["hf"], "rope_p=0.5 < 1"),

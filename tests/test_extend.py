@@ -199,10 +199,10 @@ def test_seeds_whose_base_fails_the_gate_are_screened_out_in_order_and_the_ceili
 
 
 def test_a_base_models_rate_is_held_to_the_gate_then_decays():
-    tc = train.TrainConfig(learning_rate=1.0, min_lr=0.1, warmup_iters=2, max_iters=100)
-    held = extend.GateSchedule(tc, 0.9, 10, 20)
+    train_cfg = train.TrainConfig(learning_rate=1.0, min_lr=0.1, warmup_iters=2, max_iters=100)
+    held = extend.GateSchedule(train_cfg, 0.9, 10, 20)
     assert [held.lr(it) for it in (0, 1, 2, 50, 99)] == [1 / 3, 2 / 3, 1.0, 1.0, 1.0]
-    decayed = extend.GateSchedule(tc, 0.9, 10, 20, decay_from=30)
+    decayed = extend.GateSchedule(train_cfg, 0.9, 10, 20, decay_from=30)
     assert all(decayed.lr(it) == held.lr(it) for it in range(30))  # the stages before the gate are the same run's
     assert decayed.lr(30) == 1.0 > decayed.lr(40) > decayed.lr(49) > decayed.lr(50) == pytest.approx(0.1)
     assert decayed.settings()["decay_from"] == 30 and held.settings()["decay_from"] is None
@@ -303,9 +303,9 @@ def test_bad_lab_settings_give_one_line_errors(data_dir, tmp_path, capsys):
 
 
 def test_the_l0_loss_levels_off_where_it_fell_less_than_plateau_tol_over_plateau_span():
-    ec = extend.ExtendConfig(finetune_eval=50, plateau_span=100, plateau_tol=0.01)
-    assert extend.plateau({"0": 3.0, "50": 2.5, "100": 2.4}, ec) is None
-    assert extend.plateau({"0": 3.0, "50": 2.5, "100": 2.495, "150": 2.491, "200": 2.3}, ec) == 150
+    extend_cfg = extend.ExtendConfig(finetune_eval=50, plateau_span=100, plateau_tol=0.01)
+    assert extend.plateau({"0": 3.0, "50": 2.5, "100": 2.4}, extend_cfg) is None
+    assert extend.plateau({"0": 3.0, "50": 2.5, "100": 2.495, "150": 2.491, "200": 2.3}, extend_cfg) == 150
 
 
 def test_claims_pair_the_seeds_at_the_read_step_and_skip_methods_not_run():
@@ -418,7 +418,7 @@ class Screened:
     """What extend.screening reads of a lab: 2 test seeds from 1337, 3 screened a role at the most."""
 
     settings = extend.ExtendConfig(seeds=2, screen_most=3)
-    tc, bases = train.TrainConfig(seed=1337), [200.0]
+    train_cfg, bases = train.TrainConfig(seed=1337), [200.0]
 
 
 def bases(passed):

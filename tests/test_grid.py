@@ -73,8 +73,8 @@ def test_position_losses_match_the_model_loss_on_each_prefix(data_dir):
     (batches,) = evaluation.eval_sets(data_dir / "shakespeare_char", meta, [12], 48, 24, "cpu").values()
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=12, vocab_size=meta["vocab_size"])).eval()
-    rt = Runtime("cpu", torch.float32, False)
-    curve = evaluation.position_losses(model, batches, rt)
+    runtime = Runtime("cpu", torch.float32, False)
+    curve = evaluation.position_losses(model, batches, runtime)
     x, y = map(
         torch.cat, zip(*batches.eval_batches("val"), strict=True)
     )  # (4, 12) each: 48 tokens, 2 windows per forward
@@ -119,8 +119,8 @@ def test_a_cached_evaluation_follows_the_settings_it_read_and_where_its_model_is
 
 def test_a_run_folder_that_moved_with_its_source_is_the_same_and_another_source_is_refused(tmp_path):
     def settings(lab, source, data="/data"):
-        tc = train.TrainConfig(out_dir=str(lab / "sweep" / "ft"), init_from=str(source), data_dir=data)
-        return grid.train_settings(GPTConfig(), tc)
+        train_cfg = train.TrainConfig(out_dir=str(lab / "sweep" / "ft"), init_from=str(source), data_dir=data)
+        return grid.train_settings(GPTConfig(), train_cfg)
 
     old, new = tmp_path / "scratch" / "lab", tmp_path / "archive" / "lab"
     saved = settings(old, old / "base" / "b1")
@@ -145,16 +145,16 @@ class Toy(launch.LaunchSettings):
 
 def toy_run(context, job):
     """A tiny run of the toy grid: its summary, computed once (summary.json) as the lab tools do."""
-    gcfg, tc = context
+    model_cfg, train_cfg = context
     name, seed = job
-    out = Path(tc.out_dir) / name
-    tc = replace(
-        tc,
+    out = Path(train_cfg.out_dir) / name
+    train_cfg = replace(
+        train_cfg,
         seed=seed,
-        dataset="nowhere" if name == "bad" else tc.dataset,
-        init_from=str(Path(tc.out_dir) / name[3:]) if name.startswith("ft-") else "",
+        dataset="nowhere" if name == "bad" else train_cfg.dataset,
+        init_from=str(Path(train_cfg.out_dir) / name[3:]) if name.startswith("ft-") else "",
     )
-    return grid.evaluated(out / "summary.json", lambda: grid.train_run(name, gcfg, tc, out), {})
+    return grid.evaluated(out / "summary.json", lambda: grid.train_run(name, model_cfg, train_cfg, out), {})
 
 
 def toy_needs(job):
@@ -166,20 +166,20 @@ def toy_label(job):
     return f"{job[0]} seed {job[1]}"
 
 
-def toy_context(gcfg, tc):
-    return gcfg, tc
+def toy_context(model_cfg, train_cfg):
+    return model_cfg, train_cfg
 
 
-def toy(settings, gcfg, tc, bc=None):  # launch.command hands a BatchConfig too: plain text here
+def toy(settings, model_cfg, train_cfg, batch_cfg=None):  # launch.command hands a BatchConfig too: plain text here
     jobs = [(name, 1) for name in grid.split_list(settings.runs)]
     return launch.run_jobs(
         jobs,
         toy_run,
-        (gcfg, tc),
-        (toy_context, (gcfg, tc)),
+        (model_cfg, train_cfg),
+        (toy_context, (model_cfg, train_cfg)),
         settings,
         needs=toy_needs,
-        pending=lambda job: not (Path(tc.out_dir) / job[0] / "summary.json").is_file(),
+        pending=lambda job: not (Path(train_cfg.out_dir) / job[0] / "summary.json").is_file(),
         label=toy_label,
         progress=False,
     )

@@ -1,6 +1,7 @@
 """The import graph of our modules (the top-level ones, lab/ and data/), lazy imports inside functions included: no
 cycle, and the core's imports go one way, as README.md draws it: lab/ and the tools -> train, generate, checkpoint
--> model -> positions -> rope, with config, files and runtime utilities any of them may use."""
+-> model -> positions -> rope (scalings, schemes and spans beside them), with config, files and runtime utilities
+any of them may use."""
 
 import ast
 
@@ -17,22 +18,16 @@ MODULES = {dotted(p): p for p in [*ROOT.glob("*.py"), *ROOT.glob("lab/*.py"), *R
 UTILITIES = {"config", "files", "runtime"}
 BELOW = {  # what each core module may import besides UTILITIES (files: nothing of ours at all)
     "rope": set(),
-    "positions": {"rope"},
-    "model": {"positions", "rope"},
-    "hf": {"model", "positions", "rope", "data.hub"},  # transformers interop, under checkpoint's --init_from
-    "generate": {"model", "positions", "rope"},
+    "scalings": {"rope"},
+    "spans": set(),
+    "positions": {"rope"},  # scalings.py and schemes.py by name, where a run names them
+    "schemes": {"positions", "rope"},
+    "model": {"positions", "rope", "spans"},
+    "hf": {"model", "positions", "rope", "scalings", "data.hub"},  # transformers interop, under --init_from
+    "generate": {"model", "positions", "rope", "scalings", "spans"},
     "checkpoint": {"hf", "model", "positions", "rope", "data.tokenizer"},
-    "train": {
-        "checkpoint",
-        "model",
-        "positions",
-        "rope",
-        "optim",
-        "trackers",
-        "data.batches",
-        "data.loader",
-        "data.tokenizer",
-    },
+    "run_setup": {"checkpoint", "model", "optim", "trackers", "data.batches", "data.tokenizer"},
+    "train": {"checkpoint", "run_setup", "model", "optim", "trackers", "data.batches", "data.loader", "data.tokenizer"},
 }
 
 

@@ -8,13 +8,15 @@ import torch
 import torch.nn.functional as F
 
 import positions
+import schemes
+import spans
 from checkpoint import Source, fine_tune_config
 from config import weightless
 from conftest import all_logits, tiny_model as tiny
 from model import GPTConfig
 
 
-@pytest.mark.parametrize("pos_emb", positions.SCHEMES)
+@pytest.mark.parametrize("pos_emb", positions.all_schemes())
 def test_future_tokens_never_change_earlier_logits(pos_emb):
     model = tiny(pos_emb)
     idx = torch.randint(0, 11, (2, 16))
@@ -25,7 +27,7 @@ def test_future_tokens_never_change_earlier_logits(pos_emb):
     assert not torch.allclose(a[:, 9:], b[:, 9:])
 
 
-@pytest.mark.parametrize("pos_emb", positions.SCHEMES)
+@pytest.mark.parametrize("pos_emb", positions.all_schemes())
 def test_a_shift_of_all_positions_changes_logits_only_for_schemes_that_are_not_relative(pos_emb):
     # RoPE scores depend on m - n only, ALiBi's bias on the distance: moving the whole sequence changes
     # nothing, which also shows values are not rotated (they would carry absolute positions into the output)
@@ -33,15 +35,15 @@ def test_a_shift_of_all_positions_changes_logits_only_for_schemes_that_are_not_r
     for p in model.pos.parameters():  # a trained table's scale, not init's 0.02, so a shift shows
         torch.nn.init.normal_(p)
     idx = torch.randint(0, 11, (2, 8))
-    shift = 37 if positions.SCHEMES[pos_emb].extrapolates else 16 - 8
+    shift = 37 if positions.all_schemes()[pos_emb].extrapolates else 16 - 8
     plain, shifted = all_logits(model, idx), all_logits(model, idx, start_pos=shift)
-    if not positions.SCHEMES[pos_emb].relative:
+    if not positions.all_schemes()[pos_emb].relative:
         assert not torch.allclose(plain, shifted, atol=1e-4)
     else:
         torch.testing.assert_close(plain, shifted, atol=2e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("pos_emb", positions.SCHEMES)
+@pytest.mark.parametrize("pos_emb", positions.all_schemes())
 def test_model_overfits_one_batch(pos_emb):
     model = tiny(pos_emb).train()
     idx = torch.randint(0, 11, (4, 16))
@@ -171,16 +173,16 @@ def test_length_relative_defaults_read_l0_which_a_longer_block_size_keeps():
     longer = replace(trained, block_size=128, original_len=trained.L0)  # a fine-tune's config: L0 kept
     assert (trained.original_len, trained.L0, longer.L0) == (None, 64, 64)  # untyped: known as the default rule
     assert replace(trained, block_size=128).L0 == 128  # resolved where it is read, never filled in
-    xpos = [positions.XPos(c.with_scheme("xpos")).scale for c in (trained, longer)]
-    rnope = [positions.RNoPE(c.with_scheme("rnope")).window(0) for c in (trained, longer)]
-    fire = [positions.FIRE(c.with_scheme("fire")).init_threshold.item() for c in (trained, longer)]
+    xpos = [schemes.XPos(c.with_scheme("xpos")).scale for c in (trained, longer)]
+    rnope = [schemes.RNoPE(c.with_scheme("rnope")).window(0) for c in (trained, longer)]
+    fire = [schemes.FIRE(c.with_scheme("fire")).init_threshold.item() for c in (trained, longer)]
     assert (xpos, rnope, fire) == ([32, 32], [32, 32], [16.0, 16.0])
 
 
 # ----------------------------------------------------------------------------- recipe options (each off by default)
 
 
-@pytest.mark.parametrize("pos_emb", positions.SCHEMES)
+@pytest.mark.parametrize("pos_emb", positions.all_schemes())
 def test_qk_norm_hands_each_scheme_normalised_queries_and_keys_and_keeps_causality(pos_emb, monkeypatch):
     model = tiny(pos_emb, qk_norm=True)
     seen = []
@@ -258,6 +260,6 @@ def test_gelu_tanh_is_gpt2s_approximation_and_the_parallel_residual_reads_one_in
     h = mlp.c_fc(x)
     torch.testing.assert_close(mlp(x), mlp.c_proj(0.5 * h * (1 + torch.tanh(c * (h + 0.044715 * h**3)))))
     block, x = model.blocks[0], torch.randn(2, 5, 32)
-    span = positions.Span(0, 5, 5, "cpu")
+    span = spans.Span(0, 5, 5, "cpu")
     expected = x + block.attn(block.ln_1(x), model.pos, span, None) + block.mlp(block.ln_2(x))
     torch.testing.assert_close(block(x, model.pos, span, None), expected)

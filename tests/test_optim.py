@@ -95,9 +95,9 @@ def test_muon_refuses_what_it_cannot_orthogonalise_in_one_line(shape, split):
 
 def test_muon_takes_the_blocks_matrices_and_adamw_the_rest_each_on_the_schedule():
     model = tiny_model("fire", qk_norm=True, tie_embeddings=False)  # FIRE: 2-D positional parameters, for AdamW
-    tc = TrainConfig(optimizer="muon", learning_rate=1e-3, muon_lr=0.03, muon_momentum=0.9)
-    rt = Runtime("cpu", torch.float32, False)
-    optimizer, _ = optim.make_optimizer(model, tc, rt)
+    train_cfg = TrainConfig(optimizer="muon", learning_rate=1e-3, muon_lr=0.03, muon_momentum=0.9)
+    runtime = Runtime("cpu", torch.float32, False)
+    optimizer, _ = optim.make_optimizer(model, train_cfg, runtime)
     names = {p: n for n, p in model.named_parameters()}
     muon, adamw = optimizer.optimizers["muon"], optimizer.optimizers["adamw"]
     (matrices,) = muon.param_groups
@@ -111,10 +111,10 @@ def test_muon_takes_the_blocks_matrices_and_adamw_the_rest_each_on_the_schedule(
     assert len(decay | no_decay) + len(matrices["params"]) == len(names)
     x = torch.randint(0, 11, (2, 16))
     before = {n: p.clone() for n, p in model.named_parameters()}
-    train_step(model.train(), optimizer, torch.amp.GradScaler("cpu", enabled=False), [Batch(x, x)], 5e-4, 1.0, rt)
+    train_step(model.train(), optimizer, torch.amp.GradScaler("cpu", enabled=False), [Batch(x, x)], 5e-4, 1.0, runtime)
     assert [g["lr"] for g in optimizer.param_groups] == [pytest.approx(0.015), 5e-4, 5e-4]  # muon_lr x 5e-4 / 1e-3
     assert all(not torch.equal(before[n], p) for n, p in model.named_parameters())
-    assert type(optim.make_optimizer(model, TrainConfig(), rt)[0]) is torch.optim.AdamW  # the default
+    assert type(optim.make_optimizer(model, TrainConfig(), runtime)[0]) is torch.optim.AdamW  # the default
 
 
 @pytest.mark.parametrize(
@@ -128,16 +128,16 @@ def test_newton_schulz_runs_in_the_runs_precision(dtype, ns_dtype):
 
 def test_muon_steps_under_float16_loss_scaling():
     model = tiny_model("rope").train()
-    rt = Runtime("cpu", torch.float16, False)
-    optimizer, scaler = optim.make_optimizer(model, TrainConfig(optimizer="muon"), rt)
+    runtime = Runtime("cpu", torch.float16, False)
+    optimizer, scaler = optim.make_optimizer(model, TrainConfig(optimizer="muon"), runtime)
     assert scaler.is_enabled()
     x = torch.randint(0, 11, (2, 16))
     weight = model.blocks[0].attn.c_attn.weight
     before = weight.clone()
-    loss, _ = train_step(model, optimizer, scaler, [Batch(x, x)], 1e-3, 1.0, rt)
+    loss, _ = train_step(model, optimizer, scaler, [Batch(x, x)], 1e-3, 1.0, runtime)
     assert torch.isfinite(loss) and not torch.equal(weight, before)
     scaler.update(1e38)  # a scale that overflows float16: the scaler must skip both optimizers' step
     before = {n: p.clone() for n, p in model.named_parameters()}
-    train_step(model, optimizer, scaler, [Batch(x, x)], 1e-3, 1.0, rt)
+    train_step(model, optimizer, scaler, [Batch(x, x)], 1e-3, 1.0, runtime)
     assert all(torch.equal(before[n], p) for n, p in model.named_parameters())
     assert scaler.get_scale() < 1e38

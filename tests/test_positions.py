@@ -1,9 +1,9 @@
 """positions.py: the registry's contract, and the non-RoPE schemes' maths against their papers' formulas.
 The generic behaviour of every registered scheme (causality, shifts, cache exactness) is tested in
-test_model.py and test_generate.py, parametrized over positions.SCHEMES."""
+test_model.py and test_generate.py, parametrized over positions.all_schemes()."""
 
 import math
-from dataclasses import fields, replace
+from dataclasses import fields, make_dataclass, replace
 
 import pytest
 import torch
@@ -12,11 +12,13 @@ import config
 import model
 import positions
 import rope
+import scalings
+import schemes
 from config import RATE, opt
 from conftest import all_logits, tiny_model as tiny
 from generate import GREEDY, generate
 from model import GPTConfig
-from positions import Span
+from spans import Span
 
 
 def at(start, T, keys=None):
@@ -50,14 +52,14 @@ def test_sinusoidal_table_matches_its_formula():
 
 
 def test_alibi_slopes_follow_the_papers_rule():
-    assert positions.alibi_slopes(8).tolist() == [1 / 2, 1 / 4, 1 / 8, 1 / 16, 1 / 32, 1 / 64, 1 / 128, 1 / 256]
+    assert schemes.alibi_slopes(8).tolist() == [1 / 2, 1 / 4, 1 / 8, 1 / 16, 1 / 32, 1 / 64, 1 / 128, 1 / 256]
     # 12 heads: the 8-head sequence 2^(-8h/8), then h = 1, 3, 5, 7 of the 16-head one 2^(-8h/16)
     expected = [2.0**-h for h in range(1, 9)] + [2.0**-0.5, 2.0**-1.5, 2.0**-2.5, 2.0**-3.5]
-    torch.testing.assert_close(positions.alibi_slopes(12), torch.tensor(expected), rtol=1e-7, atol=0)
-    torch.testing.assert_close(positions.alibi_slopes(16), torch.tensor([2.0 ** (-h / 2) for h in range(1, 17)]))
-    assert positions.alibi_slopes(1).tolist() == [2.0**-8]
+    torch.testing.assert_close(schemes.alibi_slopes(12), torch.tensor(expected), rtol=1e-7, atol=0)
+    torch.testing.assert_close(schemes.alibi_slopes(16), torch.tensor([2.0 ** (-h / 2) for h in range(1, 17)]))
+    assert schemes.alibi_slopes(1).tolist() == [2.0**-8]
     with pytest.raises(ValueError, match="n_head=0"):
-        positions.alibi_slopes(0)
+        schemes.alibi_slopes(0)
 
 
 def test_alibi_bias_values_mask_and_offset():
@@ -86,7 +88,7 @@ def test_sinusoidal_input_is_scaled_tokens_plus_the_table():
 # ----------------------------------------------------------------------------- the registry's contract
 
 
-@pytest.mark.parametrize("name", positions.SCHEMES)
+@pytest.mark.parametrize("name", positions.all_schemes())
 def test_each_scheme_keeps_shapes_and_its_bias_carries_the_causal_mask(name):
     scheme = tiny(name).pos
     assert scheme.name == name and positions.scheme(name) is type(scheme)
@@ -108,14 +110,14 @@ def test_an_unknown_scheme_is_refused_naming_the_registered_ones():
 
 def test_a_scheme_is_one_registered_class(monkeypatch):
     # a toy scheme registered from outside the library reaches the config, the model and decoding unchanged
-    monkeypatch.setattr(positions, "SCHEMES", dict(positions.SCHEMES))
+    monkeypatch.setattr(positions, "SCHEMES", dict(positions.all_schemes()))
 
     @positions.register("toy")
     class Toy(positions.Scheme):
         """Every score lowered by a constant beyond the causal mask: a softmax does not see it."""
 
         def bias(self, span, layer):
-            return positions.causal(torch.full((self.config.n_head, span.length, span.keys), -3.0), span)
+            return schemes.causal(torch.full((self.config.n_head, span.length, span.keys), -3.0), span)
 
     model, plain = tiny("toy"), tiny("none")
     idx = torch.randint(0, 11, (1, 12))
@@ -135,9 +137,9 @@ def scores(scheme, q, k, T, layer=0):
 
 
 def test_p_rope_keeps_the_highest_frequencies_is_rope_at_one_and_nope_at_zero():
-    inv = rope.rope_frequencies(16)
-    assert torch.equal(rope.keep_highest(inv, 0.5), torch.cat((inv[:4], torch.zeros(4))))
-    assert torch.equal(rope.keep_highest(inv, 1.0), inv)
+    inv = rope.frequencies(16)
+    assert torch.equal(scalings.keep_highest(inv, 0.5), torch.cat((inv[:4], torch.zeros(4))))
+    assert torch.equal(scalings.keep_highest(inv, 1.0), inv)
     idx = torch.randint(0, 11, (2, 16))
     assert torch.equal(all_logits(tiny("rope", rope_p=1.0), idx), all_logits(tiny("rope"), idx))
     torch.testing.assert_close(all_logits(tiny("rope", rope_p=0.0), idx), all_logits(tiny("none"), idx), atol=0, rtol=0)
@@ -241,7 +243,7 @@ def test_rnope_layers_without_rope_ignore_position_and_the_others_rotate():
 # ----------------------------------------------------------------------------- each row's own positions
 
 
-@pytest.mark.parametrize("pos_emb", positions.SCHEMES)
+@pytest.mark.parametrize("pos_emb", positions.all_schemes())
 def test_rows_at_the_default_positions_give_the_default_logits(pos_emb):
     model = tiny(pos_emb)
     idx = torch.randint(0, 11, (3, 12), generator=torch.Generator().manual_seed(5))
@@ -252,7 +254,7 @@ def test_rows_at_the_default_positions_give_the_default_logits(pos_emb):
         torch.testing.assert_close(shared, rows, atol=1e-6, rtol=1e-6)
 
 
-@pytest.mark.parametrize("pos_emb", positions.SCHEMES)
+@pytest.mark.parametrize("pos_emb", positions.all_schemes())
 def test_each_row_at_positions_of_its_own_is_what_the_row_alone_gives(pos_emb):
     model = tiny(pos_emb)
     idx = torch.randint(0, 11, (2, 8), generator=torch.Generator().manual_seed(6))
@@ -262,7 +264,7 @@ def test_each_row_at_positions_of_its_own_is_what_the_row_alone_gives(pos_emb):
         torch.testing.assert_close(both[b], all_logits(model, idx[b : b + 1], position_ids=ids[b : b + 1])[0])
     if pos_emb != "none":  # the positions are read: skipping them changes the logits after the skip
         assert not torch.allclose(both[0, 4:], all_logits(model, idx[:1])[0, 4:])
-    if positions.SCHEMES[pos_emb].relative:  # shifting every position of a row changes nothing
+    if positions.all_schemes()[pos_emb].relative:  # shifting every position of a row changes nothing
         torch.testing.assert_close(all_logits(model, idx[:1], position_ids=ids[:1] + 3), both[:1], atol=1e-5, rtol=1e-4)
 
 
@@ -275,13 +277,13 @@ def test_a_new_scheme_with_a_setting_of_its_own_is_one_class():
 
     @positions.register("toy")
     class Toy(positions.Scheme):
-        settings = {"toy_gain": (float, opt(1.0, "toy: the token embeddings' gain", check=RATE))}
-
         def embed(self, tok, span):
             return tok * self.config.toy_gain
 
     try:
-        Config = model.gathered(model.ModelConfig)  # as GPTConfig is gathered when model.py is imported
+        # its setting, as GPTConfig declares every scheme's
+        setting = ("toy_gain", float, opt(1.0, "toy: the token embeddings' gain", applies="toy", check=RATE))
+        Config = make_dataclass("Config", [setting], bases=(GPTConfig,))
         shape = ["--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=8", "--vocab_size=11"]
         (cfg,) = config.parse(["--pos_emb=toy", "--toy_gain=2.5", *shape], Config)
         assert cfg.toy_gain == 2.5 and cfg.takes("toy_gain") and not cfg.takes("toy_gain", "rope")

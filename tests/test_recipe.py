@@ -85,9 +85,9 @@ def test_the_shipped_config_parses_with_its_recipes():
     from conftest import ROOT
     from model import GPTConfig
 
-    rc, gcfg, tc = config.parse(
+    recipe_cfg, model_cfg, train_cfg = config.parse(
         [str(ROOT / "configs/recipe_cpu.toml")], recipe.RecipeConfig, GPTConfig, train.TrainConfig
     )
     types = recipe.field_types(GPTConfig, recipe.MODEL_KEYS) | recipe.field_types(train.TrainConfig, recipe.TRAIN_KEYS)
-    recipes = dict(recipe.parse_changes(rc.recipes, types))
-    assert recipes["muon"] == {"optimizer": "muon"} and tc.dtype == "float32" and rc.seeds == 3
+    recipes = dict(recipe.parse_changes(recipe_cfg.recipes, types))
+    assert recipes["muon"] == {"optimizer": "muon"} and train_cfg.dtype == "float32" and recipe_cfg.seeds == 3

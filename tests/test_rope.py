@@ -9,14 +9,16 @@ import re
 import pytest
 import torch
 
+import positions
 import rope
+import scalings
 from conftest import ROOT
 
 L0 = 256  # the "trained" context used throughout
 
 
 def tables(d, positions, base=10000.0):
-    return rope.rope_cache(rope.rope_frequencies(d, base), torch.as_tensor(positions))
+    return rope.tables(rope.frequencies(d, base), torch.as_tensor(positions))
 
 
 def reference(x, positions, inv_freq):
@@ -63,8 +65,8 @@ def test_interleaved_equals_rotation_matrix_for_a_batch_of_positions():
     torch.manual_seed(0)
     positions = torch.randint(0, 1000, (12,))
     x = torch.randn(2, 3, 12, 32)
-    inv_freq = rope.rope_frequencies(32)
-    y = rope.apply_rope(x, *rope.rope_cache(inv_freq, positions), layout="interleaved")
+    inv_freq = rope.frequencies(32)
+    y = rope.apply_rope(x, *rope.tables(inv_freq, positions), layout="interleaved")
     torch.testing.assert_close(y.double(), reference(x, positions, inv_freq), atol=2e-4, rtol=0)
 
 
@@ -77,8 +79,8 @@ def test_half_layout_is_the_permuted_matrix_and_keeps_scores():
     d, positions = 16, torch.tensor([0, 5, 77, 400])
     perm = rope.half_to_interleaved(d)
     P = torch.eye(d, dtype=torch.float64)[perm]  # P @ v == v[perm]
-    inv_freq = rope.rope_frequencies(d)
-    cos, sin = rope.rope_cache(inv_freq, positions)
+    inv_freq = rope.frequencies(d)
+    cos, sin = rope.tables(inv_freq, positions)
     q, k = torch.randn(2, 4, d)
     qh, kh = (rope.apply_rope(v, cos, sin, "half") for v in (q, k))
     for t, m in enumerate(positions.tolist()):
@@ -104,11 +106,11 @@ def test_apply_rope_preserves_norms_and_does_not_touch_input(layout):
 def test_scores_depend_only_on_relative_position(layout):
     torch.manual_seed(3)
     q, k = torch.randn(2, 1, 64)
-    inv_freq = rope.rope_frequencies(64)
+    inv_freq = rope.frequencies(64)
 
     def score(m, n):
-        qm = rope.apply_rope(q, *rope.rope_cache(inv_freq, torch.tensor([m])), layout=layout)
-        kn = rope.apply_rope(k, *rope.rope_cache(inv_freq, torch.tensor([n])), layout=layout)
+        qm = rope.apply_rope(q, *rope.tables(inv_freq, torch.tensor([m])), layout=layout)
+        kn = rope.apply_rope(k, *rope.tables(inv_freq, torch.tensor([n])), layout=layout)
         return (qm * kn).sum().item()
 
     same_gap = [score(m, m - 7) for m in (7, 20, 300, 1500)]
@@ -121,7 +123,7 @@ def test_scores_depend_only_on_relative_position(layout):
 
 def test_frequencies_are_pinned():
     d, base = 64, 10000.0
-    f = rope.rope_frequencies(d, base)
+    f = rope.frequencies(d, base)
     assert f.dtype == torch.float64 and f.shape == (d // 2,)
     assert f[0].item() == 1.0
     assert f[-1].item() == pytest.approx(base ** (-(d - 2) / d), rel=1e-14)
@@ -132,7 +134,7 @@ def test_frequencies_are_pinned():
 @pytest.mark.parametrize("position", [4096, 65536, 1_000_003])
 def test_tables_are_the_exact_angles_rounded_once_to_float32(position):
     d, base = 64, 10000.0
-    cos, sin = rope.rope_cache(rope.rope_frequencies(d, base), torch.tensor([position]))
+    cos, sin = rope.tables(rope.frequencies(d, base), torch.tensor([position]))
     assert cos.dtype == sin.dtype == torch.float32
     angles = [position * base ** (-2 * i / d) for i in range(d // 2)]  # Python floats: float64 throughout
     for got, exact in ((cos, map(math.cos, angles)), (sin, map(math.sin, angles))):
@@ -141,27 +143,27 @@ def test_tables_are_the_exact_angles_rounded_once_to_float32(position):
         torch.testing.assert_close(got[0].double(), exact, atol=2**-25 + position * 2e-16, rtol=0)
 
 
-@pytest.mark.parametrize("scaling", sorted(rope.SCALINGS))
+@pytest.mark.parametrize("scaling", sorted(scalings.SCALINGS))
 @pytest.mark.parametrize("d,base", [(64, 10000.0), (32, 500000.0), (6, 10.0)])
 def test_every_scaling_is_bitwise_plain_at_factor_one(scaling, d, base):
-    plain = rope.rope_frequencies(d, base)
+    plain = rope.frequencies(d, base)
     for seq_len in (None, L0 // 2, 8 * L0):
-        inv_freq, attn_factor = rope.scaled_frequencies(d, base, scaling, 1.0, L0, seq_len)
+        inv_freq, attn_factor = scalings.scaled_frequencies(d, base, scaling, 1.0, L0, seq_len)
         assert torch.equal(inv_freq, plain) and attn_factor == 1.0
 
 
 def test_linear_at_two_puts_position_2p_where_plain_had_p():
-    inv_freq, _ = rope.scaled_frequencies(64, 10000.0, "linear", 2.0)
+    inv_freq, _ = scalings.scaled_frequencies(64, 10000.0, "linear", 2.0)
     p = torch.arange(0, 4 * L0, 7)
     # dividing by 2 is exact in floating point, so the angles agree bit for bit
-    for a, b in zip(rope.rope_cache(inv_freq, 2 * p), tables(64, p), strict=True):
+    for a, b in zip(rope.tables(inv_freq, 2 * p), tables(64, p), strict=True):
         assert torch.equal(a, b)
 
 
 def test_ntk_keeps_the_highest_and_divides_the_lowest_frequency():
-    plain = rope.rope_frequencies(64)
+    plain = rope.frequencies(64)
     for s in (2.0, 4.0, 16.0):
-        f, _ = rope.scaled_frequencies(64, 10000.0, "ntk", s)
+        f, _ = scalings.scaled_frequencies(64, 10000.0, "ntk", s)
         assert f[0].item() == 1.0
         assert (f[-1] / plain[-1]).item() == pytest.approx(1 / s, rel=1e-5)
         ratio = f / plain
@@ -169,15 +171,15 @@ def test_ntk_keeps_the_highest_and_divides_the_lowest_frequency():
 
 
 def test_dynamic_is_plain_within_the_trained_context_and_ntk_beyond():
-    plain = rope.rope_frequencies(64)
+    plain = rope.frequencies(64)
     for seq_len in (None, 1, L0):
-        assert torch.equal(rope.scaled_frequencies(64, 10000.0, "dynamic", 4.0, L0, seq_len)[0], plain)
-    beyond = rope.scaled_frequencies(64, 10000.0, "dynamic", 2.0, L0, 2 * L0)[0]
+        assert torch.equal(scalings.scaled_frequencies(64, 10000.0, "dynamic", 4.0, L0, seq_len)[0], plain)
+    beyond = scalings.scaled_frequencies(64, 10000.0, "dynamic", 2.0, L0, 2 * L0)[0]
     assert not torch.allclose(beyond, plain)
     # s_L = s*L/L0 - (s-1) = 3 at L = 2 L0 with s = 2
-    assert torch.equal(beyond, rope.scaled_frequencies(64, 10000.0, "ntk", 3.0)[0])
+    assert torch.equal(beyond, scalings.scaled_frequencies(64, 10000.0, "ntk", 3.0)[0])
     # joins plain RoPE continuously: one position past L0 the lowest frequency is divided by s_L = 1 + s/L0
-    just_past = rope.scaled_frequencies(64, 10000.0, "dynamic", 2.0, L0, L0 + 1)[0]
+    just_past = scalings.scaled_frequencies(64, 10000.0, "dynamic", 2.0, L0, L0 + 1)[0]
     assert (plain[-1] / just_past[-1]).item() == pytest.approx(1 + 2.0 / L0, rel=1e-5)
 
 
@@ -201,18 +203,18 @@ def deployed_yarn(d, base, s, L0, beta_fast=32.0, beta_slow=1.0):
     [(32, 1e4, 64, 2.0), (64, 1e4, 4096, 4.0), (128, 5e5, 8192, 32.0), (64, 1e4, 256, 8.5), (16, 10.0, 8, 2.0)],
 )
 def test_yarn_is_the_deployed_pair_index_ramp_with_its_temperature(d, base, L0, s):
-    f, attn_factor = rope.scaled_frequencies(d, base, "yarn", s, L0)
+    f, attn_factor = scalings.scaled_frequencies(d, base, "yarn", s, L0)
     torch.testing.assert_close(f, torch.tensor(deployed_yarn(d, base, s, L0), dtype=torch.float64), rtol=1e-6, atol=0)
     assert attn_factor == pytest.approx((0.1 * math.log(s) + 1) ** 2, rel=1e-12)
-    plain = rope.rope_frequencies(d, base)
+    plain = rope.frequencies(d, base)
     assert torch.all(f <= plain) and torch.all(f >= plain / s * (1 - 1e-12))
 
 
 def test_yarn_keeps_the_fastest_pair_where_the_papers_text_would_slow_it():
     # d = 32, base 1e4, L0 = 64, s = 2: D(32) < 0 and D(1) = 4.03, so the ramp runs over pairs 0..5; the paper's
     # ramp in turns would keep only 0.648 theta of the fastest pair, which turns ~10 times (< beta_fast = 32)
-    f, _ = rope.scaled_frequencies(32, 1e4, "yarn", 2.0, 64)
-    plain = rope.rope_frequencies(32, 1e4)
+    f, _ = scalings.scaled_frequencies(32, 1e4, "yarn", 2.0, 64)
+    plain = rope.frequencies(32, 1e4)
     assert f[0].item() == 1.0 and f[1].item() == pytest.approx(plain[1].item() * 0.9, rel=1e-12)
     torch.testing.assert_close(f[5:], plain[5:] / 2, rtol=1e-15, atol=0)
 
@@ -229,7 +231,7 @@ def test_yarn_matches_transformers():
         rope_parameters={"rope_type": "yarn", "rope_theta": base, "factor": s, "original_max_position_embeddings": L0},
     )
     inv_freq, attention_factor = rope_init.ROPE_INIT_FUNCTIONS["yarn"](cfg, "cpu")
-    f, attn_factor = rope.scaled_frequencies(d, base, "yarn", s, L0)
+    f, attn_factor = scalings.scaled_frequencies(d, base, "yarn", s, L0)
     torch.testing.assert_close(f.float(), inv_freq.float(), rtol=1e-6, atol=0)
     assert attn_factor == pytest.approx(attention_factor**2, rel=1e-6)  # theirs scales cos and sin: q and k each
 
@@ -241,8 +243,8 @@ def test_llama3_wavelength_bands_are_continuous_at_their_edges():
 
     def ratio(wavelength):
         base = (wavelength / (2 * math.pi)) ** 2
-        f, _ = rope.scaled_frequencies(4, base, "llama3", s, L0)
-        return (f[1] / rope.rope_frequencies(4, base)[1]).item()
+        f, _ = scalings.scaled_frequencies(4, base, "llama3", s, L0)
+        return (f[1] / rope.frequencies(4, base)[1]).item()
 
     short_edge, long_edge = L0 / 4, L0 / 1
     for edge, value in ((short_edge, 1.0), (long_edge, 1 / s)):
@@ -254,8 +256,8 @@ def test_llama3_wavelength_bands_are_continuous_at_their_edges():
 
 
 def test_llama3_keeps_high_and_divides_low_frequencies():
-    plain = rope.rope_frequencies(64, 500000.0)
-    f, attn_factor = rope.scaled_frequencies(64, 500000.0, "llama3", 8.0, L0)
+    plain = rope.frequencies(64, 500000.0)
+    f, attn_factor = scalings.scaled_frequencies(64, 500000.0, "llama3", 8.0, L0)
     wavelength = 2 * math.pi / plain
     high, low = wavelength < L0 / 4, wavelength > L0
     assert high.any() and low.any() and attn_factor == 1.0
@@ -269,11 +271,11 @@ def test_llama3_keeps_high_and_divides_low_frequencies():
 @pytest.mark.parametrize("layout", rope.LAYOUTS)
 def test_partial_rotary_passes_the_rest_through_and_uses_its_own_width(layout):
     torch.manual_seed(4)
-    r = rope.Rotary(64, fraction=0.25, layout=layout)
+    r = positions.Rotary(64, fraction=0.25, layout=layout)
     assert r.rot_dim == 16
     # the frequency exponent counts the rotated width, not the head size
-    assert torch.equal(r.inv_freq, rope.rope_frequencies(16))
-    assert not torch.equal(r.inv_freq, rope.rope_frequencies(64)[:8])
+    assert torch.equal(r.inv_freq, rope.frequencies(16))
+    assert not torch.equal(r.inv_freq, rope.frequencies(64)[:8])
     for dtype in (torch.float32, torch.bfloat16):
         x = torch.randn(2, 3, 10, 64).to(dtype)
         y = shifted(r, x, 5)
@@ -281,7 +283,7 @@ def test_partial_rotary_passes_the_rest_through_and_uses_its_own_width(layout):
     x = torch.randn(1, 1, 10, 64)
     y = shifted(r, x, 5)
     v = x if layout == "interleaved" else x[..., torch.cat((rope.half_to_interleaved(16), torch.arange(16, 64)))]
-    ref = reference(v, range(5, 15), rope.rope_frequencies(16))  # identity beyond dim 16
+    ref = reference(v, range(5, 15), rope.frequencies(16))  # identity beyond dim 16
     if layout == "half":
         ref = ref[..., torch.cat((rope.half_to_interleaved(16).argsort(), torch.arange(16, 64)))]
     torch.testing.assert_close(y.double(), ref, atol=1e-5, rtol=0)
@@ -290,7 +292,7 @@ def test_partial_rotary_passes_the_rest_through_and_uses_its_own_width(layout):
 @pytest.mark.parametrize("fraction", [0.3, 0.0, 1.5, -1.0])
 def test_bad_rotary_width_is_a_value_error(fraction):
     with pytest.raises(ValueError, match="head_dim=64.*fraction"):
-        rope.Rotary(64, fraction=fraction)
+        positions.Rotary(64, fraction=fraction)
 
 
 # ---- Rotary: precision, offsets, growth ---------------------------------------------------------
@@ -309,13 +311,13 @@ def float64_rope(x, positions, d):
 
 
 def test_bf16_module_keeps_float32_tables_and_distinct_positions():
-    fresh = rope.Rotary(64, max_len=L0)
+    fresh = positions.Rotary(64, max_len=L0)
     for convert in (lambda m: m.to(torch.bfloat16), lambda m: m.half()):
-        r = convert(rope.Rotary(64, max_len=L0))
+        r = convert(positions.Rotary(64, max_len=L0))
         for name in ("inv_freq", "cos", "sin"):
             # rebuilt, not cast back: bitwise equal to tables never rounded
             assert torch.equal(getattr(r, name), getattr(fresh, name)), name
-    r = rope.Rotary(64, max_len=L0).to(torch.bfloat16)
+    r = positions.Rotary(64, max_len=L0).to(torch.bfloat16)
     x = torch.randn(1, 1, 1, 64).to(torch.bfloat16)
     assert not torch.equal(shifted(r, x, 256), shifted(r, x, 257))  # a bf16 angle cannot tell them apart
     x = torch.randn(1, 2, 8 * L0, 64).to(torch.bfloat16)
@@ -328,23 +330,23 @@ def test_bf16_module_keeps_float32_tables_and_distinct_positions():
 
 def test_autocast_leaves_tables_and_results_in_float32():
     x = torch.randn(1, 2, 40, 64)
-    expected = rope.Rotary(64, max_len=64)(x)
+    expected = positions.Rotary(64, max_len=64)(x)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        r = rope.Rotary(64, max_len=16)
+        r = positions.Rotary(64, max_len=16)
         y = r(x)  # grows the table under autocast
     assert r.cos.dtype == torch.float32 and y.dtype == torch.float32
     assert torch.equal(y, expected)
 
 
 def test_tables_are_not_in_the_state_dict():
-    assert rope.Rotary(64).state_dict() == {}
+    assert positions.Rotary(64).state_dict() == {}
 
 
 @pytest.mark.parametrize("layout", rope.LAYOUTS)
 @pytest.mark.parametrize("scaling", ["none", "dynamic", "yarn"])
 def test_offset_equals_slicing_a_longer_sequence(layout, scaling):
     torch.manual_seed(5)
-    r = rope.Rotary(32, layout=layout, scaling=scaling, factor=2.0, original_len=64, max_len=128)
+    r = positions.Rotary(32, layout=layout, scaling=scaling, factor=2.0, original_len=64, max_len=128)
     x = torch.randn(2, 3, 100, 32)
     full = r(x)
     pieces = [(0, 7), (40, 20), (99, 1), (60, 40)]
@@ -355,39 +357,39 @@ def test_offset_equals_slicing_a_longer_sequence(layout, scaling):
 
 
 def test_dynamic_rotary_uses_the_current_length():
-    r = rope.Rotary(64, scaling="dynamic", factor=2.0, original_len=L0, max_len=L0)
+    r = positions.Rotary(64, scaling="dynamic", factor=2.0, original_len=L0, max_len=L0)
     x = torch.randn(1, 1, 1, 64)
     for end in (100, L0, 3 * L0):
-        inv_freq, _ = rope.scaled_frequencies(64, 10000.0, "dynamic", 2.0, L0, seq_len=end)
-        expected = rope.apply_rope(x, *rope.rope_cache(inv_freq, torch.tensor([end - 1])))
+        inv_freq, _ = scalings.scaled_frequencies(64, 10000.0, "dynamic", 2.0, L0, seq_len=end)
+        expected = rope.apply_rope(x, *rope.tables(inv_freq, torch.tensor([end - 1])))
         assert torch.equal(shifted(r, x, end - 1), expected)
 
 
 def test_table_grows_in_eager_mode_to_a_freshly_built_table():
-    r = rope.Rotary(64, max_len=16)
+    r = positions.Rotary(64, max_len=16)
     x = torch.randn(1, 2, 8, 64)
     y = shifted(r, x, 40)
     n = r.cos.shape[0]
     assert n >= 48
-    big = rope.Rotary(64, max_len=n)
+    big = positions.Rotary(64, max_len=n)
     assert torch.equal(r.cos, big.cos) and torch.equal(r.sin, big.sin)
     assert torch.equal(y, shifted(big, x, 40))
 
 
 def test_table_cannot_grow_inside_a_compiled_region(monkeypatch):
-    r = rope.Rotary(64, max_len=16)
+    r = positions.Rotary(64, max_len=16)
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     with pytest.raises(RuntimeError, match="max_len >= 20"):
         shifted(r, torch.randn(1, 1, 4, 64), 16)
 
 
 def test_a_scaled_rotary_uses_its_scalings_frequencies_and_temperature():
-    r = rope.Rotary(64, scaling="yarn", factor=4.0, max_len=L0)
-    f, attn = rope.scaled_frequencies(64, 10000.0, "yarn", 4.0, L0)
+    r = positions.Rotary(64, scaling="yarn", factor=4.0, max_len=L0)
+    f, attn = scalings.scaled_frequencies(64, 10000.0, "yarn", 4.0, L0)
     assert torch.equal(r.inv_freq, f) and r.attn_factor == attn > 1
-    assert torch.equal(r.cos, rope.rope_cache(f, torch.arange(L0))[0])
+    assert torch.equal(r.cos, rope.tables(f, torch.arange(L0))[0])
     with pytest.raises(ValueError, match="factor=0.5"):
-        rope.Rotary(64, scaling="ntk", factor=0.5)
+        positions.Rotary(64, scaling="ntk", factor=0.5)
 
 
 # ---- autograd and compile ---------------------------------------------------------------------
@@ -408,7 +410,7 @@ def test_compiled_rotary_matches_eager_forward_and_backward():
     # One full graph covers both layouts, an offset and a partial rotary. The aot_eager backend runs
     # dynamo's capture and AOTAutograd's trace (what rope.py's code decides) without inductor's C++
     # build, which would add tens of seconds on a cold cache.
-    inter, half = rope.Rotary(16, max_len=32), rope.Rotary(16, fraction=0.5, layout="half", max_len=32)
+    inter, half = positions.Rotary(16, max_len=32), positions.Rotary(16, fraction=0.5, layout="half", max_len=32)
 
     def f(q):
         return inter(q) * 2 + shifted(half, q, 3)
@@ -432,70 +434,70 @@ def test_bad_inputs_are_value_errors_naming_the_choices():
     with pytest.raises(ValueError, match="'diag'.*interleaved"):
         rope.apply_rope(torch.randn(2, 8), cos, sin, layout="diag")
     with pytest.raises(ValueError, match="layout='diag'"):
-        rope.Rotary(8, layout="diag")
+        positions.Rotary(8, layout="diag")
     with pytest.raises(ValueError, match="'xpos'.*yarn"):
-        rope.scaled_frequencies(8, 10000.0, "xpos")
+        scalings.scaled_frequencies(8, 10000.0, "xpos")
     with pytest.raises(ValueError, match="scaling='xpos'"):
-        rope.Rotary(8, scaling="xpos")
+        positions.Rotary(8, scaling="xpos")
     for factor in (0.5, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="factor"):
-            rope.scaled_frequencies(8, 10000.0, "linear", factor)
+            scalings.scaled_frequencies(8, 10000.0, "linear", factor)
     with pytest.raises(ValueError, match="original_len"):
-        rope.scaled_frequencies(8, 10000.0, "yarn", 2.0)
+        scalings.scaled_frequencies(8, 10000.0, "yarn", 2.0)
     with pytest.raises(ValueError, match="rot_dim=7"):
-        rope.rope_frequencies(7)
+        rope.frequencies(7)
     with pytest.raises(ValueError, match="hs=8"):
         rope.apply_rope(torch.randn(2, 8), *tables(16, [0, 1]))
     with pytest.raises(ValueError, match="positions"):
-        rope.rope_cache(rope.rope_frequencies(8), torch.tensor([0.0, 1.0]))
+        rope.tables(rope.frequencies(8), torch.tensor([0.0, 1.0]))
 
 
 # ---- the registry of scalings: each entry carries what its name stands for --------------------
 
 
-@pytest.mark.parametrize("name", rope.SCALINGS)
+@pytest.mark.parametrize("name", scalings.SCALINGS)
 def test_a_scaling_reads_l0_and_the_length_where_its_entry_says(name):
-    scaling = rope.SCALINGS[name]
+    scaling = scalings.SCALINGS[name]
     try:
-        rope.scaled_frequencies(16, 10000.0, name, 4.0)
+        scalings.scaled_frequencies(16, 10000.0, name, 4.0)
     except ValueError as e:
         assert scaling.needs_original_len and "needs original_len" in str(e)
     else:
         assert not scaling.needs_original_len
-    at = [rope.scaled_frequencies(16, 10000.0, name, 4.0, 32, seq_len=L)[0] for L in (None, 32, 128)]
+    at = [scalings.scaled_frequencies(16, 10000.0, name, 4.0, 32, seq_len=L)[0] for L in (None, 32, 128)]
     assert torch.equal(at[0], at[1]) and torch.equal(at[0], at[2]) != scaling.dynamic
 
 
-@pytest.mark.parametrize("name", rope.SCALINGS)
+@pytest.mark.parametrize("name", scalings.SCALINGS)
 @pytest.mark.parametrize("L0", [32, 48])
 def test_transformers_parameters_of_a_scaling_read_back_to_the_same_frequencies(name, L0):
-    scaling, factor = rope.SCALINGS[name], (1.0 if name == rope.NO_SCALING else 4.0)
+    scaling, factor = scalings.SCALINGS[name], (1.0 if name == scalings.NO_SCALING else 4.0)
     params = scaling.hf_parameters(16, 500.0, factor, L0)
-    base, read, s, L0_read = rope.from_hf(params, scaling.hf_context(64, L0, factor))
+    base, read, s, L0_read = scalings.from_hf(params, scaling.hf_context(64, L0, factor))
     for L in (None, 256):
-        ours = rope.scaled_frequencies(16, 500.0, name, factor, L0, L)
-        theirs = rope.scaled_frequencies(16, base, read, s, L0_read, L)
+        ours = scalings.scaled_frequencies(16, 500.0, name, factor, L0, L)
+        theirs = scalings.scaled_frequencies(16, base, read, s, L0_read, L)
         assert torch.equal(ours[0], theirs[0]) and ours[1] == theirs[1]  # bit for bit
-    assert (read, base) == (rope.NO_SCALING, rope.ntk_base(16, 500.0, 4.0)) if scaling.new_base else read == name
+    assert (read, base) == (scalings.NO_SCALING, rope.ntk_base(16, 500.0, 4.0)) if scaling.new_base else read == name
 
 
 def test_transformers_parameters_with_no_equivalent_here_are_named():
     with pytest.raises(ValueError, match="^rope_type='longrope' has no nanorope scaling; supported: default, linear"):
-        rope.from_hf({"rope_type": "longrope", "rope_theta": 1e4, "factor": 2.0}, 64)
-    yarn = rope.SCALINGS["yarn"].hf_parameters(16, 1e4, 2.0, 32)
+        scalings.from_hf({"rope_type": "longrope", "rope_theta": 1e4, "factor": 2.0}, 64)
+    yarn = scalings.SCALINGS["yarn"].hf_parameters(16, 1e4, 2.0, 32)
     with pytest.raises(
         ValueError, match="^rope_type='yarn' with beta_fast=16.0: nanorope's yarn has beta_fast=32.0, beta_slow=1.0$"
     ):
-        rope.from_hf(yarn | {"beta_fast": 16.0}, 64)
+        scalings.from_hf(yarn | {"beta_fast": 16.0}, 64)
     with pytest.raises(ValueError, match="^rope_type='linear' with mscale=2.0: nanorope's linear has no such"):
-        rope.from_hf({"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0, "mscale": 2.0}, 64)
+        scalings.from_hf({"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0, "mscale": 2.0}, 64)
 
 
 @pytest.mark.parametrize(
     "scaling, factor, stretch, result",
     [
-        (None, None, None, (rope.NO_SCALING, 1.0)),
-        ("none", 1.0, None, (rope.NO_SCALING, 1.0)),
+        (None, None, None, (scalings.NO_SCALING, 1.0)),
+        ("none", 1.0, None, (scalings.NO_SCALING, 1.0)),
         ("yarn", 2.0, 8.0, ("yarn", 2.0)),  # a factor given is the factor
         ("yarn", None, 8.0, ("yarn", 8.0)),  # else the one the use asks for
         (
@@ -510,16 +512,16 @@ def test_transformers_parameters_with_no_equivalent_here_are_named():
 )
 def test_one_rule_for_a_scaling_and_its_factor(scaling, factor, stretch, result):
     if isinstance(result, tuple):
-        assert rope.scaling_pair(scaling, factor, stretch) == result
+        assert scalings.scaling_pair(scaling, factor, stretch) == result
     else:
         with pytest.raises(ValueError, match="^" + re.escape(result)):
-            rope.scaling_pair(scaling, factor, stretch)
+            scalings.scaling_pair(scaling, factor, stretch)
 
 
 def test_no_scaling_name_is_compared_outside_rope_py():
     """The registry entry carries what a name stands for: a name compared elsewhere is a missing attribute."""
     # "none" is also a value of other settings (log, cache, reduction, pos_emb) compared in their own modules
-    names = set(rope.SCALINGS) - {rope.NO_SCALING}
+    names = set(scalings.SCALINGS) - {scalings.NO_SCALING}
 
     def named(node):  # a scaling name, or a tuple, list or set of constants holding one
         items = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [node]

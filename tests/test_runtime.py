@@ -58,7 +58,7 @@ def test_under_torchrun_auto_cpu_dtype_is_bfloat16_only_if_every_process_chose_i
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setattr(runtime, "cpu_bf16_is_faster", lambda: True)  # this process's probe
     monkeypatch.setattr(runtime.dist, "init_process_group", lambda backend: None)
-    monkeypatch.setattr(runtime, "any_rank", lambda flag, rt: flag or another_rank_chose_float32)
+    monkeypatch.setattr(runtime, "any_rank", lambda flag, run_time: flag or another_rank_chose_float32)
     assert runtime.setup_runtime("cpu", "auto", quiet=True).dtype == expected
     assert runtime.setup_runtime("cpu", "bfloat16", quiet=True).dtype == torch.bfloat16  # an explicit choice is kept
 
@@ -121,9 +121,9 @@ def test_a_float32_run_computes_no_matmul_in_reduced_precision(data_dir, tmp_pat
     cached decoding of its model, all in float32 on the CPU: not one matrix product may see a bf16 or float16."""
     out, drope = tmp_path / "run", "drope" in settings
     argv = flags(data_dir, out, "--max_iters=2", "--eval_interval=2", *(s for s in settings if s != "drope"))
-    gcfg, tc, bc = config.parse(argv, GPTConfig, train.TrainConfig, BatchConfig)
+    model_cfg, train_cfg, batch_cfg = config.parse(argv, GPTConfig, train.TrainConfig, BatchConfig)
     with ReducedPrecisionMatmuls() as guard:
-        train.train(gcfg, tc, bc, ablate.DropSchedule(tc, ablate.DroPE(1)) if drope else None)
+        train.train(model_cfg, train_cfg, batch_cfg, ablate.DropSchedule(train_cfg, ablate.DroPE(1)) if drope else None)
         model = model_from_checkpoint(load_checkpoint(out / "ckpt.pt"))
         assert model.config.pos_emb == ("none" if drope else "rope")
         for _ in generate(model, torch.zeros((1, 3), dtype=torch.long), 2, GREEDY):  # the prompt, one cached step

@@ -407,8 +407,8 @@ def test_a_sampling_scalings_default_factor_stretches_l0_to_max_context(tmp_path
     save_checkpoint(
         {"model": model.state_dict(), "model_config": model.config.asdict(), "tokenizer": meta}, tmp_path / "ckpt.pt"
     )
-    sc = sample.SampleConfig(
+    sample_cfg = sample.SampleConfig(
         out_dir=str(tmp_path), checkpoint="latest", max_context=64, rope_scaling="linear", device="cpu"
     )
-    sampler = sample.Sampler(sc.out_dir, "out_dir", "ab", sc, "cpu")
+    sampler = sample.Sampler(sample_cfg.out_dir, "out_dir", "ab", sample_cfg, "cpu")
     assert (sampler.model.config.rope_scaling, sampler.model.config.rope_scaling_factor) == ("linear", 4.0)

@@ -16,8 +16,9 @@ import torch
 
 import config
 import files
-import rope
+import run_setup
 import runtime
+import scalings
 import train
 from checkpoint import RESUME_KEYS, load_checkpoint, model_from_checkpoint
 from conftest import (
@@ -136,8 +137,8 @@ def test_a_checkpoint_from_before_the_recipe_options_loads_and_resumes(data_dir,
 
 
 def test_lr_warms_up_linearly_then_follows_half_a_cosine_to_the_floor():
-    tc = train.TrainConfig(learning_rate=1.0, min_lr=0.1, warmup_iters=4, lr_decay_iters=24, max_iters=30)
-    lrs = [train.Schedule(tc).lr(it) for it in range(30)]
+    train_cfg = train.TrainConfig(learning_rate=1.0, min_lr=0.1, warmup_iters=4, lr_decay_iters=24, max_iters=30)
+    lrs = [train.Schedule(train_cfg).lr(it) for it in range(30)]
     assert lrs[:4] == pytest.approx([0.2, 0.4, 0.6, 0.8])  # (it + 1) / (warmup + 1) of the peak
     assert lrs[4] == 1.0 and lrs[14] == pytest.approx(0.55) and lrs[24:] == [0.1] * 6  # peak, halfway, floor
     assert lrs[9] == pytest.approx(0.1 + 0.9 * np.cos(np.pi / 8) ** 2)  # a quarter of the way: cos^2 form
@@ -350,9 +351,11 @@ class Spike(train.Schedule):
 
 def test_divergence_found_by_evaluation_leaves_the_last_good_checkpoint(data_dir, tmp_path, capsys):
     out = tmp_path / "run"
-    gcfg, tc, bc = config.parse(flags(data_dir, out, "--max_iters=3", "--eval_interval=2"), *train.SETTINGS)
-    with pytest.raises(train.Divergence) as e:
-        train.train(gcfg, tc, bc, Spike(tc))
+    model_cfg, train_cfg, batch_cfg = config.parse(
+        flags(data_dir, out, "--max_iters=3", "--eval_interval=2"), *train.SETTINGS
+    )
+    with pytest.raises(run_setup.Divergence) as e:
+        train.train(model_cfg, train_cfg, batch_cfg, Spike(train_cfg))
     assert "evaluation gave a non-finite loss at iteration 3" in str(e.value)
     assert f"the last checkpoint, {out / 'ckpt.pt'} (iteration 2), is untouched" in str(e.value)
     assert load_checkpoint(out / "ckpt.pt")["iter"] == 2
@@ -699,9 +702,9 @@ def test_a_fine_tune_at_twice_the_context_keeps_every_default_that_is_relative_t
     assert xpos.pos.scale == xpos_ft.pos.scale == 16  # B = L0 / 2, not block_size / 2
     assert rnope.pos.window(0) == rnope_ft.pos.window(0) == 16
     assert fire.pos.init_threshold == fire_ft.pos.init_threshold == 8
-    at_l0 = rope.scaled_frequencies(16, 10000.0, "yarn", 2.0, original_len=32)[0].float()
+    at_l0 = scalings.scaled_frequencies(16, 10000.0, "yarn", 2.0, original_len=32)[0].float()
     assert torch.equal(plain_ft.pos.rotary.inv_freq.float(), at_l0)  # YaRN ramps against the L0 the model learned
-    assert not torch.equal(at_l0, rope.scaled_frequencies(16, 10000.0, "yarn", 2.0, original_len=64)[0].float())
+    assert not torch.equal(at_l0, scalings.scaled_frequencies(16, 10000.0, "yarn", 2.0, original_len=64)[0].float())
     assert torch.equal(
         plain.reconfigure(rope_scaling="yarn", rope_scaling_factor=2.0).pos.rotary.inv_freq,
         plain_ft.pos.rotary.inv_freq,
