@@ -267,6 +267,8 @@ def rope_impls(cos, sin):
     return {
         "apply_rope/interleaved": ("interleaved", lambda x: rope.apply_rope(x, cos, sin, "interleaved")),
         "apply_rope/half": ("half", lambda x: rope.apply_rope(x, cos, sin, "half")),
+        # rope.py's pair formula itself, which apply_rope runs compiled; eager, the complex product replaces it
+        "rotate_pairs/interleaved": ("interleaved", lambda x: rope.rotate_pairs(x, cos, sin, "interleaved")),
         "complex": ("interleaved", lambda x: complex_reference(x, freqs_cis)),
         "rotate_half": ("half", lambda x: rotate_half_reference(x, cos2, sin2)),
         "clone": (None, lambda x: x.clone()),

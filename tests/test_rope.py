@@ -539,3 +539,20 @@ def test_no_scaling_name_is_compared_outside_rope_py():
             if hit:
                 found.append(f"{p.relative_to(ROOT)}:{getattr(node, 'lineno', node.pattern.lineno)}")
     assert not found
+
+
+@pytest.mark.parametrize("layout", rope.LAYOUTS)
+def test_the_default_path_computes_the_pair_formula_to_the_bit_forward_and_backward(layout):
+    """apply_rope runs the interleaved layout eagerly as one complex product (faster: bench.py's rope_apply); its
+    values and gradients are rotate_pairs', the pair formula a cos - b sin, a sin + b cos, bit for bit."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 37, 16, generator=g, dtype=torch.float32)
+    grad = torch.randn(2, 3, 37, 16, generator=g)
+    cos, sin = rope.tables(rope.frequencies(16), torch.arange(1000, 1037))  # (37, 8)
+    outs, grads = [], []
+    for turn in (rope.apply_rope, rope.rotate_pairs):
+        leaf = x.clone().requires_grad_()
+        out = turn(leaf, cos, sin, layout)
+        outs.append(out.detach())
+        grads.append(torch.autograd.grad(out, leaf, grad)[0])
+    assert torch.equal(outs[0], outs[1]) and torch.equal(grads[0], grads[1])
