@@ -225,9 +225,7 @@ class GPTConfig:
     tie_embeddings: bool = opt(True, "the head reuses the token embedding (false: a head of its own)")
     logit_softcap: float = opt(0.0, "c > 0: logits squashed to c * tanh(logits / c) (0: off)", check=NON_NEGATIVE)
     zero_init_proj: bool = opt(False, "the attention and MLP output projections start at zero")
-    parallel_residual: bool = opt(
-        False, "x + attn(ln_1(x)) + mlp(ln_2(x)) as GPT-NeoX and Pythia (false: one after the other, as GPT-2)"
-    )
+    parallel_residual: bool = opt(False, "x + attn(ln_1(x)) + mlp(ln_2(x)), as GPT-NeoX (false: in turn, as GPT-2)")
     # RoPE's (rope.py), and so its subclasses' (xpos, rnope)
     rope_base: float = opt(10000.0, "RoPE base b in theta_i = b^(-2(i-1)/d)", applies="rope")
     rope_fraction: float = opt(1.0, "fraction of each head's dims that RoPE rotates", applies="rope")
@@ -250,7 +248,7 @@ class GPTConfig:
     )
     rnope_window: int | None = opt(
         None,
-        "rnope: keys a RoPE layer's query sees, sliding-window attention (default L0 / 2, the paper's ratio)",
+        "rnope: keys a RoPE layer's query sees (default L0 / 2, the paper's ratio)",
         applies="rnope",
         check=POSITIVE,
     )
