@@ -45,6 +45,7 @@ def test_variants_cover_the_contract(records):
     ]
     impls = {(r["impl"], r["layout"]) for r in only(records, "rope_apply")}
     assert impls == {
+        ("rotate_pairs", "interleaved"),
         ("apply_rope", "interleaved"),
         ("apply_rope", "half"),
         ("complex", "interleaved"),
