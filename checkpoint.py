@@ -1,5 +1,5 @@
-"""Checkpoints: the format (written and read here alone), safe (weights_only) loads, the checks a resume needs, and
-`load_source`: a model and its tokenizer from a run folder, a checkpoint file or a transformers checkpoint.
+"""Checkpoints: the format (written and read here alone), safe (weights_only) loads, the checks a resume needs, and a
+training run's folder (config.json, the resume command). Where a model to sample or fine-tune comes from is source.py's.
 
 A checkpoint is a plain dict of tensors, numbers and strings, so torch.load(weights_only=True) reads
 it; model weights are saved from the unwrapped module, without any compile prefix.
@@ -11,16 +11,13 @@ import re
 import shlex
 import time
 import warnings
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import torch
 
-import positions
-from config import build, current_names, declared, given, resumed, weightless
-from data.tokenizer import HF_PREFIX
+from config import build, current_names, declared, given, resumed
 from files import WriteError, atomic_write, trim_log
 from model import GPT, GPTConfig
 from runtime import run_record
@@ -126,135 +123,8 @@ def model_from_checkpoint(ckpt, device="cpu", path="the checkpoint"):
     return model.to(device)
 
 
-# ----------------------------------------------------------------------------- sources: what a model comes from
-
-
-@dataclass
-class Source:
-    """A model to sample, export or fine-tune: its config, its tokenizer (meta), what it is (label, e.g. the
-    checkpoint's path), its run's figures (iter, best_val_loss) and how its weights go into a model."""
-
-    config: GPTConfig
-    meta: dict
-    label: str
-    info: dict
-    load_into: Callable  # a GPT of a config fine_tune_config allows -> the same GPT holding the source's weights
-
-    def model(self, device="cpu"):
-        return self.load_into(GPT(self.config)).to(device)
-
-
-def load_source(spec, flag, which="latest"):
-    """The Source spec names: a run folder (its `which` checkpoint), a checkpoint file, or hf:NAME_OR_PATH (a
-    transformers GPT-2 or GPT-NeoX checkpoint, with its own tokenizer). Every error is one line naming the setting
-    the user typed, flag=spec."""
-    where = f"{flag}={spec}"
-    if spec.startswith(HF_PREFIX):
-        import hf  # transformers is imported where it is used
-
-        config, meta, load_into = hf.source(spec.removeprefix(HF_PREFIX), where)
-        return Source(config, meta, spec, {}, load_into)
-    path = Path(spec)
-    if not path.exists():
-        raise ValueError(f"{where}: no such run folder or checkpoint file")
-    if path.is_dir():
-        found = checkpoint_in(path, which)
-        if found is None:
-            raise ValueError(
-                f"{where}: no checkpoint in that folder (looked for {' or '.join(CHECKPOINTS[which])}); "
-                f"train first (python train.py --out_dir={spec}) or name the run's folder"
-            )
-        path = found
-    try:
-        ckpt = load_checkpoint(path)
-    except ValueError as e:
-        raise ValueError(f"{where}: {e}") from None
-    if "tokenizer" not in ckpt:
-        raise ValueError(f"{where}: {str(path)!r} holds weights alone, without the tokenizer train.py saves")
-
-    def load_into(model):
-        try:
-            model.load_trained(ckpt["model"])
-        except RuntimeError as e:  # weights of another shape: a config fine_tune_config would not allow
-            raise ValueError(
-                f"{where}: its weights do not fit this model ({str(e).splitlines()[-1].strip()[:200]})"
-            ) from None
-        return model
-
-    try:
-        config = GPTConfig(**ckpt["model_config"])
-    except TypeError as e:  # settings of another program or version
-        raise ValueError(f"{where}: {str(path)!r} does not fit nanorope's model ({e})") from None
-    return Source(config, ckpt["tokenizer"], str(path), {k: ckpt.get(k) for k in ("iter", "best_val_loss")}, load_into)
-
-
 def same_tokenizer(meta, other):
     return all(meta.get(k) == other.get(k) for k in TOKENIZER_KEYS)
-
-
-def tokenizer_name(meta):
-    return f"the {meta['tokenizer']} tokenizer" + (f" of {meta['hf_name']}" if meta["tokenizer"] == "hf" else "")
-
-
-def fine_tune_config(source, config, meta, where):
-    """The model config of a fine-tune from source on a dataset (its meta): the source's architecture with config's
-    settings that no weight depends on (config.weightless: context, dropout, RoPE scaling), and L0 the source's own
-    wherever block_size grows past it (a typed original_len must equal it). Any other setting of config that is not
-    at its default must equal the source's, and the dataset must be tokenized as the source was. A block_size below
-    the source's is allowed: a learned position table is cut to it (GPT.load_trained)."""
-    if not same_tokenizer(source.meta, meta):
-        hint = (
-            f"; prepare it with python -m data.prepare --tokenizer hf:{source.meta['hf_name']} --input CORPUS "
-            "--dataset NAME"
-            if source.meta["tokenizer"] == "hf"
-            else ""
-        )
-        raise ValueError(
-            f"{where} reads the ids of {tokenizer_name(source.meta)}, but dataset {meta['dataset']!r} was "
-            f"prepared with {tokenizer_name(meta)}{hint}"
-        )
-    defaults, kept = GPTConfig(), weightless(GPTConfig)
-    clash = [
-        f"{k}: {where} has {v!r}, this run {getattr(config, k)!r}"
-        for k, v in source.config.asdict().items()
-        if k not in kept and k != "vocab_size" and getattr(config, k) not in (v, getattr(defaults, k))
-    ]
-    if clash:
-        raise ValueError(
-            f"{where} is another model ({'; '.join(clash)}); a fine-tune keeps its architecture and may "
-            f"change only {', '.join(kept)}"
-        )
-    if not positions.scheme(source.config.pos_emb).extrapolates and config.block_size > source.config.block_size:
-        raise ValueError(
-            f"block_size={config.block_size} is past {where}'s learned position table "
-            f"({source.config.block_size} positions); use block_size <= {source.config.block_size}"
-        )
-    L0 = min(source.config.L0, config.block_size)
-    if config.original_len not in (None, L0):
-        raise ValueError(
-            f"original_len={config.original_len} contradicts {where}, which learned L0 = "
-            f"{source.config.L0}: a fine-tune keeps the length its model first learned"
-            + (f" (at block_size={config.block_size}, L0 = {L0})" if L0 != source.config.L0 else "")
-        )
-    return replace(source.config, **{k: getattr(config, k) for k in kept} | {"original_len": L0})
-
-
-def start_model(init_from, config, meta):
-    """A run's model config on a dataset (its meta) and the Source of its first weights: config with the dataset's
-    vocabulary and None (fresh weights), or a fine-tune's config (fine_tune_config) and init_from's Source."""
-    if not init_from:
-        return replace(config, vocab_size=meta["vocab_size"]), None
-    source = load_source(init_from, "init_from")
-    return fine_tune_config(source, config, meta, f"init_from={init_from}"), source
-
-
-def starting_point(train_cfg, config, meta, out):
-    """Where a run starts: (its model config, the Source of a fine-tune's first weights or None, a resume's
-    checkpoint in out or None), each refused here where it contradicts the run."""
-    config, source = start_model(train_cfg.init_from, config, meta)
-    if not train_cfg.resume:
-        return config, source, None
-    return config, source, resumable_checkpoint(out, config, meta, train_cfg.max_iters, train_cfg.optimizer)
 
 
 def run_settings(argv, parts, out_dir):

@@ -36,10 +36,9 @@ from pathlib import Path
 import config
 import hf
 import scalings
-from checkpoint import load_source
 from config import opt
 from data.tokenizer import tokenizer_from_meta
-from source import SourceSettings
+from source import SourceSettings, load_source
 
 RUN_FILES = ("ckpt.pt", "best.pt", "metrics.jsonl")  # a folder holding one is a run: its config.json is not ours
 PROBE_TOLERANCE = 1e-3  # largest logit difference, relative to the largest logit, that float32 rounding explains

@@ -380,7 +380,7 @@ def import_config(where, hf):
 
 
 def load_pretrained(model, name, where):
-    """model (of a config checkpoint.fine_tune_config allows) with the checkpoint's weights; a learned position
+    """model (of a config source.fine_tune_config allows) with the checkpoint's weights; a learned position
     table is cut to the model's block_size. A damaged weights file is one line naming it."""
     from safetensors import SafetensorError  # installed with transformers
 
@@ -409,6 +409,6 @@ def load_pretrained(model, name, where):
 
 def source(name, where):
     """hf:name's model config (its architecture at its own context), its own tokenizer (meta) and how its weights go
-    into a model: what checkpoint.load_source makes a Source of."""
+    into a model: what source.load_source makes a Source of."""
     config = import_config(where, pretrained_config(name, where))
     return config, hf_tokenizer_fields(name, where), lambda model: load_pretrained(model, name, where)

@@ -5,7 +5,7 @@ the schedule's changes of the model config, and the error a diverged run stops w
 
 import contextlib
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -16,8 +16,8 @@ from data.tokenizer import load_meta
 from files import RunLock
 from model import GPT
 from optim import make_optimizer
+from progress import Progress
 from runtime import EveryRankError, setup_runtime
-from trackers import Progress
 
 
 class Divergence(EveryRankError):
@@ -76,7 +76,7 @@ def start(model_cfg, train_cfg, batch_cfg, schedule):
     dataset_dir = Path(train_cfg.data_dir) / train_cfg.dataset
     meta = load_meta(dataset_dir)
     out = checkpoint.check_out_dir(train_cfg.out_dir, train_cfg.resume) if runtime.master else Path(train_cfg.out_dir)
-    model_cfg, source, ckpt = checkpoint.starting_point(train_cfg, model_cfg, meta, out)
+    model_cfg, source, ckpt = starting_point(train_cfg, model_cfg, meta, out)
     torch.manual_seed(train_cfg.seed)  # the same initial weights on every rank
     model = GPT(model_cfg).to(runtime.device)
     batch_cfg.check_model(model_cfg, type(model.pos))  # a fine-tune's scheme is its source's
@@ -98,6 +98,21 @@ def start(model_cfg, train_cfg, batch_cfg, schedule):
                 f"tokens per step: {run.tokens_per_step():,}"
             )
         yield run
+
+
+def starting_point(train_cfg, model_cfg, meta, out):
+    """Where a run starts: (its model config on the dataset (meta), the Source of a fine-tune's first weights or None,
+    a resume's checkpoint in out or None), each refused where it contradicts the run."""
+    if train_cfg.init_from:
+        from source import start_model  # read only where a run starts from a model
+
+        model_cfg, source = start_model(train_cfg.init_from, model_cfg, meta)
+    else:
+        model_cfg, source = replace(model_cfg, vocab_size=meta["vocab_size"]), None
+    if not train_cfg.resume:
+        return model_cfg, source, None
+    ckpt = checkpoint.resumable_checkpoint(out, model_cfg, meta, train_cfg.max_iters, train_cfg.optimizer)
+    return model_cfg, source, ckpt
 
 
 def follow(run, it, progress):

@@ -27,12 +27,11 @@ from tqdm import tqdm
 
 import config
 import scalings
-from checkpoint import load_source
 from config import NON_NEGATIVE, POSITIVE, one_of, opt
 from data.tokenizer import tokenizer_from_meta
 from generate import Sampling, context_length, generate
 from runtime import check_compile, decode_autocast, pick_device
-from source import SourceSettings
+from source import SourceSettings, load_source
 
 FORMATS = ("columns", "text", "markdown")
 MIN_COLUMN = 24  # narrower columns wrap the text into confetti: print blocks instead

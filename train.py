@@ -20,7 +20,6 @@ from torch.nn.parallel import DistributedDataParallel
 
 import checkpoint
 import config
-import trackers
 from config import FRACTION, NON_NEGATIVE, POSITIVE, RATE, one_of, opt
 from data.batches import BatchConfig
 from data.loader import DROPOUT, micro_seed
@@ -89,7 +88,10 @@ class TrainConfig:
 
     def __post_init__(self):
         config.validate(self)
-        trackers.check(self.log)  # one that cannot start fails here, before anything is written
+        if self.log != "none":  # a tracker that cannot start fails here, before anything is written
+            from trackers import check
+
+            check(self.log)
 
 
 def warmup_cosine(it, peak, warmup, length, floor):

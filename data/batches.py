@@ -13,8 +13,6 @@ import functools
 import importlib
 from dataclasses import asdict, dataclass, field, make_dataclass
 
-import torch
-
 from config import AT_LEAST_1, POSITIVE, one_of, opt, validate
 from data.loader import Batches
 from data.tokenizer import tokenizer_from_meta
@@ -92,29 +90,6 @@ class BatchConfig:
         return rebuild, (self.task, asdict(self))
 
 
-class PoSE:
-    """Positional Skip-wise training (Zhu et al. 2024, section 3.2, eq. 3-4): a row's L_c = block_size tokens are cut
-    into `chunks` chunks of random lengths l_i (each at least 1), chunk i keeping contiguous ids st_i .. st_i + l_i - 1
-    (st_i the lengths before it) shifted by a skip u_i ~ U{u_(i-1), ..., L_t - L_c}, u_0 = 0, so its ids reach up to
-    L_t - 1 for the target L_t = factor x L_c and the relative distances up to L_t - 1 are all trained. The text stays
-    the row's contiguous tokens (the paper's v_i = 0, which it finds makes little difference). With factor 1 there is
-    no room to skip: the ids are 0..L_c-1."""
-
-    def __init__(self, factor, chunks):
-        self.factor, self.chunks = factor, chunks
-
-    def ids(self, n, length, seed):
-        """(n, length) position ids, drawn from seed."""
-        g = torch.Generator().manual_seed(seed)
-        room = round(self.factor * length) - length  # L_t - L_c
-        cuts = torch.rand(n, length - 1, generator=g).argsort(-1)[:, : self.chunks - 1].sort(-1).values + 1  # (n, N-1)
-        u = [torch.zeros(n, dtype=torch.long)]  # u_0 = 0, then each drawn from u_(i-1) up to L_t - L_c
-        for _ in range(self.chunks - 1):
-            u.append(u[-1] + (torch.rand(n, generator=g) * (room - u[-1] + 1)).long())
-        chunk = (torch.arange(length)[None, :, None] >= cuts[:, None, :]).sum(-1)  # (n, length): each token's chunk
-        return torch.arange(length)[None, :] + torch.stack(u, 1).gather(1, chunk)  # (n, length)
-
-
 @functools.cache
 def with_task(task):
     """BatchConfig with the settings of task (a name in TASKS) as fields of its own, flat keys as GPTConfig gathers
@@ -152,5 +127,7 @@ def make_batches(batch_cfg, dataset_dir, meta, block_size, batch_size, seed, dev
             raise ValueError(
                 f"pose_chunks={batch_cfg.pose_chunks} exceeds block_size={block_size}: each chunk holds a token"
             )
+        from data.pose import PoSE  # read only where a run asks for it
+
         pose = PoSE(batch_cfg.pose_factor, batch_cfg.pose_chunks)
     return Batches(dataset_dir, meta, block_size, batch_size, seed, device, eval_iters, task, share, pose)

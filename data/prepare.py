@@ -47,6 +47,7 @@ import config
 from config import POSITIVE, opt, validate
 from data.bpe import encode_with_merges, pretokenize, train_bpe_from_counts
 from data.hub import hf_tokenizer_fields
+from data.staging import Stream, staged_folder
 from data.tokenizer import (
     DATA_DIR,
     GPT2_PATTERN,
@@ -60,7 +61,7 @@ from data.tokenizer import (
     ranks_to_text,
     tokenizer_from_meta,
 )
-from files import Stream, atomic_write, staged_folder
+from files import atomic_write
 
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 DEFAULT_BPE_VOCAB = 2048

@@ -12,6 +12,7 @@ import checkpoint
 import positions
 from conftest import ROOT, Payload, all_logits, tiny_model as tiny
 from model import GPT, GPTConfig
+from source import fine_tune_config, load_source
 
 
 def test_rng_states_round_trip_through_a_weights_only_checkpoint(tmp_path):
@@ -91,13 +92,13 @@ def saved_source(tmp_path, pos_emb, **kw):
         {"model": model.state_dict(), "model_config": model.config.asdict(), "tokenizer": META},
         tmp_path / "run" / "ckpt.pt",
     )
-    return checkpoint.load_source(str(tmp_path / "run"), "init_from")
+    return load_source(str(tmp_path / "run"), "init_from")
 
 
 @pytest.mark.parametrize("pos_emb", positions.all_schemes())
 def test_a_fine_tune_at_a_shorter_context_takes_every_weight_its_scheme_still_reads(pos_emb, tmp_path):
     source = saved_source(tmp_path, pos_emb)
-    config = checkpoint.fine_tune_config(source, GPTConfig(block_size=16, pos_emb=pos_emb), META, "init_from=run")
+    config = fine_tune_config(source, GPTConfig(block_size=16, pos_emb=pos_emb), META, "init_from=run")
     assert (config.block_size, config.L0) == (16, 16)
     tuned, trained = source.load_into(GPT(config)).state_dict(), source.model().state_dict()
     assert tuned.keys() == trained.keys()
@@ -108,11 +109,11 @@ def test_a_fine_tune_at_a_shorter_context_takes_every_weight_its_scheme_still_re
 def test_a_typed_original_len_is_compared_with_the_sources_even_where_it_equals_its_default(tmp_path):
     source = saved_source(tmp_path, "rope")  # L0 = 32, by the default rule
     assert source.config.original_len is None and source.config.L0 == 32
-    longer = checkpoint.fine_tune_config(source, GPTConfig(block_size=64), META, "init_from=run")
+    longer = fine_tune_config(source, GPTConfig(block_size=64), META, "init_from=run")
     assert longer.original_len == 32  # kept
     with pytest.raises(ValueError, match="^original_len=64 contradicts init_from=run, which learned L0 = 32"):
-        checkpoint.fine_tune_config(source, GPTConfig(block_size=64, original_len=64), META, "init_from=run")
-    typed = checkpoint.fine_tune_config(source, GPTConfig(block_size=64, original_len=32), META, "init_from=run")
+        fine_tune_config(source, GPTConfig(block_size=64, original_len=64), META, "init_from=run")
+    typed = fine_tune_config(source, GPTConfig(block_size=64, original_len=32), META, "init_from=run")
     assert typed == longer
 
 

@@ -24,9 +24,8 @@ import tiktoken
 import tiktoken.load
 import torch
 
-import files
 from conftest import ROOT as REPO, FullDevice
-from data import bpe, prepare, tokenizer as tk
+from data import bpe, prepare, staging, tokenizer as tk
 from data.loader import Batches
 
 # whitespace runs, tabs, accents, CJK, emoji, a combining mark, a ZWJ sequence
@@ -417,7 +416,7 @@ def test_a_prepare_stopped_by_a_full_disk_leaves_the_previous_dataset_as_it_was(
 ):
     dataset = damage(char_dataset, tmp_path, "meta.json", lambda p: None)  # a whole dataset, prepared before
     before = snapshot(dataset)
-    monkeypatch.setattr(files, "open", FullDevice("val.bin", room=1000), raising=False)
+    monkeypatch.setattr(staging, "open", FullDevice("val.bin", room=1000), raising=False)
     assert prepare.main(["--input", str(corpus), "--data_dir", str(tmp_path), "--val_fraction", "0.2"]) == 1
     err = capsys.readouterr().err.strip()
     stage = tmp_path / ".shakespeare_char.tmp"

@@ -18,6 +18,7 @@ from data.bpe import train_bpe
 from data.tokenizer import GPT2_PATTERN, bpe_encoding, ranks_to_text, tokenizer_from_meta
 from generate import GREEDY, generate
 from model import GPTConfig
+from source import load_source
 from train import TrainConfig
 
 transformers = pytest.importorskip("transformers")  # the test extra has it; conftest keeps it offline
@@ -171,7 +172,7 @@ def test_an_exported_scaling_imports_back_to_the_same_frequencies_and_logits(tmp
     model, _, folder = exported(tmp_path, "rope", *flags, **({"rope_fraction": 0.5, "bias": True} | kw))
     if flags:
         model.reconfigure(rope_scaling=flags[0].partition("=")[2], rope_scaling_factor=4.0)
-    back = checkpoint.load_source(f"hf:{folder}", "init_from").model().eval()
+    back = load_source(f"hf:{folder}", "init_from").model().eval()
     assert torch.equal(back.pos.rotary.inv_freq, model.pos.rotary.inv_freq)  # bit for bit: ntk as its larger base
     assert back.pos.attn_factor == model.pos.attn_factor
     idx = torch.randint(0, model.config.vocab_size, (2, 96), generator=torch.Generator().manual_seed(1))

@@ -12,9 +12,9 @@ import torch
 import hf
 import sample
 import train
-from checkpoint import load_source
 from conftest import TINY
 from data import prepare
+from source import load_source
 
 transformers = pytest.importorskip("transformers")  # the test extra has it; conftest keeps it offline
 constants = pytest.importorskip("huggingface_hub.constants")  # installed with transformers

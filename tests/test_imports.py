@@ -25,8 +25,8 @@ BELOW = {  # what each core module may import besides UTILITIES (files: nothing 
     "model": {"positions", "rope", "spans"},
     "hf": {"model", "positions", "rope", "scalings", "data.hub"},  # transformers interop, under --init_from
     "generate": {"model", "positions", "rope", "scalings", "spans"},
-    "checkpoint": {"hf", "model", "positions", "rope", "data.tokenizer"},
-    "run_setup": {"checkpoint", "model", "optim", "trackers", "data.batches", "data.tokenizer"},
+    "checkpoint": {"model"},
+    "run_setup": {"checkpoint", "source", "model", "optim", "progress", "data.batches", "data.tokenizer"},
     "train": {"checkpoint", "run_setup", "model", "optim", "trackers", "data.batches", "data.loader", "data.tokenizer"},
 }
 

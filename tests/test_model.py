@@ -10,10 +10,10 @@ import torch.nn.functional as F
 import positions
 import schemes
 import spans
-from checkpoint import Source, fine_tune_config
 from config import weightless
 from conftest import all_logits, tiny_model as tiny
 from model import GPTConfig
+from source import Source, fine_tune_config
 
 
 @pytest.mark.parametrize("pos_emb", positions.all_schemes())
