@@ -53,6 +53,7 @@ from lab.grid import (
     number_list,
     numbers,
     parse_changes,
+    portable,
     run_dir,
     split_list,
     train_run,
@@ -417,7 +418,10 @@ def summarize(plan, done, sweeps, best):
             "muon_lr": plan.train_cfg.muon_lr,
             "optimizer": plan.train_cfg.optimizer,
         },
-        "settings": {"ablate": asdict(plan.settings), **train_settings(plan.model_cfg, plan.train_cfg, plan.batch_cfg)},
+        "settings": {
+            "ablate": asdict(plan.settings),
+            **portable(train_settings(plan.model_cfg, plan.train_cfg, plan.batch_cfg)),
+        },
         "regime": regime_rows(
             [
                 (f"this config (RoPE base {cfg.rope_base:g})", cfg.head_dim, cfg.rope_base, cfg.block_size)

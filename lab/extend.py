@@ -56,7 +56,17 @@ from data.recall import Recall
 from files import RunLock
 from lab import extend_report
 from lab.evaluation import checked_model, position_losses
-from lab.grid import check_records, check_run, evaluated, number_list, numbers, split_list, train_run, train_settings
+from lab.grid import (
+    check_records,
+    check_run,
+    evaluated,
+    number_list,
+    numbers,
+    portable,
+    split_list,
+    train_run,
+    train_settings,
+)
 from lab.launch import Launch
 from lab.retrieval import Probe, ProbeSettings
 from lab.sweep import Plan, SweepSettings, tool_main
@@ -582,7 +592,10 @@ def run_lab(lab):
         }
         results = extend_report.lab_results(chosen, done, sweeps, rates, found) | {
             "memory": memory,
-            "settings": {"extend": asdict(lab.settings), **train_settings(lab.model_cfg, lab.train_cfg, lab.batch_cfg)},
+            "settings": {
+                "extend": asdict(lab.settings),
+                **portable(train_settings(lab.model_cfg, lab.train_cfg, lab.batch_cfg)),
+            },
             "device": lab.runtime.device,
             "environment": run_record(),
         }

@@ -24,6 +24,7 @@ import train
 from checkpoint import load_checkpoint
 from config import opt
 from data.batches import BatchConfig
+from data.tokenizer import HF_PREFIX
 from files import atomic_write, open_log, read_log
 from lab.pool import Failed, Interrupted
 from model import GPTConfig
@@ -32,6 +33,7 @@ NOT_SETTINGS = config.weightless(train.TrainConfig)  # train fields declared to 
 # the train settings that name a file or folder: a lab folder that moved (into an archive, from a cluster to a laptop)
 # still records them as they were, a fine-tune's base inside the lab folder under its old path
 PATHS = ("train.data_dir", "train.init_from")
+PROJECT = Path(__file__).resolve().parent.parent  # the checkout, which a results.json's paths are relative to
 MADE_WITH = "made_with"  # the key of a cached evaluation's JSON under which it records the lab settings it read
 
 
@@ -121,6 +123,18 @@ def train_settings(model_cfg, train_cfg, batch_cfg=None, schedule=None):
         "batches": asdict(batch_cfg or BatchConfig()),
         "schedule": schedule.settings() if schedule else {},
     }
+
+
+def portable(settings):
+    """train_settings as a results.json records them: each path (PATHS) relative to the project, so that no committed
+    file names the machine that ran it; hf:NAME and empty values as they are."""
+    out = {group: dict(values) for group, values in settings.items()}
+    for name in PATHS:
+        group, key = name.split(".")
+        value = out.get(group, {}).get(key)
+        if value and not value.startswith(HF_PREFIX):
+            out[group][key] = os.path.relpath(os.path.abspath(value), PROJECT)
+    return out
 
 
 def check_run(out, settings, grown=()):

@@ -30,6 +30,7 @@ from lab.grid import (
     evaluated,
     field_types,
     parse_changes,
+    portable,
     run_dir,
     train_run,
     train_settings,
@@ -78,7 +79,7 @@ def run_recipes(recipe_cfg, model_cfg, train_cfg, batch_cfg):
         hit, evals = reached(out, recipe_cfg.target_loss)
         runs[name].append({"seed": t.seed, "reached": hit, "evals": evals})
     results = {
-        "settings": {"recipe": asdict(recipe_cfg), **train_settings(model_cfg, train_cfg)},
+        "settings": {"recipe": asdict(recipe_cfg), **portable(train_settings(model_cfg, train_cfg))},
         "recipes": {name: {"changes": recipes[name], "runs": rs, **figures(rs)} for name, rs in runs.items()},
     }
     out = Path(train_cfg.out_dir)

@@ -616,3 +616,14 @@ def test_the_resume_hint_retypes_a_module_run_as_python_dash_m(monkeypatch):
     assert launch.this_command() == "python -m lab.ablate configs/ablate_cpu.toml '--out_dir=a b'"
     main.__spec__ = None  # run as a script: its path stays
     assert launch.this_command() == "python /repo/lab/ablate.py configs/ablate_cpu.toml '--out_dir=a b'"
+
+
+def test_results_record_paths_relative_to_the_project_and_no_committed_file_names_a_machine(tmp_path):
+    settings = {"train": {"data_dir": str(grid.PROJECT / "data"), "init_from": "hf:gpt2", "seed": 1}, "model": {}}
+    assert grid.portable(settings) == {"train": {"data_dir": "data", "init_from": "hf:gpt2", "seed": 1}, "model": {}}
+    elsewhere = grid.portable({"train": {"data_dir": str(tmp_path), "init_from": ""}})["train"]
+    assert not os.path.isabs(elsewhere["data_dir"]) and os.path.samefile(grid.PROJECT / elsewhere["data_dir"], tmp_path)
+    assert settings["train"]["data_dir"] == str(grid.PROJECT / "data")  # the settings given are not changed
+    for path in ROOT.glob("docs/*/results.json"):
+        train_settings = json.loads(path.read_text())["settings"]["train"]
+        assert not any(os.path.isabs(str(train_settings.get(key) or "")) for key in ("data_dir", "init_from")), path
