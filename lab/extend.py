@@ -19,7 +19,8 @@ the verdicts their tests allow.
 3. Fine-tuning at s x L0 for each s in `factors` and each of `methods`: none (direct fine-tuning at the new
    length), linear (Position Interpolation, PI), ntk, dynamic, yarn, llama3 (each RoPE scaling, by its name), and
    PoSE (L0-long rows whose position ids skip ahead to s x L0, with linear scaling: `pose` at PI's steps and rows,
-   `pose-tokens` at PI's tokens). The tokens per step
+   `pose-tokens` at PI's tokens). The fine-tunes see text alone, as PI's Table 4 fine-tunes on plain text and asks
+   the passkey zero-shot (`finetune_rows = "task"`, our variant, keeps the base's recall rows). The tokens per step
    are kept (batch_size / s rows of s x L0), the optimizer restarts (train.py's init_from), the rate warms up for
    `finetune_warmup` steps and then stays constant. Every fine-tune runs the same `finetune_steps` (the last is
    the step every claim reads) and is scored at step 0 (the base model with the scaling alone) and at each of
@@ -50,8 +51,8 @@ import config
 import scalings
 import train
 from checkpoint import load_checkpoint
-from config import NON_NEGATIVE, POSITIVE, RATE, opt
-from data.batches import make_batches
+from config import NON_NEGATIVE, POSITIVE, RATE, one_of, opt
+from data.batches import BatchConfig, make_batches
 from data.recall import Recall
 from files import RunLock
 from lab import extend_report
@@ -82,6 +83,10 @@ METHODS = {name: (name, False, False) for name in scalings.SCALINGS} | {
     extend_report.POSE_TOKENS: (scalings.LINEAR, True, True),
 }
 ROLES = ("selection", "test")  # the seeds screened: the one that chooses the rates, those the claims test
+
+
+TEXT_ROWS, TASK_ROWS = "text", "task"  # finetune_rows: PI's protocol, or our variant that keeps the task
+FINETUNE_ROWS = (TEXT_ROWS, TASK_ROWS)
 
 
 @dataclass
@@ -127,6 +132,13 @@ class ExtendConfig(ProbeSettings, SweepSettings):
         "fine-tuning peak rates swept on the selection seed (Muon's, where "
         "it trains, scaled alike from its pre-training peak)",
         check=number_list(float, 1e-12, "3e-4,1e-3,3e-3"),
+    )
+    finetune_rows: str = opt(
+        TEXT_ROWS,
+        f"what the fine-tunes train on: {TEXT_ROWS} (PI's protocol, its Table 4: plain text, the passkey asked "
+        f"zero-shot after fine-tuning) or {TASK_ROWS} (the base models' rows, the recall task in recall_share of them: "
+        "a variant of ours, which trains retrieval at the new lengths)",
+        check=one_of(FINETUNE_ROWS),
     )
     finetune_warmup: int = opt(
         20, "fine-tuning's linear warmup steps (the PI paper's 20); the rate then stays constant", check=NON_NEGATIVE
@@ -315,7 +327,9 @@ class Lab(Plan):
             eval_interval=self.settings.finetune_eval,
             batch_size=rows,
         )
-        batch_cfg = replace(self.batch_cfg, pose_factor=float(s)) if pose else self.batch_cfg
+        # PI's protocol fine-tunes on text alone, so retrieval past L0 is read zero-shot; the variant keeps the task
+        row_cfg = self.batch_cfg if self.settings.finetune_rows == TASK_ROWS else BatchConfig()
+        batch_cfg = replace(row_cfg, pose_factor=float(s)) if pose else row_cfg
         kind = "sweep" if self.sweeping(seed) else "finetune"
         return self.out / kind / f"rope-b{b:g}-{method}-x{s:g}-lr{lr:g}-seed{seed}", model_cfg, train_cfg, batch_cfg
 

@@ -67,7 +67,11 @@ def test_the_lab_reads_every_arm_at_equal_steps_keeps_each_seeds_cells_and_a_rer
                 # past the fine-tuned length at the read step, which the claims read
                 assert ("past" in sc["retrieval"]) == (st == "4")
             assert max(map(int, run0["scores"]["4"]["retrieval"]["past"]["cells"])) > 64
+    for folder in (out / "base").iterdir():  # the base models learn the recall task
+        assert json.loads((folder / "config.json").read_text())["batches"]["task"] == "recall"
     for name in tests:  # the scaling and L0 are the run's own, saved where sampling, evaluation and resume read them
+        # PI's protocol: the fine-tunes see text alone, and retrieval past L0 is read zero-shot
+        assert json.loads((out / "finetune" / name / "config.json").read_text())["batches"]["task"] == "text"
         ckpt = load_checkpoint(out / "finetune" / name / "ckpt.pt")
         cfg, method = ckpt["model_config"], name.split("-")[2]
         assert (cfg["original_len"], cfg["rope_base"]) == (32, 200.0) and cfg["block_size"] == (
@@ -412,6 +416,9 @@ def test_the_gpu_and_second_scale_configs_run_shrunk_on_the_cpu(data_dir, tmp_pa
     extend.main([f"configs/{name}", *shrunk, f"--data_dir={data_dir}", f"--out_dir={out}"])
     res = json.loads((out / "results.json").read_text())
     assert set(res["finetune"]) == {f"rope-b{res['bases'][0]:g}-{m}-x{res['factors'][0]:g}" for m in ("none", "pose")}
+    # the committed configs keep the base's recall rows in their fine-tunes (finetune_rows = "task"), as they ran
+    for folder in (out / "finetune").iterdir():
+        assert json.loads((folder / "config.json").read_text())["batches"]["task"] == "recall"
 
 
 class Screened:
