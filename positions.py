@@ -143,7 +143,7 @@ class Rotary(nn.Module):
         self.plain = scaling == rope.NO_SCALING and p == 1  # rope.py's theta_i alone: scalings.py is not read
         self._build(max_len, device=None)  # first: it refuses an unknown scaling with a ValueError naming them
         # past L0 a dynamic scaling has no fixed table (generate.py's static cache reads the same rule)
-        self.dynamic = not self.plain and self.scalings().SCALINGS[self.scalings().in_force(scaling, factor)].dynamic
+        self.dynamic = not self.plain and self.scalings().in_force_scaling(scaling, factor).dynamic
 
     def frequencies(self, seq_len=None):
         """(theta float64, attention factor): rope.py's, or the scaling's at total length seq_len (dynamic)."""

@@ -58,8 +58,15 @@ class Run:
     def progress(self):
         """The progress bar and the metrics log from the state's iteration on."""
         flops_per_token = self.state.model.flops_per_token(self.model_cfg.block_size)
-        return Progress(self.out, self.train_cfg, self.runtime, self.state.iter, self.tokens_per_step(),
-                        self.info["record"], flops_per_token)  # fmt: skip
+        return Progress(
+            self.out,
+            self.train_cfg,
+            self.runtime,
+            self.state.iter,
+            self.tokens_per_step(),
+            self.info["record"],
+            flops_per_token,
+        )
 
 
 @contextlib.contextmanager
@@ -80,8 +87,16 @@ def start(model_cfg, train_cfg, batch_cfg, schedule):
     torch.manual_seed(train_cfg.seed)  # the same initial weights on every rank
     model = GPT(model_cfg).to(runtime.device)
     batch_cfg.check_model(model_cfg, type(model.pos))  # a fine-tune's scheme is its source's
-    batches = make_batches(batch_cfg, dataset_dir, meta, model_cfg.block_size, train_cfg.batch_size, train_cfg.seed,
-                           runtime.device, train_cfg.eval_iters)  # fmt: skip
+    batches = make_batches(
+        batch_cfg,
+        dataset_dir,
+        meta,
+        model_cfg.block_size,
+        train_cfg.batch_size,
+        train_cfg.seed,
+        runtime.device,
+        train_cfg.eval_iters,
+    )
     state = TrainState(model, train_cfg, runtime)
     if source and not ckpt:  # fine-tuning's start; a resume continues from its own checkpoint instead
         source.load_into(state.model)

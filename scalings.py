@@ -230,9 +230,14 @@ def frequencies(rot_dim, base, scaling=NO_SCALING, factor=1.0, original_len=None
     return keep_highest(inv_freq, p), attn_factor
 
 
+def in_force_scaling(scaling, factor):
+    """The Scaling that acts for a scaling name and its factor: plain RoPE's entry where the factor is 1."""
+    return SCALINGS[in_force(scaling, factor)]
+
+
 def scaling_of(config):
-    """The Scaling in force in a model config (GPTConfig): plain RoPE's entry where its factor is 1."""
-    return SCALINGS[in_force(config.rope_scaling, config.rope_scaling_factor)]
+    """The Scaling in force in a model config (GPTConfig)."""
+    return in_force_scaling(config.rope_scaling, config.rope_scaling_factor)
 
 
 def is_scaled(config):
