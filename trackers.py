@@ -19,7 +19,7 @@ class WandB:
     (its id kept in out_dir/wandb_id). WANDB_MODE=offline keeps it on this machine."""
 
     def __init__(self, out, config, resume):
-        wandb = optional_package("wandb", "log=wandb")
+        self.wandb = wandb = optional_package("wandb", "log=wandb")
         id_file = Path(out) / "wandb_id"
         if resume and id_file.is_file():
             run_id = id_file.read_text().strip()
@@ -35,6 +35,9 @@ class WandB:
 
     def close(self):
         self.run.finish()
+        # finish returns before wandb's service has written the run's files (offline, its .wandb log can still be
+        # its header alone); teardown waits for the service to end, so the run is whole on disk when train returns
+        self.wandb.teardown()
 
 
 class TensorBoard:
