@@ -5,7 +5,7 @@
     python bench.py --config configs/X.toml --only train_step,generate --repeats 30
     python bench.py --quick                          seconds: a tiny model, few repeats, no compile (CI)
     python bench.py --only to_loss --nanogpt DIR     whole training commands against nanoGPT's (minutes)
-    python bench.py --only train_step,probe --threads 1 --dtype float32 --probe_lengths 1,2,4 --probe_trials 48
+    python bench.py --only train_step,probe --threads 1 --dtype float32 --probe_lengths 1,2,4 --probe_trials 1
                                                      the lab's work per core: its steps, its probe (a prepared dataset)
 
 Every figure is a median over repeats after warm-up, with its spread. The variants of a bench
@@ -358,7 +358,7 @@ def bench_probe(run):
     rows = []
     for (what, W, read, compiled), s in seconds.items():
         # a query answered at the end of a window of W tokens: each distance query, or each slot window's pairs
-        windows = len(probe.slots[W]) if what == "slot" else run.probe_windows.probe_trials * len(probe.distances[W])
+        windows = len(probe.slots[W]) if what == "slot" else int((probe.windows[W][2] >= 0).sum())
         answers = windows * (probe.recall.pairs if what == "slot" else 1)
         figures = spread(s)
         figures["windows_per_s"] = windows / (figures["ms_median"] / 1e3)

@@ -15,21 +15,16 @@ loss stays comparable across models; of a task row only the answers are trained.
 
 Probe windows (synthetic, filler and needles; no dataset) are written here and scored by lab/retrieval.py:
 
-- `context_windows`: contexts of filler and `pairs` needles, each needle asked by a query of its own at the end of
-  a window of W tokens, its key exactly k tokens before the query's, k one of the probed distances: each
-  distance asked `trials` times, up to `pairs` of them a context (lab/retrieval.py scores a context's queries on
-  one forward of it). A query sees its context alone, never another query: no earlier answer to copy from, no
-  needle eliminated. (Queries following one another at a window's end, as the training rows ask them, would
-  give back both: a needle asked again is answered by the earlier query's shown answer, a few tokens back, so
-  such a query measures that distance and not its needle's; and the queries at long distances would then be
-  the first asks alone, among which the needles already asked are never the answer.) A model that copies some
-  needle's capitals without reading the key is right 1 time in `pairs` (`chance`); one that copies the needle
-  of a fixed recency rank (how many needles lie between it and the query) is right as often as the queries at
-  a distance ask that rank: the needle right before the query is always the latest (rank 0), the one at the
-  window's start always the earliest, and near them few ranks fit. A cell's floor, the best score of any
-  strategy that reads no key, is its largest rank share, counted exactly on the windows (context_windows'
-  ranks), and the readout (lab/retrieval.py) reads a cell only above it; where one rank alone fits (`fits`) the
-  layout forces the answer (floor 1): the readout keeps those cells apart (`forced`).
+- `block_windows`: contexts of filler and one block of `pairs` needles side by side, each needle asked by a query
+  of its own at the end of a window of W tokens (lab/retrieval.py scores a context's queries on one forward of it).
+  A query sees its context alone, never another query: no earlier answer to copy, no needle eliminated. The block
+  starts at every place it fits, so each slot of it is asked at every distance the slot allows, equally often; the
+  probe groups distances into cells. Where the needles stand together, a model that reads no key and copies a
+  needle by its recency rank, by its place in the window or by an edge of the window picks among all of them: its
+  best score in a cell (the floor, counted exactly on the windows by lab/retrieval.py) stays near chance, 1 time in
+  `pairs` (`chance`), where the cell spans distances every slot reaches. (Needles scattered through the window, as
+  the training rows hold them, leave few ranks near the query and one place for each distance: a copier of the
+  latest needle, or of the needle nearest a fixed place, then scores far above chance in some cells.)
 - `slot_windows`: the needles, then every needle queried once in a random order (earlier answers shown):
   elimination answers query j of `pairs` right 1 time in pairs - j + 1, the last always; a model that reads the
   keys scores alike at every slot. The shortcut check of a trained model.
@@ -42,25 +37,12 @@ from config import POSITIVE, opt
 KEYS, VALUES, FILLER = "abcdefghijklmnopqrstuvwxyz", "ABCDEFGHIJKLMNOPQRSTUVWXYZ", ". "
 NEEDLE = 3  # tokens of a needle or a query: the key and the two answer tokens
 # the probe windows' layout and what a scored cell records of it: a lab score made under another is made again
-LAYOUT = 3
+LAYOUT = 4
 
 
 def query_keys(end, queries):
     """Positions of the keys of `queries` queries that follow one another and end at `end`."""
     return [end - NEEDLE * (queries - j) for j in range(queries)]
-
-
-def distances(W, n):
-    """n needle-to-query distances (the query's key position minus the needle's key position) spread evenly from
-    the shortest, NEEDLE (the needle right before the query), to the longest a window of W tokens allows (the
-    needle at its start), rounded, distinct and sorted; every distance when the window has fewer than n."""
-    low, high = NEEDLE, query_keys(W + 1, 1)[0]
-    if n < 2 or high < low:
-        raise ValueError(
-            f"distances: n={n} must be >= 2 (the shortest and the longest) and a window of W={W} "
-            f"tokens must hold a needle and its query (W >= {2 * NEEDLE - 1})"
-        )
-    return sorted({round(low + i * (high - low) / (n - 1)) for i in range(n)})
 
 
 class Recall:
@@ -154,8 +136,8 @@ class Recall:
     @property
     def chance(self):
         """Whole answers of a model that copies one of the window's needles at random without reading the query's
-        key. Not the floor of a distance cell: copying the needle of a fixed recency rank scores the share of the
-        cell's queries that ask that rank (context_windows' ranks), all of them right before the query."""
+        key. Not the floor of a distance cell: a copier of a fixed rank or place scores the share of the cell's
+        queries that ask it, which lab/retrieval.py counts and holds to at most twice this."""
         return 1 / self.pairs
 
     def needles(self, n, generator):
@@ -221,53 +203,25 @@ class Recall:
         counts = torch.randint(self.fewest, self.pairs + 1, (n,), generator=generator)
         return counts, (torch.rand(n, self.queries, generator=generator) * counts[:, None]).long()
 
-    def context_windows(self, W, ks, trials, generator):
-        """The distance probe's windows of W tokens, every needle of a context asked: (contexts (n, W+1) rows,
-        needles (n, pairs, 3), asked (n, pairs): the index in ks of the distance each needle is asked at, -1 where
-        it is not asked, ranks (n, pairs): each needle's recency rank, how many needles lie between it and the
-        query, by which a model copying the needle of a fixed rank without reading the key is right). A context is
-        filler and its needles, the last three tokens (the query's) filler too; a needle asked at distance k has its
-        key k tokens before the query's key (query_keys(W + 1, 1)), and its query is the context with the needle's
-        own three tokens in the query's place. Each context asks up to pairs distances of ks at least a needle
-        apart, drawn without replacement weighted by the asks each still needs, so that every distance is asked
-        exactly `trials` times; a context that cannot take pairs of them holds needles asked at none, placed
-        uniformly in the room left."""
-        query = query_keys(W + 1, 1)[0]
-        # each needle placed rules out 2 NEEDLE - 1 starts of another: room for the last wherever the others lie
-        shortest = (2 * NEEDLE - 1) * (self.pairs - 1) + NEEDLE + 2
-        if query - max(ks) < 0 or min(ks) < NEEDLE or W < shortest:
+    def block_windows(self, W, repeats, generator, stride=1):
+        """The distance probe's windows of W tokens: (contexts (n, W+1) rows, needles (n, pairs, 3), distances (n,
+        pairs): each needle's key to the query's key, query_keys(W + 1, 1)). A context is filler and its needles side
+        by side in one block, the last three tokens (the query's) filler too; a needle's query is the context with
+        the needle's own three tokens in the query's place. The block starts at every `stride`-th place it fits,
+        `repeats` times each (the needles drawn afresh), so that slot i of the block, whose recency rank is
+        pairs - 1 - i, is asked at the distances it reaches equally often."""
+        query, block = query_keys(W + 1, 1)[0], self.pairs * NEEDLE
+        if query < block:
             raise ValueError(
-                f"a probe window of W={W} tokens cannot hold {self.pairs} needles at distances {min(ks)} to "
-                f"{max(ks)} from its query; valid: distances in [{NEEDLE}, {query}] and W >= {shortest}"
+                f"a probe window of W={W} tokens cannot hold a block of {self.pairs} needles before its query; "
+                f"valid: W >= {block + NEEDLE - 1}"
             )
-        left, chosen = torch.full((len(ks),), trials, dtype=torch.float), []
-        while left.sum():
-            order = torch.multinomial(left, int((left > 0).sum()), replacement=False, generator=generator).tolist()
-            picks = []
-            for i in order:  # the first pairs that fit beside those picked: needles do not overlap
-                if len(picks) < self.pairs and all(abs(ks[i] - ks[j]) >= NEEDLE for j in picks):
-                    picks.append(i)
-            left[picks] -= 1
-            chosen.append(picks)
-        needles = self.needles(len(chosen), generator)
-        asked, starts = torch.full((len(chosen), self.pairs), -1), []
-        for b, picks in enumerate(chosen):
-            asked[b, : len(picks)] = torch.tensor(picks)
-            at = [query - ks[i] for i in picks]
-            while len(at) < self.pairs:  # needles asked at no distance: anywhere no other needle or query is
-                free = [a for a in range(query - NEEDLE + 1) if all(abs(a - other) >= NEEDLE for other in at)]
-                at.append(free[int(torch.randint(len(free), (1,), generator=generator))])
-            starts.append(at)
-        starts = torch.tensor(starts)  # (n, pairs)
-        rows = torch.stack([self.row(W + 1, needles[b], starts[b], needles[b, :0], W + 1) for b in range(len(starts))])
-        ranks = (starts[:, None, :] > starts[:, :, None]).sum(-1)  # (n, pairs): the needles after each
-        return rows, needles, asked, ranks
-
-    def fits(self, W, k):
-        """The recency ranks a needle asked at distance k in a window of W tokens can have: how many of the other
-        needles fit between it and its query, the rest before it. One alone: the layout forces the answer."""
-        gap, before, others = k - NEEDLE, query_keys(W + 1, 1)[0] - k, self.pairs - 1
-        return range(max(0, others - before // NEEDLE), min(others, gap // NEEDLE) + 1)
+        starts = torch.arange(0, query - block + 1, stride).repeat(repeats)  # (n,)
+        needles = self.needles(len(starts), generator)  # (n, pairs, 3)
+        rows = self.filler.repeat((W + 1) // len(self.filler) + 1)[: W + 1].repeat(len(starts), 1)
+        at = starts[:, None] + torch.arange(block)  # (n, block): the block's tokens
+        rows.scatter_(1, at, needles.flatten(1))
+        return rows, needles, query - (starts[:, None] + NEEDLE * torch.arange(self.pairs))
 
     def slot_windows(self, W, n, generator):
         """(n, W+1) probe rows: the pairs needles placed uniformly, then each queried once in a random order, the

@@ -458,7 +458,7 @@ def probe_record(plan, reference):
         "lengths": probe.lengths,
         "learn_gate": ablate_cfg.learn_gate,
         "per": ablate_cfg.probe_pool,
-        "cell_trials": errors["trials"],
+        "cell_trials": errors["trials"],  # the first pool's: an edge cell holds fewer queries than those inside
         "floor": errors["floor"],
         "cells": errors["cells"],
         "good": GOOD,
@@ -620,7 +620,7 @@ def run_flops(cfg, plan):
     in_training = n_evals * 2 * train_cfg.eval_iters * train_cfg.batch_size * L0 * fpt(L0) / 3  # train and val splits
     probes = 0
     if plan.probe:
-        slots = plan.settings.probe_trials * plan.settings.probe_distances  # the slot probe's windows
+        slots = plan.settings.probe_slots  # the slot probe's windows
         reached = [W for W in plan.probe.lengths if scheme.extrapolates or W <= L0]
         # the distance probe reads each context once for all its queries (Probe.forked_answers)
         contexts = sum(len(plan.probe.windows[W][0]) * W * fpt(W) for W in reached)

@@ -59,7 +59,7 @@ def scheme_figures(runs, evals, L0, gate, per, reference):
 
 def seed_figures(run, scores, L0, gate, per, reference):
     """One seed's figures: its loss; its slot curve and steps-to-learn (None without the recall task); and in each
-    probed window length its cells (trials and hits by distance, the forced ones apart: every interval and band can
+    probed window length its cells (trials and hits by cell of distances: every interval and band can
     be recomputed from them), its bands, k_max at each threshold with `per` distances pooled, and its effective
     length at reference (None past the scheme's reach)."""
     slots = run.get("slots") or {}
@@ -506,21 +506,21 @@ def md_retrieval(r):
     )
     return (
         f"## Retrieval by distance at step {r['settings']['train']['max_iters']}\n\n"
-        f"Each seed's probe: {a['probe_trials']} windows at each of {a['probe_distances']} needle-to-query "
-        f"distances in windows of {', '.join(map(str, probe['lengths']))} tokens, one query among "
-        f"{round(1 / probe['chance'])} needles, scored as whole answers; copying some needle at random without "
-        f"reading the key scores {probe['chance']:.0%}, copying the needle of a fixed recency rank up to each "
-        f"cell's floor (results.json keeps each cell's `blind` scores). Distances whose layout forces the answer "
-        f"(no room for another needle "
-        f"between the asked one and the query) are kept apart in results.json and left out of every figure. "
-        f"Bands: whole answers over the distances inside L0 (from the {L0}-token windows, where most of them "
-        f"lie), from L0 to {s:g} L0 and from {s:g} L0 to {2 * s:g} L0 (from the {longest}-token windows). k_max "
+        f"Each seed's probe: windows of {', '.join(map(str, probe['lengths']))} tokens whose block of "
+        f"{round(1 / probe['chance'])} needles side by side stands at every place it fits ({a['probe_trials']} "
+        f"each), each needle asked by one query at the window's end, scored as whole answers by cells of "
+        f"distances; copying some needle at random without reading the key scores {probe['chance']:.0%}, copying "
+        f"the needle of a fixed recency rank or place up to each cell's floor, at most twice that (results.json "
+        f"keeps each cell's `blind` scores). Bands: whole answers over the distances inside L0 (from the "
+        f"{L0}-token windows, where most of them lie), from L0 to {s:g} L0 and from {s:g} L0 to {2 * s:g} L0 "
+        f"(from the {longest}-token windows). k_max "
         f"is the PI paper's effective window (section 3.3: every distance up to k retrieved at "
         f"{THRESHOLDS['pi']:.0%} at least), beside it our {THRESHOLDS['strict']:.0%}, in the longest window, read "
-        f"so that no single distance decides it: {probe['per']} consecutive distances pooled into a cell of "
-        f"{probe['cell_trials']} trials, read only where a {probe['good']:.0%} reader clears its floor more often "
-        f"than not, and passing only when its 95% Clopper-Pearson interval lies wholly above its floor and "
-        f"reaches the threshold. "
+        f"so that no single cell decides it: {probe['per']} consecutive cells pooled into one ({probe['cell_trials']} "
+        f"trials in the first, at the window's edge, more inside), read only where a {probe['good']:.0%} reader "
+        f"clears its floor more often "
+        f"than not, and passing only when its accuracy reaches the threshold (as PI and RULER compare) and its "
+        f"95% Clopper-Pearson interval lies wholly above its floor. "
         f"Error rates at these trials ({probe['cells']} cells read): {errors}. Effective length: RULER's reading, "
         f"k_max at one reference for every scheme, {reference_text(probe['reference'])}. Worst slot: the worst "
         f"query slot's whole answers at L0 when "
@@ -558,7 +558,7 @@ def md_learning(r):
     a = r["settings"]["ablate"]
     parts = [
         f"## Learning retrieval: steps to learn\n\nEvery {t['eval_interval']} steps each run's query slots "
-        f"are probed at L0 ({a['probe_trials'] * a['probe_distances']} "
+        f"are probed at L0 ({a['probe_slots']} "
         f"windows, every needle queried once); a run has learned retrieval at the first evaluation at which every "
         f"slot answers at least {probe['learn_gate']:.0%} whole, the extension lab's gate. No gate decides who "
         f'is compared here: learning is an outcome of the scheme. ">{t["max_iters"]}": not by the ceiling '

@@ -34,6 +34,21 @@ def position_losses(model, batches, runtime):
     return total / n
 
 
+@torch.no_grad()
+def context_value(model, batches, L0, runtime):
+    """{"L0": loss with L0 tokens of context, "whole": with the whole window}: the mean loss over the last L0 // 4
+    tokens of the fixed validation windows of batches (longer than L0), read once from the window's last L0 tokens
+    alone and once from the whole window. The same tokens both times, so the difference is what the context past L0
+    is worth to the model on this text, the ceiling of what a loss claim past L0 can show."""
+    tail, short, whole, n = max(1, L0 // 4), 0.0, 0.0, 0
+    for x, y in batches.eval_batches("val"):  # (B, L) each
+        with runtime.autocast():
+            whole += model(x, y, reduction="none")[1][:, -tail:].double().sum().item()
+            short += model(x[:, -L0:], y[:, -L0:], reduction="none")[1][:, -tail:].double().sum().item()
+        n += len(y) * tail
+    return {"L0": short / n, "whole": whole / n}
+
+
 def eval_runtime(train_cfg):
     """The device and precision the lab evaluates in: the training settings', without compile or DDP."""
     device, _ = pick_device(train_cfg.device)

@@ -11,15 +11,18 @@ the verdicts their tests allow.
    the rate decays over `base_decay` steps (warmup-stable-decay; the gate's step is recorded in the run's schedule);
    a model that has not passed by max_iters fails.
 2. Inclusion, a rule fixed before any method touches a base model: the test seeds are the first `seeds` seeds from
-   `seed` on, in order, whose base models (one per RoPE base) pass the gate and still pass it after the decay; the
-   selection seed is the first that passes from `selection_seed` on. Bases are launched only as far as still
-   needed, in order, `screen_most` seeds a role at the most (then the lab refuses). Every run starts as soon as a
-   worker is free and what it needs is known (the selection seed's sweep once that seed passed, a test seed's
-   fine-tunes once it is included and its arm's rate chosen), so no worker waits for a round to end.
+   `seed` on, in order, whose base models (one per RoPE base) pass the gate and still pass it after the decay; where
+   rates are swept, the selection seed is the first that passes from `selection_seed` on. Bases are launched only
+   as far as still needed, in order, `screen_most` seeds a role at the most (then the lab refuses). Every run
+   starts as soon as a worker is free and what it needs is known (the selection seed's sweep once that seed
+   passed, a test seed's fine-tunes once it is included and its arm's rate chosen), so no worker waits for a round
+   to end.
 3. Fine-tuning at s x L0 for each s in `factors` and each of `methods`: none (direct fine-tuning at the new
    length), linear (Position Interpolation, PI), ntk, dynamic, yarn, llama3 (each RoPE scaling, by its name), and
    PoSE (L0-long rows whose position ids skip ahead to s x L0, with linear scaling: `pose` at PI's steps and rows,
-   `pose-tokens` at PI's tokens). The fine-tunes see text alone, as PI's Table 4 fine-tunes on plain text and asks
+   `pose-tokens` at PI's tokens); a scaling's name with -2s (yarn-2s) sets it for 2s while it fine-tunes at s x L0,
+   YaRN's protocol for reading past the fine-tuned length inside its factor (its s = 32 model fine-tuned at 64k,
+   read to 128k). The fine-tunes see text alone, as PI's Table 4 fine-tunes on plain text and asks
    the passkey zero-shot (`finetune_rows = "task"`, our variant, keeps the base's recall rows). The tokens per step
    are kept (batch_size / s rows of s x L0), the optimizer restarts (train.py's init_from), the rate warms up for
    `finetune_warmup` steps and then stays constant. Every fine-tune runs the same `finetune_steps` (the last is
@@ -28,7 +31,8 @@ the verdicts their tests allow.
    target), at the last also of 2s L0 (past it). Where its L0 loss levelled off (measured every `finetune_eval`
    steps) is a secondary reading.
 4. Rates: each method and factor fine-tunes the selection seed at each of `finetune_lrs`, widened by one more rate
-   where the best is at the sweep's edge; its lowest loss at s L0 at the read step sets every test seed's rate.
+   where the best is at the sweep's edge; its lowest loss at s L0 at the read step sets every test seed's rate. One
+   rate is every arm's, chosen by no seed: no selection seed is screened.
 5. Claims: the papers' claims as paired tests over the test seeds (lab/stats.py), each once, one Holm family.
 
 out_dir receives base/, sweep/ and finetune/ run folders (one train.py run each, with its evaluations),
@@ -56,7 +60,7 @@ from data.batches import BatchConfig, make_batches
 from data.recall import Recall
 from files import RunLock
 from lab import extend_report
-from lab.evaluation import checked_model, position_losses
+from lab.evaluation import checked_model, context_value, position_losses
 from lab.grid import (
     check_records,
     check_run,
@@ -74,14 +78,23 @@ from lab.sweep import Plan, SweepSettings, tool_main
 from model import GPT
 from runtime import run_record
 
-# method -> (the RoPE scaling it fine-tunes with, whether its rows are PoSE's, whether PoSE keeps PI's tokens). Each
-# scaling is a method of its name (none: direct fine-tuning). PoSE is no scaling but a way to fill the rows: L0 long,
-# their position ids skipping ahead to s L0, with PI's scaling as in its paper's main runs, at PI's steps and rows
-# or at PI's tokens (its two names are extend_report's, whose claims name them too).
-METHODS = {name: (name, False, False) for name in scalings.SCALINGS} | {
-    extend_report.POSE: (scalings.LINEAR, True, False),
-    extend_report.POSE_TOKENS: (scalings.LINEAR, True, True),
-}
+# method -> (the RoPE scaling it fine-tunes with, whether its rows are PoSE's, whether PoSE keeps PI's tokens, the
+# scaling's factor over s). Each scaling is a method of its name (none: direct fine-tuning), and with HEADROOM a
+# method set for 2s that fine-tunes at s L0 (YaRN's 64k -> 128k). PoSE is no scaling but a way to fill the rows: L0
+# long, their position ids skipping ahead to s L0, with PI's scaling as in its paper's main runs, at PI's steps and
+# rows or at PI's tokens (the names are extend_report's, whose claims name them too).
+METHODS = (
+    {name: (name, False, False, 1) for name in scalings.SCALINGS}
+    | {
+        name + extend_report.HEADROOM: (name, False, False, 2)
+        for name in scalings.SCALINGS
+        if name != scalings.NO_SCALING
+    }
+    | {
+        extend_report.POSE: (scalings.LINEAR, True, False, 1),
+        extend_report.POSE_TOKENS: (scalings.LINEAR, True, True, 1),
+    }
+)
 ROLES = ("selection", "test")  # the seeds screened: the one that chooses the rates, those the claims test
 
 
@@ -129,8 +142,8 @@ class ExtendConfig(ProbeSettings, SweepSettings):
     )
     finetune_lrs: str = opt(
         "3e-4,1e-3,3e-3",
-        "fine-tuning peak rates swept on the selection seed (Muon's, where "
-        "it trains, scaled alike from its pre-training peak)",
+        "fine-tuning peak rates, swept on the selection seed where there are several, every arm's where there is one "
+        "(Muon's, where it trains, scaled alike from its pre-training peak)",
         check=number_list(float, 1e-12, "3e-4,1e-3,3e-3"),
     )
     finetune_rows: str = opt(
@@ -278,6 +291,16 @@ class Lab(Plan):
             lab.finetune(lab.bases[0], method, factors[0], train_cfg.seed, lab.lrs[0])
         return lab
 
+    @property
+    def sweeps_rates(self):
+        """Whether the arms' rates are chosen on a selection seed: where finetune_lrs names more than one."""
+        return len(self.lrs) > 1
+
+    @property
+    def unswept(self):
+        """Every arm's rate where none is chosen (lab/sweep.py)."""
+        return self.lrs[0]
+
     def included(self, selection, seeds):
         """This plan with the seeds screening admitted: the selection seed its sweeps run on, the test seeds."""
         return replace(self, settings=replace(self.settings, selection_seed=selection), seeds=seeds)
@@ -302,8 +325,9 @@ class Lab(Plan):
     def finetune(self, b, method, s, seed, lr, steps=None):
         """(out, model config, train config, batch config) of a fine-tune of RoPE base b, up to steps (default the
         last read step); sweep runs (the selection seed) in sweep/, test runs in finetune/."""
-        scaling, pose, pose_tokens = METHODS[method]
-        scaling, factor = scalings.scaling_pair(scaling, None, stretch=float(s))  # direct fine-tuning: none, factor 1
+        scaling, pose, pose_tokens, headroom = METHODS[method]
+        # direct fine-tuning: none, factor 1
+        scaling, factor = scalings.scaling_pair(scaling, None, stretch=float(s * headroom))
         base_out, base_cfg, _ = self.base(b, seed)
         L0 = self.L0
         model_cfg = replace(
@@ -494,10 +518,14 @@ def finetune_run(lab, b, method, s, seed, lr):
         return {"target": lengths[1]} | ({"past": lengths[2]} if step == lab.steps[-1] else {})
 
     def scores(where, step=None, **changes):
-        """Loss at L0, s L0 and 2s L0; the probe's counts in its windows at step."""
+        """Loss at L0, s L0 and 2s L0; at the read step what context past L0 is worth (in windows of s L0); the
+        probe's counts in its windows at step."""
         model = checked_model(where, lab.runtime, step, **changes)
         found = {"retrieval": {name: lab.probe.counts(model, W, lab.runtime) for name, W in windows(step).items()}}
-        return {"loss": {str(L): loss_at(model, lab, L) for L in lengths}} | (found if probing else {})
+        worth = (
+            {"context": context_value(model, lab.windows[lengths[1]], L0, lab.runtime)} if step == lab.steps[-1] else {}
+        )
+        return {"loss": {str(L): loss_at(model, lab, L) for L in lengths}} | worth | (found if probing else {})
 
     def made_with(step):
         return scoring(lab, probing) | {"windows": windows(step)}
@@ -550,7 +578,7 @@ def screening(lab, done):
     seed before it is decided. Raises ValueError once screen_most seeds of a role were decided with fewer passing
     than it needs."""
     extend_cfg, found = lab.settings, {}
-    for role, wanted in (("selection", 1), ("test", extend_cfg.seeds)):
+    for role, wanted in (("selection", int(lab.sweeps_rates)), ("test", extend_cfg.seeds)):
         screened, passed, included, undecided = [], [], [], 0
         for seed in extend_cfg.candidates(role, lab.train_cfg):
             if len(passed) + undecided >= wanted:
@@ -584,23 +612,23 @@ def screened_jobs(lab, done):
 def run_lab(lab):
     t0 = time.perf_counter()
     arms = [(b, m, s) for b in lab.bases for s in lab.factors for m in lab.methods]
-    sweeps = {arm: list(lab.lrs) for arm in arms}
+    sweeps = {arm: list(lab.lrs) for arm in arms} if lab.sweeps_rates else {}
     if lab.settings.dry_run:
         bases = screened_jobs(lab, {})[0]
-        candidates = {seed for role in ROLES for seed in lab.settings.candidates(role, lab.train_cfg)}
+        roles = ROLES if lab.sweeps_rates else ROLES[1:]  # one rate: no selection seed is screened
+        candidates = {seed for role in roles for seed in lab.settings.candidates(role, lab.train_cfg)}
         more = Launch(
             f"the next seed's, up to {lab.settings.screen_most} seeds a role",
             most=len(candidates) * len(lab.bases) - len(bases),
             when="as each base model fails the gate",
         )
-        lab.dry_run(sweeps, screening=[Launch("screening", bases), more])
+        lab.dry_run(sweeps, screening=[Launch("screening", bases), more], arms=arms)
     with RunLock(lab.out, "context-extension lab"):
         done, sweeps, rates = lab.sweep_and_test(arms, sweeps, screen=lambda done: screened_jobs(lab, done))
         found = screening(lab, done)
-        chosen = lab.included(found["selection"]["included"][0], found["test"]["included"])
-        sel = chosen.settings.selection_seed
+        chosen = lab.included(next(iter(found["selection"]["included"]), None), found["test"]["included"])
         memory = {
-            f"{m} x{s:g}": activation_bytes(*lab.finetune(lab.bases[0], m, s, sel, lab.lrs[0])[1:], lab)
+            f"{m} x{s:g}": activation_bytes(*lab.finetune(lab.bases[0], m, s, chosen.seeds[0], lab.lrs[0])[1:], lab)
             for s in lab.factors
             for m in lab.methods
         }

@@ -8,7 +8,16 @@ from dataclasses import dataclass
 
 import scalings
 from lab.report import Plots, dress, md_regime, md_table, pm, regime_rows
-from lab.retrieval import BANDS, THRESHOLDS, distance_plots, readout as read_cells, readout_errors as errors, shares
+from lab.retrieval import (
+    BANDS,
+    THRESHOLDS,
+    distance_plots,
+    interval,
+    papers_reach,
+    readout as read_cells,
+    readout_errors as errors,
+    shares,
+)
 from lab.stats import (
     ALPHA,
     POWER,
@@ -30,7 +39,9 @@ PI_TABLE4 = {
     "PI": [8192, 8192, 8192, 8192, 8192, None],
     "L0": 2048,
 }
+CONTEXT_WORTH = 0.05  # nats: context past L0 worth less than this leaves the loss claims reading short-range damage
 UNTESTED = "CI against the margin"  # a "same" claim whose equivalence test cannot pass at these seeds
+AT_FLOOR = "not read: both arms at their floor"  # a band claim in which no arm's pooled accuracy clears the floor
 
 
 def key(b, method, s):
@@ -61,7 +72,8 @@ def lab_results(lab, done, sweeps, rates, screening):
                     for seed in lab.seeds
                 }
                 sweep = {
-                    f"{lr:g}": done["finetune", *arm, sel, lr]["scores"][str(read)]["loss"][at] for lr in sweeps[arm]
+                    f"{lr:g}": done["finetune", *arm, sel, lr]["scores"][str(read)]["loss"][at]
+                    for lr in sweeps.get(arm, [])
                 }
                 finetune[key(*arm)] = {
                     "base": b,
@@ -149,6 +161,7 @@ def by_step(runs, steps, s, L0):
             },
             "kmax": {name: over(st, lambda sc, name=name: sc["kmax"][name]) for name in THRESHOLDS},
             "effective": over(st, lambda sc: sc["effective"] and sc["effective"]["length"]),
+            "context": over(st, lambda sc: sc["context"]["L0"] - sc["context"]["whole"] if "context" in sc else None),
         }
         for st in steps
     }
@@ -173,6 +186,9 @@ def readout_errors(r):
 # the lab's methods that are no RoPE scaling (lab/extend.py's METHODS says how each fine-tunes): PoSE's rows at PI's
 # steps and rows, and at PI's tokens
 POSE, POSE_TOKENS = "pose", "pose-tokens"
+# a scaling's name with this suffix sets it for 2s while it fine-tunes at s L0, as YaRN's s = 32 model was fine-tuned
+# at 64k and read to 128k (its section 4): from s L0 to 2s L0 it is read past its fine-tuned length inside its factor
+HEADROOM = "-2s"
 
 
 @dataclass(frozen=True)
@@ -201,6 +217,7 @@ DIRECT, PI, NTK, YARN = (
     scalings.NTK,
     scalings.YARN,
 )  # the methods as the papers name them
+YARN_2S = YARN + HEADROOM
 CLAIMS = (
     Claim(
         "ntk-loss-below-pi-untuned",
@@ -242,13 +259,13 @@ CLAIMS = (
     ),
     Claim(
         "yarn-loss-below-pi-past-sL0",
-        a=YARN,
+        a=YARN_2S,
         b=PI,
         figure="loss",
         at="2sL0",
         expect="lower",
-        sentence="(d) after {read} steps, YaRN has a lower loss than PI at {far} tokens, past the fine-tuned "
-        "length {at}",
+        sentence="(d) after {read} steps at {near} tokens, YaRN set for 2s has a lower loss than PI at {far} tokens, "
+        "past the fine-tuned length and inside YaRN's factor {at}",
     ),
     Claim(
         "pi-L0-loss-same-as-direct",
@@ -272,13 +289,13 @@ CLAIMS = (
     ),
     Claim(
         "yarn-retrieves-more-than-pi-past-sL0",
-        a=YARN,
+        a=YARN_2S,
         b=PI,
         figure="band",
         at="sL0 to 2sL0",
         expect="higher",
-        sentence="(g) after {read} steps, YaRN retrieves more than PI from s L0 to 2s L0, past the fine-tuned length "
-        "(band accuracy) {at}",
+        sentence="(g) after {read} steps at {near} tokens, YaRN set for 2s retrieves more than PI from s L0 to 2s L0, "
+        "past the fine-tuned length and inside YaRN's factor (band accuracy) {at}",
     ),
     Claim(
         "pose-loss-same-as-pi",
@@ -307,8 +324,9 @@ CLAIMS = (
 
 def claims(r):
     """Every claim of CLAIMS for every base and factor, in that order, as per-seed differences A - B with the side
-    expected: {"id", "claim" (its sentence), "diffs", "expect", "margin"}. A claim whose methods the lab did not
-    run, or that lacks a figure (a band without distances), is left out."""
+    expected: {"id", "claim" (its sentence), "diffs", "expect", "margin", "at_floor": a band claim neither arm of
+    which retrieves above the band's floor, `above_floor`}. A claim whose methods the lab did not run, or that lacks
+    a figure (a band without distances), is left out."""
     L0, read, out = r["block_size"], str(r["read_step"]), []
     for base in r["bases"]:
         for s in r["factors"]:
@@ -317,7 +335,8 @@ def claims(r):
             words = {"near": near, "far": far, "L0": L0, "read": read, "at": f"(base {base:g}, s = {s:g})"}
             for c in CLAIMS:
                 step = "0" if c.untuned else read
-                a, b = (seed_figures(r["finetune"].get(key(base, m, s)), c, step, lengths) for m in (c.a, c.b))
+                arms = [r["finetune"].get(key(base, m, s)) for m in (c.a, c.b)]
+                a, b = (seed_figures(arm, c, step, lengths) for arm in arms)
                 if a is not None and b is not None and None not in a + b:
                     out.append(
                         {
@@ -326,9 +345,19 @@ def claims(r):
                             "diffs": [x - y for x, y in zip(a, b, strict=True)],
                             "expect": c.expect,
                             "margin": c.margin,
+                            "at_floor": c.figure == "band" and not any(above_floor(arm, c.at, step) for arm in arms),
                         }
                     )
     return out
+
+
+def above_floor(arm, band, step):
+    """Whether an arm retrieves in band at all: its hits pooled over the test seeds (the same windows for each) have a
+    95% interval wholly above the band's floor. A difference between two arms of which neither does is one between
+    copiers, which says nothing of the methods."""
+    got = [run["scores"][step]["bands"][band] for run in arm["runs"].values()]
+    hits, trials = sum(g["hits"] for g in got), sum(g["trials"] for g in got)
+    return interval(hits, trials)[0] > got[0]["floor"]
 
 
 def seed_figures(arm, c, step, lengths):
@@ -355,24 +384,34 @@ def can_pass(c, family):
 def judge(claims):
     """Every claim judged in one Holm family (stats.verdicts), a "same" claim's equivalence test only where it can
     pass at these seeds in that family (the family shrinks as such tests leave it, so this is decided to a fixed
-    point); the others keep their CI against the margin, verdict UNTESTED. Each claim gains "power": the smallest
-    difference its seeds detect with 80% power at Holm's strictest level for the family, at the spread seen (None
-    without spread), and for a "same" claim "equivalence_spread": the largest spread at which its test could pass."""
+    point); the others keep their CI against the margin, verdict UNTESTED. A band claim whose arms both sit at the
+    band's floor (`above_floor`) is no test of the methods: it leaves the family, verdict AT_FLOOR. Each claim gains
+    "power": the smallest difference its seeds detect with 80% power at Holm's strictest level for the family, at
+    the spread seen (None without spread), and for a "same" claim "equivalence_spread": the largest spread at which
+    its test could pass."""
     same = [i for i, c in enumerate(claims) if c["expect"] == "same"]
-    differences = sum(len(c["diffs"]) >= 2 for c in claims if c["expect"] != "same")
+    floored = {i for i, c in enumerate(claims) if c.get("at_floor")}
+    differences = sum(len(c["diffs"]) >= 2 for i, c in enumerate(claims) if c["expect"] != "same" and i not in floored)
     tested = same
     while len(kept := [i for i in tested if can_pass(claims[i], differences + len(tested))]) < len(tested):
         tested = kept
-    judged = verdicts([c for i, c in enumerate(claims) if i not in same or i in tested])
+    judged = verdicts([c for i, c in enumerate(claims) if (i not in same or i in tested) and i not in floored])
     family = judged[0]["family"] if judged else 0
     out = iter(judged)
     return [
-        annotated(next(out) if i not in same or i in tested else untested(c, family), family)
+        annotated(
+            untested(c, family, AT_FLOOR)
+            if i in floored
+            else next(out)
+            if i not in same or i in tested
+            else untested(c, family, UNTESTED),
+            family,
+        )
         for i, c in enumerate(claims)
     ]
 
 
-def untested(c, family):
+def untested(c, family, verdict):
     return dict(
         c,
         test=paired_test(c["diffs"]),
@@ -380,7 +419,7 @@ def untested(c, family):
         p_holm=None,
         equivalence_p_holm=None,
         family=family,
-        verdict=UNTESTED,
+        verdict=verdict,
         detectable=None,
     )
 
@@ -399,8 +438,9 @@ def annotated(c, family):
 def markdown(r, plots):
     L0, ex = r["block_size"], r["settings"]["extend"]
     parts = [
-        f"# Context extension\n\nRoPE trained at L0 = {L0} tokens; test seeds {', '.join(map(str, r['seeds']))} "
-        f"and selection seed {r['selection_seed']} (rates chosen on it, in no test), admitted by the rule below. "
+        f"# Context extension\n\nRoPE trained at L0 = {L0} tokens; test seeds {', '.join(map(str, r['seeds']))}"
+        + ("" if r["selection_seed"] is None else f" and selection seed {r['selection_seed']} (rates chosen on it)")
+        + ", admitted by the rule below. "
         f"Every arm fine-tuned {', '.join(map(str, r['steps']))} steps and read there; the claims read step "
         f"{r['read_step']}. Mean ± std over the test seeds. Compute: {r['train_s'] / 60:.1f} min of training "
         f"summed over the runs ({ex['workers']} at a time), evaluation besides; this command's wall time "
@@ -436,19 +476,20 @@ def md_probe(r):
     ]
     return (
         f"## The probe and its readout\n\nWhole answers (both capitals of the asked needle's answer, the argmax "
-        f"given the tokens before) to one query at the end of a window, its needle k tokens before it, among "
-        f"{round(1 / r['chance'])} needles: a model that copies some needle at random without reading the key "
-        f"scores {r['chance']:.0%} (chance); one that copies the needle of a fixed recency rank scores as often as "
-        f"the layout asks that rank, up to 90% where two ranks fit. A cell's floor is the best of these (exact, "
-        f"from the layout; each cell keeps them as `blind`). Distances whose layout forces the answer (no other "
-        f"needle can stand between the asked one and its query) are kept apart in results.json (`forced`) and "
-        f"left out of every figure here. Per seed and scored step, results.json keeps each distance's trials and "
-        f"hits (`cells`), so every band, interval and k_max below can be recomputed.\n\n- **Bands**: the "
+        f"given the tokens before) to one query at the end of a window, its needle k tokens before it in a block of "
+        f"{round(1 / r['chance'])} needles side by side, the block at every place it fits: a model that copies "
+        f"some needle at random without reading the key scores {r['chance']:.0%} (chance). A cell holds the "
+        f"queries of a span of distances; its floor is the best score of a copier that reads no key, by the "
+        f"needle's recency rank (the window's edges among them) or by its place (the needle nearest a fixed "
+        f"distance), exact, from the layout (each cell keeps them as `blind`), and at most twice chance in every "
+        f"cell. Per seed and scored step, results.json keeps each cell's trials and hits (`cells`), so every band, "
+        f"interval and k_max below can be recomputed.\n\n- **Bands**: the "
         f"accuracy over the distances inside L0, from L0 to s L0 (windows of s L0) and from s L0 to 2s L0 (windows "
         f"of 2s L0), with its 95% Clopper-Pearson interval and its floor; the retrieval claims test these.\n- "
         f"**k_max** (PI's effective window, its section 3.3, kept for the side-by-side with its Table 4): the "
-        f"longest distance up to which every read cell of {r['per']} pooled distances passes: its interval lies "
-        f"wholly above its floor and reaches the threshold (PI's 20%, our 90%). A cell is read only where a reader "
+        f"longest distance up to which every read cell ({r['per']} pooled) passes: its accuracy reaches "
+        f"the threshold (PI's 20%, our 90%), as PI and RULER compare, and its interval lies wholly above its "
+        f"floor. A cell is read only where a reader "
         f"right 97% of the time clears its floor more often than not.\n- **Effective length** (RULER's reading): "
         f"k_max at one reference for every arm, fixed in the config before the run: the gate's share of whole "
         f"answers ({r['reference']:.0%}), which every query slot of every included base model reached at L0, in "
@@ -495,7 +536,13 @@ def md_screening(r):
     return (
         f"## Who enters the comparisons: the gate\n\nA rule fixed in the config before the run: the test seeds are "
         f"the first {len(r['seeds'])} seeds from {r['settings']['train']['seed']} on, in order, whose base model "
-        f"passes the gate, the selection seed the first that passes from {ex['selection_seed']} on. A base model "
+        f"passes the gate"
+        + (
+            ""
+            if r["selection_seed"] is None
+            else f", the selection seed the first that passes from {ex['selection_seed']} on"
+        )
+        + ". A base model "
         f"passes when every query slot retrieves at least {gate:.0%} of whole answers at L0 (probed every "
         f"{ex['base_check']} steps at a constant rate, by step {r['settings']['train']['max_iters']}) and still "
         f"does after its rate's decay over {ex['base_decay']} steps. Bases are launched in order, only as far as "
@@ -562,6 +609,9 @@ def md_base(r):
 
 
 def md_rates(r):
+    if r["selection_seed"] is None:
+        rates = ", ".join(sorted({f"{x['lr']:g}" for x in r["finetune"].values()}))
+        return f"## Fine-tuning rate\n\nOne rate for every arm, {rates}, fixed in the config: no seed chose it."
     rows = [
         [
             f"{x['base']:g}",
@@ -640,6 +690,16 @@ def md_kmax(r):
         ]
         for x in r["finetune"].values()
     ]
+    read = [run["scores"][str(r["read_step"])] for x in r["finetune"].values() for run in x["runs"].values()]
+    same = sum(sc["kmax"]["pi"] == papers_reach(sc["retrieval"]["target"]["cells"], THRESHOLDS["pi"]) for sc in read)
+    # cell by cell, as PI reads each distance: like for like where k_max reads each cell alone
+    agree = (
+        f"PI's rule in its own words (every cell's accuracy at least {THRESHOLDS['pi']:.0%}, no floor read: "
+        f"`lab.retrieval.papers_reach`) gives the same k_max at 20% as ours on {same} of {len(read)} fine-tunes at "
+        f"step {r['read_step']}."
+        if r["per"] == 1
+        else ""
+    )
     t4 = PI_TABLE4
     paper = [[name, *("–" if v is None else f"{v:,} ({v / t4['L0']:g} L0)" for v in t4[name])] for name in ("FT", "PI")]
     return (
@@ -647,7 +707,7 @@ def md_kmax(r):
         "s L0 (as the PI paper spreads its distances over the target window), mean ± std over the test seeds; "
         "last, "
         f"the effective length after {r['read_step']} steps. Beside it, PI's Table 4 (LLaMA 7B, 2,048 → 8,192; "
-        "FT is direct fine-tuning), which reads k_max at equal steps as here.\n\n"
+        f"FT is direct fine-tuning), which reads k_max at equal steps as here. {agree}\n\n"
         + md_table(
             ["s", "method", "s L0", *(f"step {st}" for st in steps_of(r)), "effective length"], rows, text_columns=2
         )
@@ -662,8 +722,18 @@ def md_loss(r):
         for x in r["finetune"].values()
         for L in x["by_step"]["0"]["loss"]
     ]
-    return "## Val loss against fine-tuning steps at L0, s L0 and 2s L0\n\n" + md_table(
-        ["s", "method", "length", *(f"step {st}" for st in steps_of(r))], rows, text_columns=3
+    worth = [
+        [f"{x['factor']:g}", x["method"], pm(x["by_step"][str(r["read_step"])]["context"], ".4f")]
+        for x in r["finetune"].values()
+    ]
+    return (
+        "## Val loss against fine-tuning steps at L0, s L0 and 2s L0\n\n"
+        + md_table(["s", "method", "length", *(f"step {st}" for st in steps_of(r))], rows, text_columns=3)
+        + f"\n\n**What context past L0 is worth on this text**, at step {r['read_step']}: the loss of the last L0/4 "
+        f"tokens of the windows of s L0, read from their last L0 tokens alone minus read from the whole window (the "
+        f"same tokens; positive: the longer context helps). Where it is below {CONTEXT_WORTH} nats, a loss claim at "
+        f"s L0 or 2s L0 measures what a method costs the model at short range more than what it gains from the "
+        f"longer window.\n\n" + md_table(["s", "method", "L0 minus whole window (nats)"], worth, text_columns=2)
     )
 
 
@@ -711,6 +781,8 @@ def md_claims(r):
         ci = "—" if t["ci"] is None else f"[{t['ci'][0]:+.3f}, {t['ci'][1]:+.3f}]"
         if c["verdict"] == UNTESTED:
             test, p, holm = f"none: CI against ±{c['margin']:g}", None, None
+        elif c["verdict"] == AT_FLOOR:
+            test, p, holm = "none: no arm above the band's floor", None, None
         elif same:
             test, p, holm = f"TOST ±{c['margin']:g}", c["equivalence_p"], c["equivalence_p_holm"]
         else:
@@ -744,7 +816,9 @@ def md_claims(r):
         'p (Holm) < 0.05 on the expected side, "does not hold" on the other; a "same" claim holds when '
         'equivalence is shown. A "same" claim\'s equivalence test runs only where it could pass with these '
         "seeds and the spread they show (stats.equivalence_can_pass, in this family); elsewhere its CI is shown "
-        f'against the margin ("{UNTESTED}"), and no verdict says "no difference". The last columns: the spread '
+        f'against the margin ("{UNTESTED}"), and no verdict says "no difference". A band claim in which neither '
+        "arm's hits, pooled over the seeds, have an interval above the band's floor compares two copiers: it "
+        f'leaves the family ("{AT_FLOOR}"). The last columns: the spread '
         f"of the per-seed differences, and the smallest mean difference these seeds detect with {POWER:.0%} power "
         f"after Holm (at its strictest level, {ALPHA:g} / {family}), at that spread (stats.smallest_effect).\n\n"
         + md_table(

@@ -10,29 +10,38 @@ distances spread evenly across the target context with several trials each. `rea
 and, beside it, at our stricter 90% (`THRESHOLDS`), from each distance's cell.
 
 The readout that measures the model rather than its trial count reads a seed's cells, {str(k): {"trials", "hits",
-"blind"}} by distance (`Probe.counts`, JSON as results.json keeps them; the cells whose layout forces the answer kept
-apart). A cell's "blind" is {str(r): the share of its trials a model reading no key answers right by copying the
-needle of recency rank r}, counted on the probe's own windows (exact); its floor, the best of them, is the best score
-of any strategy that reads no key (for a pool of cells: the best of their trial-weighted means). Chance (1 / pairs)
-is not the floor: near the query few ranks fit (at distance 7 only ranks 0 and 1), and a copier of one of them is
-right far more often than 1 time in pairs. So every reading holds against the floor:
-- a cell (of `per` pooled distances) is read only where a near-perfect reader clears its floor more often than
+"blind"}} by distance (`Probe.counts`, JSON as results.json keeps them): a cell holds the queries whose needle lies
+k - width < distance <= k from the query (`cell_width`). A cell's "blind" is {copier: the share of its trials a model
+reading no key answers right by copying one needle}, counted on the probe's own windows (exact), for each copier
+that scores: the needle of recency rank r ("r", how many needles stand between it and the query; the window's
+edges are ranks 0 and pairs - 1) and the needle nearest distance x from the query ("dx", in a window of fixed
+length the same as the needle nearest a fixed place). Its floor, the best of them, is the best score of any such
+strategy (for a pool of cells, each cell's best weighted by its trials: an upper bound, `floor_of`). The probe
+keeps only the cells whose floor is at most MAX_FLOOR times chance (1 / pairs): near the query few ranks fit (at
+distance 7 only ranks 0 and 1), and near the window's start few do too, so a cell of few distances there would be
+dropped; cells of `cell_width` distances keep every cell of the configs' windows. So every reading holds against a
+floor near chance:
+- a cell (of `per` pooled cells) is read only where a near-perfect reader clears its floor more often than
   not: the interval of floor(GOOD x trials) hits (the hits a reader right GOOD of the time gets at least half the
-  time) lies above the floor. The others, like the forced cells, neither pass nor fail.
-- a read cell passes a threshold when its 95% interval lies wholly above its floor and reaches the threshold; k_max
-  is the longest distance up to which every read cell passes. A copier of any rank, scoring its recorded share,
-  reaches nothing (its share is at most the floor, which its interval then holds).
+  time) lies above the floor. The others neither pass nor fail.
+- a read cell passes a threshold when its accuracy reaches the threshold, as PI and RULER compare the accuracy itself
+  with theirs, and its 95% interval lies wholly above its floor; k_max is the longest distance up to which every
+  read cell passes. A copier of any rank or place, scoring its recorded share, reaches nothing (its share is at most
+  the floor, which its interval then holds). With 10 needles (the configs' probe_pairs) every floor lies below 20%,
+  so where a model lies above both, PI's 20% rule and this one agree (`papers_reach`).
 - the effective length is k_max at one reference fixed for every compared arm before they are read (as RULER reads
   every model against Llama-2-7B's 85.6% at 4K), never at a model's own accuracy: the better a model retrieves
   inside L0, the more such a reference would ask of it past L0. The reports pass it.
 - a band's accuracy is stated beside its floor; error_rates' false pass is the best copier's (at the floor).
 
+  cell_width(L0, pairs)               the distances a cell spans
   interval(hits, trials)              the cell's 95% Clopper-Pearson interval
   floor_of(cells), read(trials, floor) the best key-blind score over cells, and whether a cell of it is read
-  pooled(cells, per)                  cells of `per` consecutive distances each, keyed by their longest
+  pooled(cells, per)                  `per` consecutive cells pooled, each pool keyed by its last
   band(cells, lo, hi), bands(...)     accuracy over the distances in (lo, hi] with its interval and floor; the BANDS
                                       inside L0, L0 to s L0 and s L0 to 2s L0 that retrieval claims test
   reach(cells, threshold, per)        k_max: every read cell up to it above its floor and reaching threshold
+  papers_reach(cells, threshold)      k_max by PI's words alone: every cell up to it reaching threshold
   effective_length(cells, reference)  RULER's effective length: reach at one fixed reference
   readout(cells, L0, s, reference)    a seed's bands, reach at each of THRESHOLDS and effective length at once
   pass_rate(...), error_rates(...)    what such a reading gets wrong, exactly (binomial), at given trials and floors;
@@ -54,7 +63,7 @@ import torch
 
 import scalings
 from config import POSITIVE, opt, validate
-from data.recall import LAYOUT, NEEDLE, Recall, distances, query_keys
+from data.recall import LAYOUT, NEEDLE, Recall, query_keys
 from data.tokenizer import tokenizer_from_meta
 from generate import KVCache
 from lab.grid import numbers
@@ -63,6 +72,9 @@ THRESHOLDS = {"pi": 0.2, "strict": 0.9}  # PI's success rate for a distance to c
 BANDS = ("inside L0", "L0 to sL0", "sL0 to 2sL0")  # the bands retrieval claims test (`bands`), in order
 CONFIDENCE = 0.95  # of each cell's and band's interval
 GOOD = 0.97  # the near-perfect reader whose false-fail rate a readout states
+MAX_FLOOR = 2  # a probed cell's floor is at most this many times chance: the cells past it are not probed
+CELLS_IN_L0 = 16  # at most, so that a long L0 is read in cells of many distances (L0 = 4,096: 256)
+CELL_QUERIES = 320  # about, in a cell every slot reaches: the block's places step by pairs x width / CELL_QUERIES
 PROBE_SEED = 4321  # the probe's windows, the same for every model scored
 DISTANCE, SLOT = 0, 1  # the probe's random streams
 
@@ -72,12 +84,13 @@ class ProbeWindows:
     """The probe's windows: what a Probe is built from (bench.py times one with these settings alone)."""
 
     probe_lengths: str = opt("0.5,1,2,4,8", "retrieval probe windows as multiples of L0, the trained length")
-    probe_distances: int = opt(
-        32,
-        "needle-to-query distances probed per window, spread evenly from the shortest to "
-        "the window's length (PI's passkey test spreads its distances alike)",
+    probe_trials: int = opt(
+        1,
+        "probe windows per place a block of needles fits in a window (every place at L0 up to 256, every few "
+        "places past it): each asks every needle of its block, so that at 1 a cell every slot reaches holds about 320 "
+        "queries (PI's passkey test spreads its distances alike over the window)",
     )
-    probe_trials: int = opt(16, "probe windows per length and distance")
+    probe_slots: int = opt(512, "windows of the slot check at L0 (every query slot asked once in each)")
     probe_pairs: int = opt(
         10,
         "needles in a probe window, the asked one among them: a whole answer by copying some "
@@ -93,10 +106,9 @@ class ProbeWindows:
                 f"from copying (PI's {THRESHOLDS['pi']:.0%} needs at least 6), and 13 needles use every "
                 "capital"
             )
-        if self.probe_trials < 1:
-            raise ValueError(f"probe_trials={self.probe_trials} must be a positive integer")
-        if self.probe_distances < 2:
-            raise ValueError(f"probe_distances={self.probe_distances} must be >= 2: the shortest and the longest")
+        for name in ("probe_trials", "probe_slots"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be a positive integer")
 
 
 @dataclass
@@ -106,8 +118,8 @@ class ProbeSettings(ProbeWindows):
 
     probe_pool: int = opt(
         4,
-        "consecutive probed distances pooled into one cell when k_max and the effective length "
-        "are read, so that no single distance's trials decide them",
+        "consecutive probed cells pooled into one when k_max and the effective length are read, so that no single "
+        "cell's trials decide them",
         check=POSITIVE,
     )
 
@@ -117,65 +129,103 @@ def probe_generator(stream, W, k=0):
     return torch.Generator().manual_seed(int(np.random.SeedSequence([PROBE_SEED, stream, W, k]).generate_state(1)[0]))
 
 
-class Probe:
-    """The recall probe: at each probed length W (a multiple of L0), `probe_trials` queries at each of
-    `probe_distances` needle-to-query distances, each query alone at the end of a window of W tokens, scored as
-    whole answers; and the slot check at L0. Every window is built once, here.
+def cell_width(L0, pairs):
+    """The distances a cell spans: the smallest divisor of L0 at least 3 pairs and L0 / CELLS_IN_L0, so that cells
+    tile the bands at multiples of L0 and no copier scores more than twice chance. In a block of needles side by
+    side, the copier of the needle nearest a fixed distance x is right where the asked needle is that one: within the
+    block, NEEDLE of the cell's distances (NEEDLE / width of its queries), and where the whole block lies past x, the
+    queries of the block's edge slot (1 / pairs of them): at most 2 / pairs in all once the width reaches 3 pairs
+    (NEEDLE = 3)."""
+    width = next((w for w in range(max(NEEDLE * pairs, L0 // CELLS_IN_L0), L0 + 1) if L0 % w == 0), None)
+    if width is None:
+        raise ValueError(
+            f"probe_pairs={pairs} needs cells of at least {NEEDLE * pairs} distances, more than L0={L0}: use fewer "
+            "probe_pairs or a longer block_size"
+        )
+    return width
 
-    A window is a context (data/recall.py's context_windows: filler and pairs needles) and one query: the context
-    asks each of its needles in a window of its own, so that no query sees another (no earlier answer to copy, no
-    needle eliminated), and a model that takes a KV cache (`forks`) reads the context once, each query then
+
+class Probe:
+    """The recall probe: at each probed length W (a multiple of L0), windows of W tokens whose block of needles
+    starts at every place it fits (`probe_trials` windows each), each needle asked by a query alone at the window's
+    end, scored as whole answers by cells of distances; and the slot check at L0. Every window is built once, here.
+
+    A window is a context (data/recall.py's block_windows: filler and a block of pairs needles) and one query: the
+    context asks each of its needles in a window of its own, so that no query sees another (no earlier answer to
+    copy, no needle eliminated), and a model that takes a KV cache (`forks`) reads the context once, each query then
     extending a copy of its keys and values alone: the logits of the window of W tokens, from one forward of the
-    context for up to pairs answers. A model that does not (a dynamic scaling, whose frequencies change with the
+    context for its pairs answers. A model that does not (a dynamic scaling, whose frequencies change with the
     length a cache grows through; a hand-written one) reads each window whole, the same logits.
 
-    What is scored and its floor: whole answers (V and W both the argmax) of the query; a model that copies the
-    needle of a fixed recency rank r without reading the key answers right the queries whose needle has rank r,
-    counted on these very windows (`blind`, exact), at most `floors` (the module's docstring says how every
-    reading holds against it), and passes a threshold by luck with the probability `error_rates` states as
-    "false_pass", which the reports print beside k_max. Where the layout leaves room for one rank alone (`forced`:
-    floor 1, no room for a needle between the asked one and the query, or before it) `counts` keeps the cell apart
-    from every summary."""
+    What is scored and its floor: whole answers (V and W both the argmax) of the query; a model that copies one
+    needle without reading the key (by its rank or by its distance) answers right the share of a cell's queries
+    that `blind` records, counted on these very windows (exact), at most `floors` (the module's docstring says how
+    every reading holds against it), and passes a threshold by luck with the probability `error_rates` states as
+    "false_pass", which the reports print beside k_max. A window keeps the cells whose floor is at most MAX_FLOOR
+    times chance (`distances`: each kept cell by its upper edge, (j + 1) width)."""
 
     def __init__(self, meta, L0, settings, pairs, tokens_per_forward, device, lengths=None):
         """Windows at each of settings.probe_lengths x L0, or at the given lengths (tokens)."""
         self.recall = Recall(tokenizer_from_meta(meta), pairs)
         self.settings, self.tokens_per_forward, self.device = settings, tokens_per_forward, device
+        self.width = cell_width(L0, pairs)
         self.lengths = sorted(
             lengths
             or {round(m * L0) for m in numbers("probe_lengths", settings.probe_lengths, float, 0, "0.5,1,2,4,8")}
         )
-        self.distances = {W: distances(W, settings.probe_distances) for W in self.lengths}
-        self.windows = {}  # {W: (contexts, needles, asked, ranks)}: data/recall.py's context_windows
-        for W, ks in self.distances.items():
+        self.windows, self.distances, self.blind, self.trials = {}, {}, {}, {}
+        stride = max(1, pairs * self.width // CELL_QUERIES)  # 1 at L0 = 64 and 256: every place
+        for W in self.lengths:
             try:
-                self.windows[W] = self.recall.context_windows(
-                    W, ks, settings.probe_trials, probe_generator(DISTANCE, W)
+                contexts, needles, distance = self.recall.block_windows(
+                    W, settings.probe_trials, probe_generator(DISTANCE, W), stride
                 )
             except ValueError as e:
                 raise ValueError(f"probe length {W} (L0 = {L0}): {e}") from None
+            cells = (distance - 1) // self.width  # (n, pairs): cell j holds distances j w < k <= (j + 1) w
+            blind = self.copiers(distance, cells)
+            kept = [j for j, by in sorted(blind.items()) if max(by.values()) <= MAX_FLOOR * self.chance]
+            if not kept:
+                raise ValueError(
+                    f"probe length {W} (L0 = {L0}) holds no cell of {self.width} distances whose floor is at most "
+                    f"{MAX_FLOOR} x chance with {pairs} needles; use longer windows or fewer probe_pairs"
+                )
+            index = torch.full((int(cells.max()) + 1,), -1)
+            index[kept] = torch.arange(len(kept))
+            # {W: (contexts, needles, asked: the index in distances[W] of the cell each needle is asked in, -1 where
+            # it lies in no kept cell)}
+            self.windows[W] = (contexts, needles, index[cells])
+            self.distances[W] = [(j + 1) * self.width for j in kept]
+            self.blind[W] = {(j + 1) * self.width: listed(blind[j]) for j in kept}
+            self.trials[W] = {(j + 1) * self.width: int((cells == j).sum()) for j in kept}
+        self.floors = {W: {k: max(by.values()) for k, by in ks.items()} for W, ks in self.blind.items()}
         # the slot probe's windows, built once (at L0, too short for the slot check: fails now): every base stage
         # asks for them
-        self.slots = {
-            L0: self.recall.slot_windows(
-                L0, settings.probe_trials * settings.probe_distances, probe_generator(SLOT, L0)
-            )
-        }
-        # {W: {k: {str(r): share of the queries the copier of rank r answers right}}}, counted on the windows; a cell
-        # records its own
-        self.blind = {W: self.copiers(W) for W in self.lengths}
-        self.floors = {W: {k: max(by_rank.values()) for k, by_rank in ks.items()} for W, ks in self.blind.items()}
-        # where one rank alone fits; elsewhere a floor of 1 by chance (few trials) leaves the cell unread (`read`)
-        self.forced = {W: {k for k in ks if len(self.recall.fits(W, k)) == 1} for W, ks in self.distances.items()}
+        self.slots = {L0: self.recall.slot_windows(L0, settings.probe_slots, probe_generator(SLOT, L0))}
 
-    def copiers(self, W):
-        """{k: {str(r): share of the queries at distance k whose needle has recency rank r}} in windows of W."""
-        _, _, asked, ranks = self.windows[W]
-        trials = self.settings.probe_trials
-        return {
-            k: {str(r): n / trials for r, n in enumerate(torch.bincount(ranks[asked == i]).tolist()) if n}
-            for i, k in enumerate(self.distances[W])
-        }
+    def copiers(self, distance, cells):
+        """{cell j: {copier: share of its queries the copier answers right}} of windows whose needles (n, pairs) lie
+        at distance from the query and are asked in cells, for each copier that scores: the needle of recency rank r
+        (str(r): slot pairs - 1 - r of the block) and the needle nearest distance x ("dx")."""
+        n, pairs = distance.shape
+        X, size = int(distance.max()) + 1, int(cells.max()) + 1
+        by_place = torch.zeros(size * X, dtype=torch.long)
+        for xs in torch.arange(X).split(1024):  # (n, 1024) at a time: windows of 16,384 tokens stay in memory
+            # the block's slots lie NEEDLE apart from slot 0's distance down: the nearest to x is the slot
+            # (distance[0] - x) / NEEDLE rounds to, within the block (no x lies halfway between two keys)
+            nearest = ((distance[:, :1] - xs) / NEEDLE).round().long().clamp(0, pairs - 1)  # (n, len(xs))
+            # the copier of x is right on the query of the needle it copies: count it in that query's cell
+            by_place += torch.bincount((cells.gather(1, nearest) * X + xs).flatten(), minlength=size * X)
+        by_place = by_place.view(size, X)
+        out = {}
+        for j in cells.unique().tolist():
+            mine = cells == j  # (n, pairs)
+            trials = int(mine.sum())
+            by_rank = mine.sum(0).flip(0)  # slot pairs - 1 - r holds rank r
+            out[j] = {str(r): c / trials for r, c in enumerate(by_rank.tolist()) if c} | {
+                f"d{x}": c / trials for x, c in enumerate(by_place[j].tolist()) if c
+            }
+        return out
 
     @property
     def made_with(self):
@@ -183,7 +233,7 @@ class Probe:
         s = self.settings
         return {
             "probe_trials": s.probe_trials,
-            "probe_distances": s.probe_distances,
+            "probe_slots": s.probe_slots,
             "probe_pairs": self.recall.pairs,
             "probe_layout": LAYOUT,
         }
@@ -205,24 +255,19 @@ class Probe:
         return self.cells(W, self.hits(model, W, runtime))
 
     def cells(self, W, hits):
-        """{"cells": {str(k): {"trials", "hits", "blind"}}, "forced": the same for the distances whose layout forces
-        the answer (data/recall.py's `fits`), kept apart from every summary} of hits {k: whole answers} in windows
-        of W tokens."""
-        out = {"cells": {}, "forced": {}}
-        for k, got in hits.items():
-            out["forced" if k in self.forced[W] else "cells"][str(k)] = {
-                "trials": self.settings.probe_trials,
-                "hits": got,
-                "blind": self.blind[W][k],
+        """{"cells": {str(k): {"trials", "hits", "blind"}}} of hits {k: whole answers} in windows of W tokens."""
+        return {
+            "cells": {
+                str(k): {"trials": self.trials[W][k], "hits": got, "blind": self.blind[W][k]} for k, got in hits.items()
             }
-        return out
+        }
 
     def hits(self, model, W, runtime, whole=None):
-        """{k: whole answers} at each probed distance of windows of W tokens (a probed length); whole: read each
+        """{k: whole answers} in each probed cell of windows of W tokens (a probed length); whole: read each
         query's window whole (default: where the model does not fork, `forks`), the same answers at up to pairs
         times the forwards (bench.py times both)."""
         assert W in self.windows, f"W={W} is not a probed length ({self.lengths})"
-        contexts, needles, asked, _ = self.windows[W]
+        contexts, needles, asked = self.windows[W]
         owner, which = (asked >= 0).nonzero(as_tuple=True)  # (m,) each query's context and needle
         queries = needles[owner, which]  # (m, 3)
         if whole is None:
@@ -233,7 +278,7 @@ class Probe:
             right = self.whole_answers(model, rows, query_keys(W + 1, 1), runtime)[:, 0]
         else:
             right = self.forked_answers(model, contexts, owner, queries, runtime)
-        at = asked[owner, which]  # (m,) the distance each query is asked at, as an index
+        at = asked[owner, which]  # (m,) the cell each query is asked in, as an index
         return {k: int(right[at == i].sum()) for i, k in enumerate(self.distances[W])}
 
     @torch.no_grad()
@@ -305,30 +350,38 @@ def interval(hits, trials):
     return float(ci.low), float(ci.high)
 
 
+def listed(blind):
+    """The copiers a cell records: every rank, and the places that score more than the best rank (the others, nearly
+    every place of a long window, score no more than the floor)."""
+    ranks = max(v for c, v in blind.items() if not c.startswith("d"))
+    return {c: v for c, v in blind.items() if not c.startswith("d") or v > ranks}
+
+
 def floor_of(cells):
-    """The best whole answers of any strategy that reads no key over cells [{"trials", "blind"}]: the best copier's
-    trial-weighted mean (one copier for all of them, as a model reading no key is)."""
-    trials = sum(c["trials"] for c in cells)
-    copiers = {r for c in cells for r in c["blind"]}
-    return max(sum(c["trials"] * c["blind"].get(r, 0.0) for c in cells) for r in copiers) / trials
+    """The best whole answers of a strategy that reads no key over cells [{"trials", "blind"}]: each cell's best
+    copier, weighted by its trials. Exact for one cell; for several, no lower than the best single copier's (one
+    copier cannot be every cell's best at once), so a pool or band read above it is read above every copier (at
+    L0 = 64 a band's is 18%, where the best single copier scores 13% over the band inside L0)."""
+    return sum(c["trials"] * max(c["blind"].values()) for c in cells) / sum(c["trials"] for c in cells)
 
 
 def read(trials, floor):
     """Whether a cell of trials with this floor is read: a reader right GOOD of the time clears the floor more often
     than not (floor(GOOD x trials) hits, which it gets at least half the time, give an interval above the floor).
-    A cell no such reader can be shown above its floor in says nothing of retrieval, as a forced one."""
+    A cell no such reader can be shown above its floor in says nothing of retrieval."""
     return interval(math.floor(GOOD * trials), trials)[0] > floor
 
 
 def passes(hits, trials, floor, threshold):
-    """A read cell passes threshold: its 95% interval lies wholly above its floor and reaches the threshold."""
-    low, high = interval(hits, trials)
-    return low > floor and high >= threshold
+    """A read cell passes threshold: its accuracy reaches the threshold (the papers' rule: PI counts a distance
+    whose passkey accuracy is at least 20%, RULER a length whose score is at least its reference) and its 95%
+    interval lies wholly above its floor (no model reading no key passes but by the false-pass rate)."""
+    return hits >= threshold * trials and interval(hits, trials)[0] > floor
 
 
 def pooled(cells, per=1):
     """[(k, trials, hits, floor)] by distance: the cells {str(k): {"trials", "hits", "blind"}} pooled `per`
-    consecutive distances at a time (the last pool may hold fewer), each keyed by its longest distance."""
+    consecutive cells at a time (the last pool may hold fewer), each keyed by its last cell's."""
     ks = sorted(cells, key=int)
     return [
         (
@@ -380,6 +433,19 @@ def reach(cells, threshold, per=1):
         if not passes(hits, trials, lowest, threshold):
             break
         longest = k
+    return longest
+
+
+def papers_reach(cells, threshold):
+    """k_max by the paper's words alone (PI: "the maximum k such that, for all k' <= k, the model has a success rate
+    of at least 20% on k'"): the longest distance up to which every cell's accuracy reaches threshold, no floor
+    read. Where every floor lies below the threshold, it and `reach` differ only where a cell's interval touches its
+    floor."""
+    longest = 0
+    for k, c in sorted(cells.items(), key=lambda item: int(item[0])):
+        if c["hits"] < threshold * c["trials"]:
+            break
+        longest = int(k)
     return longest
 
 
@@ -440,7 +506,7 @@ def readout_errors(cells, per):
 
 
 def shares(seeds):
-    """{str(k): share of whole answers} over the cells of several seeds (forced cells are not among them): their
+    """{str(k): share of whole answers} over the cells of several seeds: their
     hits pooled, the seeds' trials alike at each distance."""
     return {k: sum(c[k]["hits"] for c in seeds) / sum(c[k]["trials"] for c in seeds) for k in seeds[0]}
 

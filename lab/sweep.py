@@ -164,13 +164,19 @@ class Plan:
 
         return self.launch(wanted), sweeps, rates
 
-    def dry_run(self, sweeps, after=(), screening=()):
+    def dry_run(self, sweeps, after=(), screening=(), arms=None):
         """Print every launch sweep_and_test would make, each with its job count and what it waits for, after the
-        launches of screening (Launch records) where a screen decides the seeds, and raise DryRun."""
+        launches of screening (Launch records) where a screen decides the seeds, and raise DryRun. arms: those that
+        train the test seeds (default the swept ones)."""
+        arms = list(sweeps) if arms is None else arms
         sel, jobs, seeds = self.settings.selection_seed, self.first_launch(sweeps, after), self.seeds
         for job in jobs:
             self.check(job)
         widening = sum(len(rates) > 1 for rates in sweeps.values())  # the arms whose sweep may widen
+        # what the test seeds' runs wait for: their arm's rate where it is swept, their seed where a screen decides it
+        events = ["each arm's sweep chooses its rate"] * bool(sweeps) + ["each test seed passes the screening"] * bool(
+            screening
+        )
         launches = [
             *screening,
             Launch("launch 1", jobs, when="once the selection seed passed the screening" if screening else ""),
@@ -181,11 +187,10 @@ class Plan:
                 when="as each arm's sweep finishes",
             ),
             Launch(
-                f"test seeds {', '.join(map(str, seeds))} of {len(sweeps)} arms, each at its arm's chosen rate (none "
-                "that launch 1 holds already)",
-                most=len(sweeps) * len(seeds),
-                when="as each arm's sweep chooses its rate"
-                + (" and each test seed passes the screening" if screening else ""),
+                f"test seeds {', '.join(map(str, seeds))} of {len(arms)} arms, each at its arm's rate (none that "
+                "launch 1 holds already)",
+                most=len(arms) * len(seeds),
+                when="as " + " and ".join(events) if events else "",
             ),
         ]
         launches = [each for each in launches if each.jobs or each.most]

@@ -35,7 +35,7 @@ GRID = [
     "--recall_pairs=2",
     "--probe_pairs=2",
     "--probe_lengths=1,2",
-    "--probe_distances=4",
+    "--probe_slots=8",
     "--probe_trials=2",
 ]
 
@@ -83,18 +83,19 @@ def test_grid_writes_every_output_and_a_rerun_skips_finished_runs(data_dir, tmp_
     assert set(rope["loss_by_length"]) == {"none", "linear", "ntk", "yarn"}
     assert set(rope["loss_by_length"]["yarn"]) == {"64"}  # scalings only beyond L0
     assert len(rope["loss_by_position"]["none"]) == 64
-    # retrieval by distance at L0 and 2 L0, N/A past learned positions' reach, the forced cells apart
+    # retrieval by distance at L0 and 2 L0, N/A past learned positions' reach
     assert learned["retrieval"]["grid"]["64"] is None and learned["per_seed"][0]["windows"]["64"] is None
     assert (rope["retrieval"]["longest"], learned["retrieval"]["longest"]) == ("64", "32")
     assert set(rope["retrieval"]["reach"]) == {"pi", "strict"} and 0 <= rope["retrieval"]["worst_slot"]["mean"] <= 1
     # per seed: each cell's trials and hits, from which its bands are recomputed
     for seed in rope["per_seed"]:
         window = seed["windows"]["64"]
-        assert len(window["cells"]) + len(window["forced"]) == 4 and set(window["cells"]).isdisjoint(window["forced"])
-        assert all(c["trials"] == 2 for c in window["cells"].values())
+        # cells of 8 distances (the smallest divisor of L0 = 32 at least 3 pairs) tile the window
+        assert list(window["cells"]) == [str(k) for k in range(8, 65, 8)]
+        assert all(c["trials"] > 0 for c in window["cells"].values())
         past = [c for k, c in window["cells"].items() if int(k) > 32]  # s = 1: the longest window is 2s L0
         assert window["bands"]["sL0 to 2sL0"]["hits"] == sum(c["hits"] for c in past)
-        assert window["bands"]["sL0 to 2sL0"]["trials"] == 2 * len(past)
+        assert window["bands"]["sL0 to 2sL0"]["trials"] == sum(c["trials"] for c in past)
     assert rope["retrieval"]["grid"]["64"].keys() == rope["per_seed"][0]["windows"]["64"]["cells"].keys()
     # steps-to-learn read at every evaluation (steps 2 and 4), censored at the ceiling where never reached
     assert [set(f["slots"]) for f in rope["per_seed"]] == [{"2", "4"}] * 2
@@ -265,7 +266,7 @@ def test_a_slurm_dry_run_lists_every_launch_and_the_hours_it_requests(data_dir, 
         ("--sample_prompt=ROMEO€", "€"),
         ("--seeds=0", "seeds=0"),
         ("--lr_scales=0.5,2", "must include 1"),
-        ("--probe_lengths=0.25", "a probe window of W=8 tokens cannot hold 2"),
+        ("--probe_lengths=0.125", "a probe window of W=4 tokens cannot hold a block of 2"),
         (("--lr_scales=1,2", "--selection_seed=1338"), "selection_seed=1338 is one of the test seeds [1337, 1338]"),
         ("--equivalence_margin=inf", "equivalence_margin=inf must be a finite number > 0"),
         ("--lr_scales=1,inf", "lr_scales='1,inf' must list finite numbers"),
@@ -402,7 +403,7 @@ def test_the_gpu_config_runs_shrunk_on_the_cpu(data_dir, tmp_path, capsys):
         "--eval_interval=2",
         "--eval_tokens=128",
         "--probe_trials=2",
-        "--probe_distances=2",
+        "--probe_slots=4",
         "--recall_pairs=2",
         "--recall_fewest=1",
         "--probe_pairs=2",

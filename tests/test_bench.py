@@ -10,7 +10,6 @@ import torch
 import bench
 import rope
 from conftest import run
-from data.recall import distances
 from model import GPT, GPTConfig
 
 SPREAD = ("ms_median", "ms_min", "ms_max")
@@ -160,16 +159,17 @@ def test_probe_times_the_labs_scoring_at_each_probed_window_in_the_dtype_asked(d
         "--probe_lengths=1,2",
         "--probe_pairs=4",
         "--probe_trials=2",
-        "--probe_distances=8",
+        "--probe_slots=16",
         timeout=300,
     )
     rows = [json.loads(line) for line in proc.stdout.splitlines()]
     assert [(r["probe"], r["window"], r["read"], r["windows"]) for r in rows] == [
-        ("distance", 32, "whole", 2 * len(distances(32, 8))),  # each query's window read whole, as before
-        ("distance", 32, "forked", 2 * len(distances(32, 8))),  # each context read once for its queries
-        ("distance", 64, "whole", 2 * 8),
-        ("distance", 64, "forked", 2 * 8),
-        ("slot", 32, "whole", 2 * 8),
+        # each query a window: the block of 4 needles (12 tokens) at each of its places, twice, each needle asked
+        ("distance", 32, "whole", 2 * (32 - 2 - 12 + 1) * 4),  # each query's window read whole, as before
+        ("distance", 32, "forked", 2 * (32 - 2 - 12 + 1) * 4),  # each context read once for its queries
+        ("distance", 64, "whole", 2 * (64 - 2 - 12 + 1) * 4),
+        ("distance", 64, "forked", 2 * (64 - 2 - 12 + 1) * 4),
+        ("slot", 32, "whole", 16),
     ]
     for r in rows:
         assert r["dtype"] == "float32" and r["threads"] == 1 and not r["compiled"] and r["repeats"] == 3, r

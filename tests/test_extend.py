@@ -35,7 +35,7 @@ LAB = [
     "--finetune_steps=2,4",
     "--eval_tokens=128",
     "--probe_trials=2",
-    "--probe_distances=4",
+    "--probe_slots=8",
     "--probe_pool=2",
     "--task=recall",
     "--recall_share=0.5",
@@ -51,19 +51,22 @@ def test_the_lab_reads_every_arm_at_equal_steps_keeps_each_seeds_cells_and_a_rer
     args = [*LAB, f"--data_dir={data_dir}", f"--out_dir={out}"]
     run("-m", "lab.extend", *args, "--workers=2")  # two runs at a time, each in a process of its own
     res = json.loads((out / "results.json").read_text())
-    sweep = sorted(p.name for p in (out / "sweep").iterdir())
     tests = sorted(p.name for p in (out / "finetune").iterdir())
-    assert all(name.endswith("-seed1000") for name in sweep) and len(sweep) == 3  # a rate for each method
-    assert {name.rsplit("-seed", 1)[1] for name in tests} == {"1337", "1338"}  # the selection seed tests nothing
+    # one rate for every arm: no sweep, and no selection seed screened
+    assert not (out / "sweep").exists() and res["selection_seed"] is None
+    assert res["screening"]["selection"] == {"screened": [], "passed": [], "included": []}
+    assert {name.rsplit("-seed", 1)[1] for name in tests} == {"1337", "1338"}
     assert res["screening"]["test"] == {"screened": [1337, 1338], "passed": [1337, 1338], "included": [1337, 1338]}
     for arm in res["finetune"].values():
-        assert set(arm["runs"]) == {"1337", "1338"} and arm["lr"] == float(min(arm["sweep"], key=arm["sweep"].get))
+        assert set(arm["runs"]) == {"1337", "1338"} and arm["lr"] == 3e-3 and arm["sweep"] == {}
         for run0 in arm["runs"].values():  # every arm, every seed: scored at the same steps, trained to the last
             assert set(run0["scores"]) == {"0", "2", "4"} and max(map(int, run0["l0_curve"])) == 4
-            for st, sc in run0["scores"].items():  # each cell's trials and hits, the forced ones apart
+            for st, sc in run0["scores"].items():  # each cell's trials and hits
                 cells = sc["retrieval"]["target"]["cells"]
-                assert cells and all(set(c) == {"trials", "hits", "blind"} and c["trials"] == 2 for c in cells.values())
-                assert not set(cells) & set(sc["retrieval"]["target"]["forced"]) and max(map(int, cells)) <= 64
+                assert cells and all(set(c) == {"trials", "hits", "blind"} and c["trials"] > 0 for c in cells.values())
+                assert max(map(int, cells)) == 64  # the cells tile the window of s L0
+                # what context past L0 is worth, at the read step: the same tokens read from L0 and from s L0
+                assert ("context" in sc) == (st == "4")
                 # past the fine-tuned length at the read step, which the claims read
                 assert ("past" in sc["retrieval"]) == (st == "4")
             assert max(map(int, run0["scores"]["4"]["retrieval"]["past"]["cells"])) > 64
@@ -83,11 +86,22 @@ def test_the_lab_reads_every_arm_at_equal_steps_keeps_each_seeds_cells_and_a_rer
     assert set(pi["by_step"]["4"]["bands"]) == set(extend_report.BANDS)
     assert [int(st) for st in pi["runs"]["1337"]["l0_curve"]] == [0, 2, 4]
     assert res["regime"][-1]["name"].startswith("LLaMA-2-7B") and res["memory"]["pose x2"] < res["memory"]["linear x2"]
-    assert res["error_rates"]["64"]["trials"] == 4  # 2 trials a distance, 2 distances a cell
+    first = res["finetune"]["rope-b200-none-x2"]["runs"]["1337"]["scores"]["4"]["retrieval"]["target"]["cells"]
+    assert res["error_rates"]["64"]["trials"] == sum(c["trials"] for c in list(first.values())[:2])  # 2 cells a pool
     md = (out / "results.md").read_text()
     family = int(re.search(r"one family of (\d+) tests", md)[1])
-    assert family == res["claims"][0]["family"] == sum(c["verdict"] != extend_report.UNTESTED for c in res["claims"])
-    assert {c["verdict"] for c in res["claims"]} <= {"holds", "does not hold", "inconclusive", extend_report.UNTESTED}
+    assert (
+        family
+        == res["claims"][0]["family"]
+        == sum(c["verdict"] not in (extend_report.UNTESTED, extend_report.AT_FLOOR) for c in res["claims"])
+    )
+    assert {c["verdict"] for c in res["claims"]} <= {
+        "holds",
+        "does not hold",
+        "inconclusive",
+        extend_report.UNTESTED,
+        extend_report.AT_FLOOR,
+    }
 
     # a base model's rate: warmed up, held to the gate (its first probe, step 2), then decayed; the gate recorded
     base = out / "base" / "rope-b200-seed1337"
@@ -120,15 +134,15 @@ def test_the_lab_reads_every_arm_at_equal_steps_keeps_each_seeds_cells_and_a_rer
     extend.main(moved_args)
     assert {p.relative_to(moved): p.stat().st_mtime_ns for p in moved.rglob("*.pt")} == kept
     assert json.loads((moved / "results.json").read_text())["finetune"] == res["finetune"]
-    ft = moved / "sweep" / "rope-b200-none-x2-lr0.003-seed1000" / "config.json"
-    ft.write_text(ft.read_text().replace("base/rope-b200-seed1000", "base/rope-b200-seed1337"))
+    ft = moved / "finetune" / "rope-b200-none-x2-lr0.003-seed1338" / "config.json"
+    ft.write_text(ft.read_text().replace("base/rope-b200-seed1338", "base/rope-b200-seed1337"))
     code, err = extend_main(capsys, *moved_args)
     assert code == 1 and f"{ft.parent} was made with other settings (train.init_from: " in err, err
 
     # other probe settings: the models its cells scored at steps training has passed are gone, so the rerun is
     # refused, naming them, and changes nothing; a reading of the cached scores is made again
-    code, err = extend_main(capsys, *args, "--probe_trials=3", "--probe_distances=5")
-    assert code == 1 and "(probe_trials: 2 there, 3 now; probe_distances: 4 there, 5 now) and cannot" in err, err
+    code, err = extend_main(capsys, *args, "--probe_trials=3", "--probe_slots=5")
+    assert code == 1 and "(probe_trials: 2 there, 3 now; probe_slots: 8 there, 5 now) and cannot" in err, err
     assert json.loads((out / "results.json").read_text())["settings"]["extend"]["probe_trials"] == 2
     extend.main([*args, "--plateau_tol=1"])  # every L0 loss fell by less than 1 over 2 steps: levelled at step 2
     levelled = json.loads((out / "results.json").read_text())["finetune"]
@@ -172,6 +186,7 @@ def test_seeds_whose_base_fails_the_gate_are_screened_out_in_order_and_the_ceili
         *LAB,
         "--base_gate=0.5",
         "--methods=none,linear",
+        "--finetune_lrs=1e-3,3e-3",  # rates to choose: a selection seed is screened
         "--finetune_steps=2",
         f"--data_dir={data_dir}",
         f"--out_dir={out}",
@@ -246,6 +261,14 @@ def test_a_dry_run_prints_the_screening_and_every_launch_with_its_job_count(data
         "1337, 1338 of 2 arms"
     )
     assert len(lines) == 5 and not (tmp_path / "ext").exists()
+    # one rate: no sweep and no selection seed; the test seeds' fine-tunes wait for their seed alone
+    extend.main([*LAB, f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'ext'}", *DRY[:2], "--finetune_lrs=1e-3"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "dry run, screening: 2 runs here, 1 at a time: rope-b200 seed 1337, rope-b200 seed 1338"
+    assert lines[2].startswith(
+        "then at most 4 runs, as each test seed passes the screening: test seeds 1337, 1338 of 2 arms"
+    )
+    assert len(lines) == 3 and not (tmp_path / "ext").exists()
 
 
 def test_a_slurm_dry_run_shows_every_launch_of_the_local_one_with_the_resources_and_hours_it_requests(
@@ -317,7 +340,10 @@ def test_claims_pair_the_seeds_at_the_read_step_and_skip_methods_not_run():
         def scores(v, a):
             return {
                 "loss": {"32": v, "64": v, "128": v},
-                "bands": {name: {"accuracy": a} for name in extend_report.BANDS},
+                "bands": {
+                    name: {"accuracy": a, "hits": round(48 * a), "trials": 48, "floor": 0.25}
+                    for name in extend_report.BANDS
+                },
             }
 
         runs = {
@@ -362,6 +388,13 @@ def test_claims_pair_the_seeds_at_the_read_step_and_skip_methods_not_run():
         if line.startswith(f"| {pi_l0} |")
     )
     assert f"| none: CI against ±{extend_report.SAME_MARGIN:g} |" in row and "one family of 2 tests" not in row
+    # where neither arm's hits (pooled over the seeds) clear the band's floor, the band claim compares two copiers:
+    # it leaves the family (24 + 19 + 14 of 144 is 0.40, its interval above 0.25; 12 + 14 + 11 of 144 is not)
+    assert not made[pi_band]["at_floor"]
+    r["finetune"]["rope-b200-linear-x2"] = arm("linear", [{"0": 3.0, "4": 2.2}] * 3, [0.25, 0.29, 0.23])
+    r["finetune"]["rope-b200-none-x2"] = arm("none", [{"0": 2.6, "4": 2.3}] * 3, [0.29, 0.23, 0.25])
+    floored = {c["id"]: c for c in extend_report.judge(extend_report.claims(r))}
+    assert floored[pi_band]["verdict"] == extend_report.AT_FLOOR and floored[pi_loss]["family"] == 1
 
 
 def test_a_same_claim_is_tested_where_its_equivalence_test_can_pass():
@@ -404,7 +437,7 @@ def test_the_gpu_and_second_scale_configs_run_shrunk_on_the_cpu(data_dir, tmp_pa
         "--finetune_steps=2",
         "--eval_tokens=128",
         "--probe_trials=2",
-        "--probe_distances=4",
+        "--probe_slots=8",
         "--probe_pool=1",
         "--recall_pairs=2",
         "--recall_fewest=1",
@@ -426,6 +459,7 @@ class Screened:
 
     settings = extend.ExtendConfig(seeds=2, screen_most=3)
     train_cfg, bases = train.TrainConfig(seed=1337), [200.0]
+    sweeps_rates = True  # its rates are chosen on a selection seed
 
 
 def bases(passed):

@@ -87,6 +87,24 @@ def test_position_losses_match_the_model_loss_on_each_prefix(data_dir):
     assert torch.equal(again.eval_starts["val"], batches.eval_starts["val"])
 
 
+def test_the_worth_of_context_reads_the_same_last_tokens_from_L0_and_from_the_whole_window(data_dir):
+    # an independent route: each window's last L0 // 4 = 2 tokens scored one at a time, from the window's last L0 = 8
+    # tokens (positions 4 on) and from the whole prefix, with the model's own loss
+    meta = load_meta(data_dir / "shakespeare_char")
+    (batches,) = evaluation.eval_sets(data_dir / "shakespeare_char", meta, [12], 48, 24, "cpu").values()
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=12, vocab_size=meta["vocab_size"])).eval()
+    runtime = Runtime("cpu", torch.float32, False)
+    worth = evaluation.context_value(model, batches, 8, runtime)
+    x, y = map(torch.cat, zip(*batches.eval_batches("val"), strict=True))  # (4, 12) each
+    with torch.no_grad():
+        short = [model(x[:, 4 : p + 1], y[:, 4 : p + 1], reduction="none")[1][:, -1] for p in (10, 11)]
+        whole = [model(x[:, : p + 1], y[:, : p + 1], reduction="none")[1][:, -1] for p in (10, 11)]
+    assert worth["L0"] == pytest.approx(torch.stack(short).double().mean().item(), abs=1e-6)
+    assert worth["whole"] == pytest.approx(torch.stack(whole).double().mean().item(), abs=1e-6)
+    assert worth["L0"] != worth["whole"]  # the longer context changes what the model predicts
+
+
 def test_a_cached_evaluation_follows_the_settings_it_read_and_where_its_model_is_gone_names_them(tmp_path):
     path, calls = tmp_path / "run" / "step2.json", []
 

@@ -1,14 +1,14 @@
 """data/recall.py: task rows written deterministically, every trained target an answer its needle tells, each
 query's needle drawn with replacement (no elimination cue), rows of a drawn number of needles asking every slot;
-the probe windows' geometry: every distance asked as often, each asked needle exactly k before its query, needles
-never overlapping, each needle's recency rank counted right, the needle right before the query the latest."""
+the probe windows' geometry: one block of needles side by side at every place it fits, each needle's distance to
+its query counted right, every slot asked at every distance it reaches equally often."""
 
 import itertools
 
 import pytest
 import torch
 
-from data.recall import FILLER, KEYS, NEEDLE, VALUES, Recall, distances, query_keys
+from data.recall import FILLER, KEYS, NEEDLE, VALUES, Recall, query_keys
 from data.tokenizer import CharTokenizer
 
 TOK = CharTokenizer(sorted(set("\n !',:;?" + FILLER + KEYS + VALUES)))
@@ -79,41 +79,28 @@ def test_each_query_draws_its_needle_with_replacement():
     assert (counts - 1 / pairs).abs().max() < 0.04  # uniform over the needles, whatever their place
 
 
-def test_distances_spread_evenly_from_a_needle_right_before_the_query_to_one_at_the_window_start():
-    d = distances(64, 32)
-    assert d[0] == NEEDLE and d[-1] == 62 and len(d) == 32 and d == sorted(set(d))
-    assert max(b - a for a, b in itertools.pairwise(d)) <= 2
-    assert distances(16, 32) == list(range(NEEDLE, 15))  # fewer than asked: every distance
-    with pytest.raises(ValueError, match="n=1 must be >= 2"):
-        distances(64, 1)
-
-
 @pytest.mark.parametrize("W", [50, 64])
-def test_context_windows_ask_every_distance_trials_times_each_needle_exactly_k_before_its_query(W):
-    task, ks, query = Recall(TOK, pairs=6), distances(W, 8), W - 2  # the query's key in the window x = row[:-1]
-    contexts, needles, asked, ranks = task.context_windows(W, ks, 5, torch.Generator().manual_seed(0))
-    assert contexts.shape[1] == W + 1 and torch.bincount(asked[asked >= 0]).tolist() == [5] * len(ks)
-    assert (asked >= 0).sum(1).float().mean() > 4  # most contexts ask several distances
-    for row, ns, ask, rank in zip(contexts, needles, asked, ranks, strict=True):
+def test_block_windows_stand_the_needles_side_by_side_at_every_place_each_distance_counted_to_the_query(W):
+    task, query = Recall(TOK, pairs=6), W - 2  # the query's key in the window x = row[:-1]
+    contexts, needles, distance = task.block_windows(W, 2, torch.Generator().manual_seed(0))
+    places = query - 6 * NEEDLE + 1  # the block's starts: 0 to the last that leaves the query's place free
+    assert contexts.shape == (2 * places, W + 1) and distance.shape == needles.shape[:2] == (2 * places, 6)
+    starts = []
+    for row, ns, ds in zip(contexts, needles, distance, strict=True):
         found = needles_of(row)
-        starts = sorted(found.values())
-        assert len(found) == 6 and letters(row) == starts  # needles alone; the query's place is filler
-        assert all(b - a >= NEEDLE for a, b in zip(starts, starts[1:], strict=False)) and starts[-1] + NEEDLE <= query
-        assert len({c for a in starts for c in row[a + 1 : a + 3].tolist()}) == 12  # distinct capitals
-        for needle, i, r in zip(ns, ask.tolist(), rank.tolist(), strict=True):
+        at = sorted(found.values())
+        assert len(found) == 6 and letters(row) == at  # needles alone; the query's place is filler
+        assert at == list(range(at[0], at[0] + 6 * NEEDLE, NEEDLE)) and at[-1] + NEEDLE <= query  # side by side
+        assert len({c for a in at for c in row[a + 1 : a + 3].tolist()}) == 12  # distinct capitals
+        for needle, d in zip(ns, ds.tolist(), strict=True):
             start = found[needle[0].item()]
-            assert row[start : start + NEEDLE].tolist() == needle.tolist()
-            assert i < 0 or start == query - ks[i]  # an asked needle's key exactly k before its query's
-            assert r == sum(a > start for a in starts)  # its recency rank: the needles after it
-
-
-def test_the_needle_right_before_the_query_is_the_latest_and_the_one_at_the_start_the_earliest():
-    task, ks = Recall(TOK, pairs=6), distances(64, 32)
-    _, _, asked, ranks = task.context_windows(64, ks, 40, torch.Generator().manual_seed(1))
-    assert set(ranks[asked == 0].tolist()) == {0} and set(ranks[asked == len(ks) - 1].tolist()) == {5}
-    assert [list(task.fits(64, k)) for k in (ks[0], ks[-1])] == [[0], [5]]  # where the layout forces the answer
-    assert all(set(ranks[asked == i].tolist()) <= set(task.fits(64, k)) for i, k in enumerate(ks))
-    assert len(set(ranks[asked == len(ks) // 2].tolist())) > 3  # mid-window: many ranks
+            assert row[start : start + NEEDLE].tolist() == needle.tolist() and start == query - d
+        starts.append(at[0])
+    assert sorted(starts) == sorted(list(range(places)) * 2)  # every place, twice
+    # so slot i is asked at each distance it reaches twice: from 3 (6 - i), the block against the query, to the query
+    # minus 3 i, the block at the window's start
+    for i in range(6):
+        assert sorted(distance[:, i].tolist()) == sorted(list(range(3 * (6 - i), query - 3 * i + 1)) * 2)
 
 
 def test_rows_of_fewest_to_pairs_needles_ask_every_slot_a_probe_of_pairs_needles_asks():
@@ -150,12 +137,10 @@ def test_slot_windows_query_every_needle_once_at_the_end():
 def test_windows_too_short_for_the_needles_fail_with_what_is_valid():
     task = Recall(TOK, pairs=10)
     g = torch.Generator().manual_seed(0)
-    # 9 needles rule out 45 starts of the tenth: 50 tokens leave it room wherever they lie
-    with pytest.raises(ValueError, match=r"W=49 tokens cannot hold 10 needles .* valid: .* W >= 50"):
-        task.context_windows(49, distances(49, 8), 1, g)
-    task.context_windows(50, distances(50, 48), 1, g)
-    with pytest.raises(ValueError, match=r"valid: distances in \[3, 62\]"):
-        task.context_windows(64, [2, 10], 1, g)
+    # a block of 10 needles is 30 tokens, before the query's 3 (the window's last but one)
+    with pytest.raises(ValueError, match=r"W=31 tokens cannot hold a block of 10 needles .* valid: W >= 32"):
+        task.block_windows(31, 1, g)
+    assert len(task.block_windows(32, 1, g)[0]) == 1  # one place
     with pytest.raises(ValueError, match="valid: W >= 59"):
         task.slot_windows(40, 1, g)
     with pytest.raises(ValueError, match=r"block_size=24 cannot hold 10 needles and their queries \(42 tokens\)"):
