@@ -12,8 +12,8 @@ from lab.retrieval import (
     BANDS,
     THRESHOLDS,
     distance_plots,
-    interval,
     papers_reach,
+    passes,
     readout as read_cells,
     readout_errors as errors,
     shares,
@@ -356,8 +356,7 @@ def above_floor(arm, band, step):
     95% interval wholly above the band's floor. A difference between two arms of which neither does is one between
     copiers, which says nothing of the methods."""
     got = [run["scores"][step]["bands"][band] for run in arm["runs"].values()]
-    hits, trials = sum(g["hits"] for g in got), sum(g["trials"] for g in got)
-    return interval(hits, trials)[0] > got[0]["floor"]
+    return passes(sum(g["hits"] for g in got), sum(g["trials"] for g in got), got[0]["floor"], 0.0)
 
 
 def seed_figures(arm, c, step, lengths):
@@ -398,17 +397,15 @@ def judge(claims):
     judged = verdicts([c for i, c in enumerate(claims) if (i not in same or i in tested) and i not in floored])
     family = judged[0]["family"] if judged else 0
     out = iter(judged)
-    return [
-        annotated(
-            untested(c, family, AT_FLOOR)
-            if i in floored
-            else next(out)
-            if i not in same or i in tested
-            else untested(c, family, UNTESTED),
-            family,
-        )
-        for i, c in enumerate(claims)
-    ]
+
+    def verdict(i, c):
+        if i in floored:
+            return untested(c, family, AT_FLOOR)
+        if i in same and i not in tested:
+            return untested(c, family, UNTESTED)
+        return next(out)
+
+    return [annotated(verdict(i, c), family) for i, c in enumerate(claims)]
 
 
 def untested(c, family, verdict):
@@ -722,18 +719,26 @@ def md_loss(r):
         for x in r["finetune"].values()
         for L in x["by_step"]["0"]["loss"]
     ]
-    worth = [
-        [f"{x['factor']:g}", x["method"], pm(x["by_step"][str(r["read_step"])]["context"], ".4f")]
-        for x in r["finetune"].values()
-    ]
+    worth = {(x["factor"], x["method"]): x["by_step"][str(r["read_step"])]["context"] for x in r["finetune"].values()}
+    small = all(abs(w["mean"]) < CONTEXT_WORTH for w in worth.values())
     return (
         "## Val loss against fine-tuning steps at L0, s L0 and 2s L0\n\n"
         + md_table(["s", "method", "length", *(f"step {st}" for st in steps_of(r))], rows, text_columns=3)
         + f"\n\n**What context past L0 is worth on this text**, at step {r['read_step']}: the loss of the last L0/4 "
         f"tokens of the windows of s L0, read from their last L0 tokens alone minus read from the whole window (the "
-        f"same tokens; positive: the longer context helps). Where it is below {CONTEXT_WORTH} nats, a loss claim at "
-        f"s L0 or 2s L0 measures what a method costs the model at short range more than what it gains from the "
-        f"longer window.\n\n" + md_table(["s", "method", "L0 minus whole window (nats)"], worth, text_columns=2)
+        f"same tokens; positive: the longer context helps). "
+        + (
+            f"Below {CONTEXT_WORTH} nats for every arm: the loss claims at s L0 measure what a method costs the "
+            "model at short range more than what it gains from the longer window (2s L0 is not measured)."
+            if small
+            else f"{CONTEXT_WORTH} nats or more for some arm: the longer window is worth something on this text."
+        )
+        + "\n\n"
+        + md_table(
+            ["s", "method", "L0 minus whole window (nats)"],
+            [[f"{s:g}", m, pm(w, ".4f")] for (s, m), w in worth.items()],
+            text_columns=2,
+        )
     )
 
 

@@ -159,10 +159,10 @@ class Probe:
 
     What is scored and its floor: whole answers (V and W both the argmax) of the query; a model that copies one
     needle without reading the key (by its rank or by its distance) answers right the share of a cell's queries
-    that `blind` records, counted on these very windows (exact), at most `floors` (the module's docstring says how
-    every reading holds against it), and passes a threshold by luck with the probability `error_rates` states as
-    "false_pass", which the reports print beside k_max. A window keeps the cells whose floor is at most MAX_FLOOR
-    times chance (`distances`: each kept cell by its upper edge, (j + 1) width)."""
+    that `blind` records, counted on these very windows (exact); the best of them is the cell's floor (the module's
+    docstring says how every reading holds against it), and passes a threshold by luck with the probability
+    `error_rates` states as "false_pass", which the reports print beside k_max. A window keeps the cells whose floor
+    is at most MAX_FLOOR times chance (`distances`: each kept cell by its upper edge, (j + 1) width)."""
 
     def __init__(self, meta, L0, settings, pairs, tokens_per_forward, device, lengths=None):
         """Windows at each of settings.probe_lengths x L0, or at the given lengths (tokens)."""
@@ -198,7 +198,6 @@ class Probe:
             self.distances[W] = [(j + 1) * self.width for j in kept]
             self.blind[W] = {(j + 1) * self.width: listed(blind[j]) for j in kept}
             self.trials[W] = {(j + 1) * self.width: int((cells == j).sum()) for j in kept}
-        self.floors = {W: {k: max(by.values()) for k, by in ks.items()} for W, ks in self.blind.items()}
         # the slot probe's windows, built once (at L0, too short for the slot check: fails now): every base stage
         # asks for them
         self.slots = {L0: self.recall.slot_windows(L0, settings.probe_slots, probe_generator(SLOT, L0))}

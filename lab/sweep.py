@@ -174,9 +174,11 @@ class Plan:
             self.check(job)
         widening = sum(len(rates) > 1 for rates in sweeps.values())  # the arms whose sweep may widen
         # what the test seeds' runs wait for: their arm's rate where it is swept, their seed where a screen decides it
-        events = ["each arm's sweep chooses its rate"] * bool(sweeps) + ["each test seed passes the screening"] * bool(
-            screening
-        )
+        events = []
+        if sweeps:
+            events.append("each arm's sweep chooses its rate")
+        if screening:
+            events.append("each test seed passes the screening")
         launches = [
             *screening,
             Launch("launch 1", jobs, when="once the selection seed passed the screening" if screening else ""),

@@ -66,37 +66,35 @@ def test_a_run_folder_from_before_tasks_were_named_is_checked_as_the_task_it_tra
         grid.check_same_settings(tmp_path, settings, saved)
 
 
-def test_position_losses_match_the_model_loss_on_each_prefix(data_dir):
-    # the loss at position p is the model's mean loss on prefixes of length p+1, times p+1, minus that of length p:
-    # an independent route (causality + the model's own loss) to check the per-position bookkeeping
+def scored(data_dir):
+    """(batches of 12-token validation windows, 48 tokens in all, 2 a forward; a tiny model; a float32 runtime; the
+    windows' (x, y), (4, 12) each)."""
     meta = load_meta(data_dir / "shakespeare_char")
     (batches,) = evaluation.eval_sets(data_dir / "shakespeare_char", meta, [12], 48, 24, "cpu").values()
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=12, vocab_size=meta["vocab_size"])).eval()
-    runtime = Runtime("cpu", torch.float32, False)
+    x, y = map(torch.cat, zip(*batches.eval_batches("val"), strict=True))
+    return batches, model, Runtime("cpu", torch.float32, False), x, y
+
+
+def test_position_losses_match_the_model_loss_on_each_prefix(data_dir):
+    # the loss at position p is the model's mean loss on prefixes of length p+1, times p+1, minus that of length p:
+    # an independent route (causality + the model's own loss) to check the per-position bookkeeping
+    batches, model, runtime, x, y = scored(data_dir)
     curve = evaluation.position_losses(model, batches, runtime)
-    x, y = map(
-        torch.cat, zip(*batches.eval_batches("val"), strict=True)
-    )  # (4, 12) each: 48 tokens, 2 windows per forward
     assert len(x) == 4
     with torch.no_grad():
         prefix = [0.0] + [model(x[:, :p], y[:, :p])[1].item() * p for p in range(1, 13)]
     torch.testing.assert_close(curve, torch.tensor(prefix).diff().double(), atol=1e-5, rtol=1e-5)
     # the same windows for every model and every call: drawn from the evaluation seed alone
-    (again,) = evaluation.eval_sets(data_dir / "shakespeare_char", meta, [12], 48, 24, "cpu").values()
-    assert torch.equal(again.eval_starts["val"], batches.eval_starts["val"])
+    assert torch.equal(scored(data_dir)[0].eval_starts["val"], batches.eval_starts["val"])
 
 
 def test_the_worth_of_context_reads_the_same_last_tokens_from_L0_and_from_the_whole_window(data_dir):
     # an independent route: each window's last L0 // 4 = 2 tokens scored one at a time, from the window's last L0 = 8
     # tokens (positions 4 on) and from the whole prefix, with the model's own loss
-    meta = load_meta(data_dir / "shakespeare_char")
-    (batches,) = evaluation.eval_sets(data_dir / "shakespeare_char", meta, [12], 48, 24, "cpu").values()
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=12, vocab_size=meta["vocab_size"])).eval()
-    runtime = Runtime("cpu", torch.float32, False)
+    batches, model, runtime, x, y = scored(data_dir)
     worth = evaluation.context_value(model, batches, 8, runtime)
-    x, y = map(torch.cat, zip(*batches.eval_batches("val"), strict=True))  # (4, 12) each
     with torch.no_grad():
         short = [model(x[:, 4 : p + 1], y[:, 4 : p + 1], reduction="none")[1][:, -1] for p in (10, 11)]
         whole = [model(x[:, : p + 1], y[:, : p + 1], reduction="none")[1][:, -1] for p in (10, 11)]

@@ -131,6 +131,29 @@ def test_a_float32_run_computes_no_matmul_in_reduced_precision(data_dir, tmp_pat
     assert not guard.seen, "reduced-precision matmuls in a float32 run:\n" + "\n".join(guard.seen[:5])
 
 
+def test_the_labs_float32_scoring_computes_no_matmul_in_reduced_precision(data_dir):
+    """The extension lab's scores in float32 on the CPU: the probe's contexts read once into a KV cache with each
+    query forked, the same windows read whole, the slot check, and what context past L0 is worth. Its timed budget
+    holds on a CPU without native bf16 only if none of them leaves float32."""
+    from data.tokenizer import load_meta
+    from lab.evaluation import context_value, eval_sets
+    from lab.retrieval import Probe, ProbeSettings
+    from model import GPT
+
+    meta = load_meta(data_dir / "shakespeare_char")
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=32, vocab_size=meta["vocab_size"])).eval()
+    probe = Probe(meta, 32, ProbeSettings(probe_slots=4), 4, 1024, "cpu", lengths=[32, 64])
+    (windows,) = eval_sets(data_dir / "shakespeare_char", meta, [64], 256, 128, "cpu").values()
+    run = runtime.Runtime("cpu", torch.float32, False)
+    with ReducedPrecisionMatmuls() as guard:
+        probe.counts(model, 64, run)  # forked: a RoPE model takes a KV cache
+        probe.hits(model, 64, run, whole=True)
+        probe.by_slot(model, 32, run)
+        context_value(model, windows, 32, run)
+    assert not guard.seen, "reduced-precision matmuls in float32 scoring:\n" + "\n".join(guard.seen[:5])
+
+
 def test_bfloat16_on_a_gpu_without_it_is_refused_in_one_line(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: False)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Tesla V100")
