@@ -5,9 +5,10 @@
 
 Every run of a seed sees the same batches in the same order (data.loader.Batches draws them from
 (seed, step), not from global RNG state) and the same token budget, so differences between
-schemes are paired by seed. With lr_scales, each scheme first trains on the selection seed (in no test) at each
-multiple of the learning rates, the sweep widened where its best lies at an edge, and its best takes every test
-seed: one ranking at the shared rate, one with each scheme at its own (DroPE's variants run at the shared rate:
+schemes are paired by seed. With lr_scales, each scheme first trains on the selection seeds (selection_seeds of
+them from selection_seed, in no test) at each multiple of the learning rates, the sweep widened where its best (the
+lowest loss averaged over those seeds) lies at an edge, and its best takes every test seed: one ranking at the
+shared rate, one with each scheme at its own (DroPE's variants run at the shared rate:
 they are RoPE until the drop, and the recalibration's own rate is their axis). After training at context
 L0 = block_size each model is scored on fixed validation windows at multiples of L0 (RoPE models also with
 inference-time scaling, factor L/L0, beyond L0), on retrieval by needle-to-query distance (lab/retrieval.py)
@@ -371,23 +372,27 @@ def evaluate(plan, job, sampled, first):
 
 
 def summarize(plan, done, sweeps, best):
-    """results.json's content: the grid's settings and, per scheme, the learning-rate sweep on the selection seed
+    """results.json's content: the grid's settings and, per scheme, the learning-rate sweep on the selection seeds
     and its figures over the test seeds at the shared rate and at its own (ablate_report.scheme_figures), and the
     verdicts against the reference; done maps (scheme, scale, seed) to that run's (summary, eval), sweeps each
     scheme that swept to the scales it tried, best each scheme to its own scale."""
-    schemes, sel = {}, plan.settings.selection_seed
+    schemes, sels = {}, plan.settings.selection()
     # each scheme at its own rate only where a sweep chose one: otherwise that ranking is the shared one, the same runs
     rankings = {"shared": dict.fromkeys(plan.grid, 1)} | ({"tuned": best} if plan.sweeping else {})
     # the effective length's one score for every scheme, fixed in the config before the run as RULER's is: the gate
     # of steps-to-learn, which every query slot of a model that learned the task reaches at L0
     reference = plan.settings.learn_gate if plan.probe else None
     for name, cfg in plan.grid.items():
-        sweep = {s: done[name, s, sel][0]["final_val_loss"] for s in sweeps.get(name, [])}
+        by_seed = {
+            sel: {f"{s:g}": done[name, s, sel][0]["final_val_loss"] for s in sweeps.get(name, [])} for sel in sels
+        }
         schemes[name] = {
             "pos_emb": cfg.pos_emb,
             "changes": changes(plan, name),
             "params": plan.params[name],
-            "sweep": {f"{s:g}": v for s, v in sweep.items()},
+            # each scale's loss averaged over the selection seeds, which chose the best; each seed's beside it
+            "sweep": {s: statistics.fmean(seed[s] for seed in by_seed.values()) for s in by_seed[sels[0]]},
+            "sweep_by_seed": {str(sel): losses for sel, losses in by_seed.items()},
             "best_scale": best[name],
             **{
                 ranking: {
@@ -410,7 +415,7 @@ def summarize(plan, done, sweeps, best):
         "lengths": plan.lengths,
         "windows": {str(L): n_windows(b) for L, b in plan.windows.items()},
         "seeds": plan.seeds,
-        "selection_seed": sel if plan.sweeping else None,
+        "selection_seeds": sels if plan.sweeping else None,
         "scales": plan.scales,
         "tokens_per_run": tokens_per_run(plan.model_cfg, plan.train_cfg),
         "learning_rates": {
@@ -437,6 +442,9 @@ def summarize(plan, done, sweeps, best):
             for ranking in rankings
         },
         "learning_order": {ranking: ablate_report.learning_order(schemes, REFERENCE, ranking) for ranking in rankings},
+        "retrieval_past_L0": {
+            ranking: ablate_report.retrieval_against(schemes, REFERENCE, ranking) for ranking in rankings
+        },
     }
 
 
@@ -643,7 +651,8 @@ def print_plan(plan, statuses):
     g, train_cfg = plan.model_cfg, plan.train_cfg
     counts = {k: list(statuses.values()).count(k) for k in ("finished", "resume", "new")}
     sweep = (
-        f", each scheme's {len(plan.scales)} learning-rate scales on selection seed {plan.settings.selection_seed}"
+        f", each scheme's {len(plan.scales)} learning-rate scales on selection seeds "
+        f"{', '.join(map(str, plan.settings.selection()))}"
         if plan.sweeping
         else ""
     )

@@ -158,11 +158,13 @@ def own_words(r):
     )
 
 
-# The ablation's two claims, each made for every scheme against the reference: its final val loss is lower
-# (verdicts_against) and which of the two learns retrieval first (learning_order). A claim's id names the scheme
+# The ablation's three claims, each made for every scheme against the reference: its final val loss is lower
+# (verdicts_against), which of the two learns retrieval first (learning_order), and, on the seeds where both learned
+# it, which retrieves more past L0 (retrieval_against). A claim's id names the scheme
 # and the reference, e.g. "alibi-loss-vs-rope"; results.json, results.md, tests and the guide name it by that id.
 LOSS_CLAIM = "{scheme}-loss-vs-{reference}"
 ORDER_CLAIM = "{scheme}-learns-first-vs-{reference}"
+PAST_CLAIM = "{scheme}-retrieves-past-L0-vs-{reference}"
 
 
 def verdicts_against(schemes, reference, ranking, margin):
@@ -258,6 +260,50 @@ def first_learned(figures):
     }
 
 
+def retrieval_against(schemes, reference, ranking):
+    """Each scheme's whole answers in the first band past L0 (L0 to s L0, its longest window) minus the reference's,
+    seed by seed over the seeds on which both learned retrieval by the ceiling, the inclusion rule fixed before any
+    run: a model that never learned the task has no retrieval to carry past L0, so its band would measure the task
+    and not the scheme. stats.verdicts over the table, "higher" expected (the scheme retrieves more); each claim
+    carries "seeds", those compared, and "means", the two arms' mean accuracy over them."""
+    ref = schemes.get(reference)
+    if ref is None or ref[ranking]["learning"] is None or ref[ranking]["retrieval"] is None:
+        return []
+    ref_past = past_L0(ref[ranking])
+    claims = []
+    for name, x in schemes.items():
+        if name != reference and x[ranking]["retrieval"] is not None:
+            mine = past_L0(x[ranking])
+            common = sorted(mine.keys() & ref_past.keys())
+            claims.append(
+                {
+                    "id": PAST_CLAIM.format(scheme=name, reference=reference),
+                    "scheme": name,
+                    "seeds": common,
+                    "means": [statistics.fmean(arm[s] for s in common) if common else None for arm in (mine, ref_past)],
+                    "diffs": [mine[s] - ref_past[s] for s in common],
+                    "expect": "higher",
+                }
+            )
+    tested = iter(verdicts([c for c in claims if c["diffs"]]))  # a claim with no seed to compare has no test
+    return [next(tested) if c["diffs"] else c | {"verdict": None} for c in claims]
+
+
+def past_L0(figures):
+    """{seed: its whole answers from L0 to s L0} over the seeds that learned retrieval and have that band."""
+    out = {}
+    for f in figures["per_seed"]:
+        band = longest_window(f)["bands"][BEYOND[0]]
+        if f["learning"]["learned"] and band is not None:
+            out[f["seed"]] = band["accuracy"]
+    return out
+
+
+def longest_window(f):
+    """A seed's readout in its longest probed window that the scheme reaches (None marks one it cannot)."""
+    return max(((int(W), w) for W, w in f["windows"].items() if w is not None))[1]
+
+
 def verdict_words(claim, reference):
     """The verdict as a reader wants it: lower or higher than the reference, no difference, or inconclusive."""
     if claim["verdict"] == "holds":
@@ -331,6 +377,7 @@ def markdown(results, plots):
         md_ranking(results, "shared"),
         md_learning(results),
         md_retrieval(results),
+        md_past(results),
         md_speed(results),
         md_lengths(results),
         md_positions(results),
@@ -347,11 +394,8 @@ def md_setup(r):
     train_min, eval_min = (sum(f[k] for f in ranked) / 60 for k in ("train_s", "eval_s"))
     b, a = r["settings"]["batches"], r["settings"]["ablate"]
     task = f", the recall task in {b['recall_share']:.0%} of the sequences" if b.get("recall_share") else ""
-    sweep = (
-        f"; each scheme's learning rate chosen on seed {r['selection_seed']}, which is in no test"
-        if r["selection_seed"] is not None
-        else ""
-    )
+    sels = r["selection_seeds"]
+    sweep = f"; each scheme's learning rate chosen on seeds {', '.join(map(str, sels))}, in no test" if sels else ""
     return (
         f"# Positional-scheme ablation\n\n{len(schemes)} schemes on `{t['dataset']}`, test seeds "
         f"{', '.join(map(str, r['seeds']))} (fixed before the run){sweep}: {m['n_layer']} layers, "
@@ -366,7 +410,8 @@ def md_setup(r):
 
 
 def md_rates(r):
-    if r["selection_seed"] is None:
+    sels = r["selection_seeds"]
+    if not sels:
         return ""
     lr = r["learning_rates"]
     rates = f"learning_rate {lr['learning_rate']:g}" + (
@@ -378,15 +423,18 @@ def md_rates(r):
             name,
             *(f"{x['sweep'][k]:.4f}" if (k := f"{s:g}") in x["sweep"] else "—" for s in scales),
             f"x{x['best_scale']:g}",
+            ", ".join(f"x{min(losses, key=losses.get)}" if losses else "—" for losses in x["sweep_by_seed"].values()),
         ]
         for name, x in r["schemes"].items()
     ]
     return (
-        f"## Each scheme's learning rate\n\nFinal val loss of the selection seed ({r['selection_seed']}, in no "
-        f"test) at each multiple of the learning rates ({rates} at x1), widened by one more multiple where the "
-        f"best lay at an edge; the lowest is the scheme's own rate, at which it trains every test seed (—: not "
-        f"tried; DroPE's variants keep the shared rate, their recalibration rate being their axis).\n\n"
-        + md_table(["scheme", *(f"x{s:g}" for s in scales), "chosen"], rows)
+        f"## Each scheme's learning rate\n\nFinal val loss at each multiple of the learning rates ({rates} at x1), "
+        f"averaged over the selection seeds ({', '.join(map(str, sels))}, in no test; results.json keeps each "
+        f"seed's under `sweep_by_seed`), widened by one more multiple where the best lay at an edge; the lowest is "
+        f"the scheme's own rate, at which it trains every test seed (—: not tried; DroPE's variants keep the shared "
+        f"rate, their recalibration rate being their axis). The last column is the rate each selection seed would "
+        f"have chosen alone: where they differ, one seed would have decided it.\n\n"
+        + md_table(["scheme", *(f"x{s:g}" for s in scales), "chosen", "each seed's best"], rows)
     )
 
 
@@ -533,11 +581,75 @@ def md_retrieval(r):
     )
 
 
+def md_past(r):
+    """The claims of retrieval past L0 among the seeds on which the scheme and the reference both learned."""
+    ref, parts = r["reference"], []
+    for ranking, claims in r.get("retrieval_past_L0", {}).items():
+        if not claims:
+            continue
+        rows = []
+        for c in claims:
+            test = c.get("test")
+            rows.append(
+                [
+                    c["scheme"],
+                    c["id"],
+                    ", ".join(map(str, c["seeds"])) or "none",
+                    "—" if not c["seeds"] else f"{c['means'][0]:.2f}",
+                    "—" if not c["seeds"] else f"{c['means'][1]:.2f}",
+                    "—"
+                    if test is None or test["ci"] is None
+                    else f"{test['mean']:+.3f} [{test['ci'][0]:+.3f}, {test['ci'][1]:+.3f}]",
+                    fmt(None if test is None else test["p"]),
+                    fmt(c.get("p_holm")),
+                    PAST_WORDS[c["verdict"]].format(ref=ref),
+                ]
+            )
+        family = next((c["family"] for c in claims if "family" in c), 0)
+        where = "each scheme at its own learning rate" if ranking == "tuned" else "every scheme at the shared rate"
+        parts.append(
+            f"### {where.capitalize()}\n\n"
+            + md_table(
+                [
+                    "scheme",
+                    "claim",
+                    "seeds where both learned",
+                    "scheme",
+                    ref,
+                    f"Δ vs {ref} [95% CI]",
+                    "p",
+                    "p (Holm)",
+                    "verdict",
+                ],
+                rows,
+                text_columns=3,
+            )
+            + f"\n\nOne Holm family of {family} tests (those with two seeds or more to compare)."
+        )
+    if not parts:
+        return ""
+    return (
+        f"## Retrieval past L0 among the seeds that learned\n\nWhole answers from L0 to the middle of the longest "
+        f"window (the first band past L0), each scheme minus {ref} seed by seed, over the seeds on which both "
+        f"learned retrieval by the ceiling (the inclusion rule fixed before the run: a model that never learned the "
+        f"task has no retrieval to carry past L0); the mean difference with its 95% CI (unadjusted), the paired "
+        f"t-test's p (the exact sign test where every seed gives the same difference) and p Holm-adjusted over the "
+        f'table. "more" or "less" needs p (Holm) < 0.05.\n\n' + "\n\n".join(parts)
+    )
+
+
+PAST_WORDS = {
+    "holds": "retrieves more than {ref}",
+    "does not hold": "retrieves less than {ref}",
+    "inconclusive": "inconclusive",
+    None: "no test: no seed where both learned",
+}
+
+
 def seed_bands(f, L0):
     """[(the window a band is read from, the band's name)] of a seed: inside L0 from the L0 windows where probed."""
-    windows = f["windows"]
-    longest = max((W for W, w in windows.items() if w is not None), key=int)
-    return [(windows.get(str(L0)) or windows[longest], "inside L0"), *((windows[longest], b) for b in BEYOND)]
+    longest = longest_window(f)
+    return [(f["windows"].get(str(L0)) or longest, "inside L0"), *((longest, b) for b in BEYOND)]
 
 
 def band_cell(window, name):

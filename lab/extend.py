@@ -12,11 +12,11 @@ the verdicts their tests allow.
    a model that has not passed by max_iters fails.
 2. Inclusion, a rule fixed before any method touches a base model: the test seeds are the first `seeds` seeds from
    `seed` on, in order, whose base models (one per RoPE base) pass the gate and still pass it after the decay; where
-   rates are swept, the selection seed is the first that passes from `selection_seed` on. Bases are launched only
-   as far as still needed, in order, `screen_most` seeds a role at the most (then the lab refuses). Every run
-   starts as soon as a worker is free and what it needs is known (the selection seed's sweep once that seed
-   passed, a test seed's fine-tunes once it is included and its arm's rate chosen), so no worker waits for a round
-   to end.
+   rates are swept, the selection seeds are the first `selection_seeds` that pass from `selection_seed` on, and each
+   arm's rate is the one with the lowest loss averaged over them. Bases are launched only as far as still needed, in
+   order, `screen_most` seeds a role at the most (then the lab refuses). Every run starts as soon as a worker is free
+   and what it needs is known (the sweeps once every selection seed passed, a test seed's fine-tunes once it is
+   included and its arm's rate chosen), so no worker waits for a round to end.
 3. Fine-tuning at s x L0 for each s in `factors` and each of `methods`: none (direct fine-tuning at the new
    length), linear (Position Interpolation, PI), ntk, dynamic, yarn, llama3 (each RoPE scaling, by its name), and
    PoSE (L0-long rows whose position ids skip ahead to s x L0, with linear scaling: `pose` at PI's steps and rows,
@@ -95,7 +95,7 @@ METHODS = (
         extend_report.POSE_TOKENS: (scalings.LINEAR, True, True, 1),
     }
 )
-ROLES = ("selection", "test")  # the seeds screened: the one that chooses the rates, those the claims test
+ROLES = ("selection", "test")  # the seeds screened: those that choose the rates, those the claims test
 
 
 TEXT_ROWS, TASK_ROWS = "text", "task"  # finetune_rows: PI's protocol, or our variant that keeps the task
@@ -232,6 +232,7 @@ class Lab(Plan):
     lrs: list
     steps: list  # the fine-tuning steps every arm is scored at, the last the one claims read
     probe: Probe  # retrieval at L0 and at each fine-tune's s L0 and 2s L0
+    chosen_selection: list | None = None  # the selection seeds screening admitted (None: no sweep, or not yet)
 
     desc = "extend"
 
@@ -302,8 +303,8 @@ class Lab(Plan):
         return self.lrs[0]
 
     def included(self, selection, seeds):
-        """This plan with the seeds screening admitted: the selection seed its sweeps run on, the test seeds."""
-        return replace(self, settings=replace(self.settings, selection_seed=selection), seeds=seeds)
+        """This plan with the seeds screening admitted: the selection seeds its sweeps ran on, the test seeds."""
+        return replace(self, chosen_selection=selection, seeds=seeds)
 
     @property
     def L0(self):
@@ -578,7 +579,8 @@ def screening(lab, done):
     seed before it is decided. Raises ValueError once screen_most seeds of a role were decided with fewer passing
     than it needs."""
     extend_cfg, found = lab.settings, {}
-    for role, wanted in (("selection", int(lab.sweeps_rates)), ("test", extend_cfg.seeds)):
+    wants = {"selection": extend_cfg.selection_seeds if lab.sweeps_rates else 0, "test": extend_cfg.seeds}
+    for role, wanted in wants.items():
         screened, passed, included, undecided = [], [], [], 0
         for seed in extend_cfg.candidates(role, lab.train_cfg):
             if len(passed) + undecided >= wanted:
@@ -602,11 +604,17 @@ def screening(lab, done):
 
 
 def screened_jobs(lab, done):
-    """sweep_and_test's screen: the base models wanted, the selection seed once it passed, the test seeds included so
-    far. The selection seed's fine-tunes start from its base alone, which no inclusion reads."""
+    """sweep_and_test's screen: the base models wanted, the selection seeds once they all passed, the test seeds
+    included so far. The selection seeds' fine-tunes start from their bases alone, which no inclusion reads."""
     found = screening(lab, done)
     bases = [("base", b, seed) for role in ROLES for seed in found[role]["screened"] for b in lab.bases]
-    return bases, next(iter(found["selection"]["included"]), None), found["test"]["included"]
+    return bases, selection_seeds(lab, found), found["test"]["included"]
+
+
+def selection_seeds(lab, found):
+    """The selection seeds screening admitted, once as many as the sweeps run on passed (None before)."""
+    included = found["selection"]["included"]
+    return included if len(included) == lab.settings.selection_seeds else None
 
 
 def run_lab(lab):
@@ -626,7 +634,7 @@ def run_lab(lab):
     with RunLock(lab.out, "context-extension lab"):
         done, sweeps, rates = lab.sweep_and_test(arms, sweeps, screen=lambda done: screened_jobs(lab, done))
         found = screening(lab, done)
-        chosen = lab.included(next(iter(found["selection"]["included"]), None), found["test"]["included"])
+        chosen = lab.included(selection_seeds(lab, found), found["test"]["included"])
         memory = {
             f"{m} x{s:g}": activation_bytes(*lab.finetune(lab.bases[0], m, s, chosen.seeds[0], lab.lrs[0])[1:], lab)
             for s in lab.factors

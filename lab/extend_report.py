@@ -51,7 +51,7 @@ def key(b, method, s):
 def lab_results(lab, done, sweeps, rates, screening):
     """results.json's figures and claims; done maps each job (lab/extend.py's) to that run's figures, screening
     each role's seeds screened, passed and included."""
-    L0, sel, per, read = lab.L0, lab.settings.selection_seed, lab.settings.probe_pool, lab.steps[-1]
+    L0, sels, per, read = lab.L0, lab.chosen_selection, lab.settings.probe_pool, lab.steps[-1]
     screened = [seed for role in screening.values() for seed in role["screened"]]
     base = {
         f"rope-b{b:g}": {str(seed): base_readout(done["base", b, seed], L0, per) for seed in screened}
@@ -71,23 +71,30 @@ def lab_results(lab, done, sweeps, rates, screening):
                     str(seed): readout(done["finetune", *arm, seed, rates[arm]], L0, s, per, reference)
                     for seed in lab.seeds
                 }
-                sweep = {
-                    f"{lr:g}": done["finetune", *arm, sel, lr]["scores"][str(read)]["loss"][at]
-                    for lr in sweeps.get(arm, [])
+                by_seed = {
+                    str(sel): {
+                        f"{lr:g}": done["finetune", *arm, sel, lr]["scores"][str(read)]["loss"][at]
+                        for lr in sweeps.get(arm, [])
+                    }
+                    for sel in sels or []
                 }
                 finetune[key(*arm)] = {
                     "base": b,
                     "method": m,
                     "factor": s,
                     "lr": rates[arm],
-                    "sweep": sweep,
+                    # each rate's loss averaged over the selection seeds, which chose the best; each seed's beside it
+                    "sweep": {
+                        lr: statistics.fmean(s[lr] for s in by_seed.values()) for lr in next(iter(by_seed.values()), {})
+                    },
+                    "sweep_by_seed": by_seed,
                     "runs": runs,
                     "by_step": by_step(runs, [0, *lab.steps], s, L0),
                 }
     results = {
         "block_size": L0,
         "seeds": lab.seeds,
-        "selection_seed": sel,
+        "selection_seeds": sels,
         "screening": screening,
         "bases": lab.bases,
         "factors": lab.factors,
@@ -436,7 +443,11 @@ def markdown(r, plots):
     L0, ex = r["block_size"], r["settings"]["extend"]
     parts = [
         f"# Context extension\n\nRoPE trained at L0 = {L0} tokens; test seeds {', '.join(map(str, r['seeds']))}"
-        + ("" if r["selection_seed"] is None else f" and selection seed {r['selection_seed']} (rates chosen on it)")
+        + (
+            f" and selection seeds {', '.join(map(str, r['selection_seeds']))} (rates chosen on them)"
+            if r["selection_seeds"]
+            else ""
+        )
         + ", admitted by the rule below. "
         f"Every arm fine-tuned {', '.join(map(str, r['steps']))} steps and read there; the claims read step "
         f"{r['read_step']}. Mean ± std over the test seeds. Compute: {r['train_s'] / 60:.1f} min of training "
@@ -535,9 +546,9 @@ def md_screening(r):
         f"the first {len(r['seeds'])} seeds from {r['settings']['train']['seed']} on, in order, whose base model "
         f"passes the gate"
         + (
-            ""
-            if r["selection_seed"] is None
-            else f", the selection seed the first that passes from {ex['selection_seed']} on"
+            f", the selection seeds the first {ex['selection_seeds']} that pass from {ex['selection_seed']} on"
+            if r["selection_seeds"]
+            else ""
         )
         + ". A base model "
         f"passes when every query slot retrieves at least {gate:.0%} of whole answers at L0 (probed every "
@@ -606,7 +617,7 @@ def md_base(r):
 
 
 def md_rates(r):
-    if r["selection_seed"] is None:
+    if not r["selection_seeds"]:
         rates = ", ".join(sorted({f"{x['lr']:g}" for x in r["finetune"].values()}))
         return f"## Fine-tuning rate\n\nOne rate for every arm, {rates}, fixed in the config: no seed chose it."
     rows = [
@@ -616,14 +627,18 @@ def md_rates(r):
             x["method"],
             ", ".join(f"{lr}: {loss:.4f}" for lr, loss in x["sweep"].items()),
             f"{x['lr']:g}",
+            ", ".join(min(losses, key=losses.get) for losses in x["sweep_by_seed"].values()),
         ]
         for x in r["finetune"].values()
     ]
+    sels = ", ".join(map(str, r["selection_seeds"]))
     return (
-        f"## Fine-tuning rates, chosen on seed {r['selection_seed']}\n\nLoss at s L0 after {r['read_step']} steps "
-        f"of the selection seed's fine-tune at each rate (the sweep widened where its best lay at an edge); the "
-        f"lowest sets every test seed's rate.\n\n"
-        + md_table(["base", "s", "method", "rate: loss at s L0", "chosen"], rows, text_columns=4)
+        f"## Fine-tuning rates, chosen on seeds {sels}\n\nLoss at s L0 after {r['read_step']} steps of the "
+        f"selection seeds' fine-tunes at each rate, averaged over them (the sweep widened where its best lay at an "
+        f"edge; results.json keeps each seed's under `sweep_by_seed`); the lowest sets every test seed's rate. The "
+        f"last column is the rate each selection seed would have chosen alone: where they differ, one seed would "
+        f"have decided it.\n\n"
+        + md_table(["base", "s", "method", "rate: loss at s L0", "chosen", "each seed's best"], rows, text_columns=4)
     )
 
 

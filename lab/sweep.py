@@ -5,6 +5,7 @@ results files. A tool's plan subclasses Plan and says what its jobs are; the too
 """
 
 import bisect
+import statistics
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -31,19 +32,31 @@ class SweepSettings(SeedSettings, LaunchSettings):
 
     selection_seed: int = opt(
         1000,
-        "the seed each arm's rate sweep runs on, which chooses the rate its test seeds train at; it is in no test",
+        "the first seed each arm's rate sweep runs on, the sweep choosing the rate its test seeds train at; no "
+        "selection seed is in a test",
         check=config.NON_NEGATIVE,
+    )
+    selection_seeds: int = opt(
+        2,
+        "seeds each arm's rate sweep runs on, from selection_seed on: the rate with the lowest loss averaged over "
+        "them is chosen, so that no single seed decides it",
+        check=config.POSITIVE,
     )
     eval_tokens: int = opt(
         16384, "validation tokens per context length, in fixed windows of that length", check=config.POSITIVE
     )
 
+    def selection(self):
+        """The seeds each arm's sweep runs on."""
+        return [self.selection_seed + i for i in range(self.selection_seeds)]
+
     def test_seeds(self, train_cfg, sweeping=True):
         seeds = super().test_seeds(train_cfg)
-        if sweeping and self.selection_seed in seeds:
+        if sweeping and (shared := sorted(set(self.selection()) & set(seeds))):
             raise ValueError(
-                f"selection_seed={self.selection_seed} is one of the test seeds {seeds}; a rate chosen on "
-                "a seed must not be tested on it"
+                f"selection_seed={self.selection_seed}, selection_seeds={self.selection_seeds}: seeds "
+                f"{', '.join(map(str, shared))} are also test seeds {seeds}; a rate chosen on a seed must not be "
+                "tested on it"
             )
         return seeds
 
@@ -131,35 +144,34 @@ class Plan:
         return not (self.folder(job) / self.marker).is_file()
 
     def first_launch(self, sweeps, after=()):
-        """Each arm's sweep on the selection seed, then the jobs after."""
-        return [self.job(a, rate, self.settings.selection_seed) for a, rates in sweeps.items() for rate in rates] + [
-            *after
-        ]
+        """Each arm's sweep on the selection seeds, then the jobs after."""
+        sels = self.settings.selection()
+        return [self.job(a, rate, sel) for a, rates in sweeps.items() for rate in rates for sel in sels] + [*after]
 
     def sweep_and_test(self, arms, sweeps, after=(), screen=None):
         """Everything in one launch that grows as results come in, so that no worker waits for a round to end: each
-        arm of sweeps ({arm: its rates}) trained on the selection seed at each rate, and where its best rate lies at
-        an edge one more rate beyond it (MORE_RATES at the most), as soon as the arm's runs so far are done; the jobs
-        after; each arm of arms training every test seed at its best rate (unswept where it does not sweep) once
-        that rate is chosen. screen(done), where given, decides the seeds as results come in: (the jobs it wants
-        first, the selection seed (None while undecided), the test seeds admitted so far); by default the plan's
-        own. (done {job: result}, sweeps as widened, {arm: its rate})."""
-        screen = screen or (lambda done: ([], self.settings.selection_seed, self.seeds))
+        arm of sweeps ({arm: its rates}) trained on the selection seeds at each rate, and where its best rate (the
+        lowest loss averaged over those seeds) lies at an edge one more rate beyond it (MORE_RATES at the most), as
+        soon as the arm's runs so far are done; the jobs after; each arm of arms training every test seed at its best
+        rate (unswept where it does not sweep) once that rate is chosen. screen(done), where given, decides the seeds
+        as results come in: (the jobs it wants first, the selection seeds (None while undecided), the test seeds
+        admitted so far); by default the plan's own. (done {job: result}, sweeps as widened, {arm: its rate})."""
+        screen = screen or (lambda done: ([], self.settings.selection(), self.seeds))
         sweeps = {a: sorted(rates) for a, rates in sweeps.items()}
         most = max(map(len, sweeps.values()), default=0) + MORE_RATES
         rates = {a: self.unswept for a in arms if a not in sweeps}
 
         def wanted(done):
-            jobs, sel, seeds = screen(done)
-            for a, tried in sweeps.items() if sel is not None else ():  # no sweep before its seed passed
-                runs = {rate: self.job(a, rate, sel) for rate in tried}
-                if a not in rates and all(job in done for job in runs.values()):
-                    best = min(tried, key=lambda rate: self.loss(done[runs[rate]], a))
+            jobs, sels, seeds = screen(done)
+            for a, tried in sweeps.items() if sels is not None else ():  # no sweep before its seeds passed
+                runs = {rate: [self.job(a, rate, sel) for sel in sels] for rate in tried}
+                if a not in rates and all(job in done for each in runs.values() for job in each):
+                    best = min(tried, key=lambda rate: statistics.fmean(self.loss(done[j], a) for j in runs[rate]))
                     if beyond := widen(tried, best, most):
                         bisect.insort(tried, beyond)
                     else:
                         rates[a] = best
-                jobs = [*jobs, *(self.job(a, rate, sel) for rate in tried)]
+                jobs = [*jobs, *(self.job(a, rate, sel) for rate in tried for sel in sels)]
             return [*jobs, *after, *(self.job(a, rates[a], seed) for a in arms if a in rates for seed in seeds)]
 
         return self.launch(wanted), sweeps, rates
@@ -169,7 +181,7 @@ class Plan:
         launches of screening (Launch records) where a screen decides the seeds, and raise DryRun. arms: those that
         train the test seeds (default the swept ones)."""
         arms = list(sweeps) if arms is None else arms
-        sel, jobs, seeds = self.settings.selection_seed, self.first_launch(sweeps, after), self.seeds
+        sels, jobs, seeds = self.settings.selection(), self.first_launch(sweeps, after), self.seeds
         for job in jobs:
             self.check(job)
         widening = sum(len(rates) > 1 for rates in sweeps.values())  # the arms whose sweep may widen
@@ -183,9 +195,9 @@ class Plan:
             *screening,
             Launch("launch 1", jobs, when="once the selection seed passed the screening" if screening else ""),
             Launch(
-                f"up to {MORE_RATES} more rates on selection seed {sel} for each arm whose best rate lies at an edge "
-                "of its sweep",
-                most=MORE_RATES * widening,
+                f"up to {MORE_RATES} more rates on selection seeds {', '.join(map(str, sels))} for each arm whose "
+                "best rate lies at an edge of its sweep",
+                most=MORE_RATES * widening * len(sels),
                 when="as each arm's sweep finishes",
             ),
             Launch(

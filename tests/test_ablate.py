@@ -110,9 +110,10 @@ def test_grid_writes_every_output_and_a_rerun_skips_finished_runs(data_dir, tmp_
     assert all(w["effective_length"]["reference"] == 0.9 for f in rope["per_seed"] for w in f["windows"].values())
     assert len(res["learning_order"]["shared"]) == 1
     assert len(rope["attention"]["distance"]) == 2 and learned["biases"] is None
-    assert rope["threads"] == [1] and res["selection_seed"] is None  # one shared rate: no selection runs
+    assert rope["threads"] == [1] and res["selection_seeds"] is None  # one shared rate: no selection runs
     # one shared rate: no ranking at each scheme's own, kept once (the same runs), and the report reads it from there
-    assert set(res["verdicts"]) == set(res["learning_order"]) == {"shared"}
+    assert set(res["verdicts"]) == set(res["learning_order"]) == set(res["retrieval_past_L0"]) == {"shared"}
+    assert [c["id"] for c in res["retrieval_past_L0"]["shared"]] == ["learned-retrieves-past-L0-vs-rope"]
     assert all("tuned" not in x for x in res["schemes"].values())
     # the paired test uses both seeds
     (claim,) = res["verdicts"]["shared"]
@@ -267,7 +268,7 @@ def test_a_slurm_dry_run_lists_every_launch_and_the_hours_it_requests(data_dir, 
         ("--seeds=0", "seeds=0"),
         ("--lr_scales=0.5,2", "must include 1"),
         ("--probe_lengths=0.125", "a probe window of W=4 tokens cannot hold a block of 2"),
-        (("--lr_scales=1,2", "--selection_seed=1338"), "selection_seed=1338 is one of the test seeds [1337, 1338]"),
+        (("--lr_scales=1,2", "--selection_seed=1336"), "seeds 1337 are also test seeds [1337, 1338]"),
         ("--equivalence_margin=inf", "equivalence_margin=inf must be a finite number > 0"),
         ("--lr_scales=1,inf", "lr_scales='1,inf' must list finite numbers"),
     ],
@@ -310,7 +311,7 @@ def test_each_scheme_sweeps_its_rate_on_the_held_out_seed_widens_an_edge_and_ran
     )
     res = json.loads((out / "results.json").read_text())
     schemes, rope = res["schemes"], res["schemes"]["rope"]
-    assert code == 0 and res["selection_seed"] == 1000 and {"0.25", "1"} <= set(rope["sweep"])
+    assert code == 0 and res["selection_seeds"] == [1000, 1001] and {"0.25", "1"} <= set(rope["sweep"])
     md = (out / "results.md").read_text()
     assert schemes["d"]["sweep"] == {} and "| d | — |" in md  # DroPE: the shared rate
     assert "each scheme at its own rate" in md and "every scheme at the shared rate" not in md
@@ -321,10 +322,17 @@ def test_each_scheme_sweeps_its_rate_on_the_held_out_seed_widens_an_edge_and_ran
     assert rope["tuned"]["seeds"] == rope["shared"]["seeds"] == [1337, 1338]  # the selection seed tests nothing
     runs = sorted(p.name for p in (out / "runs").iterdir())
     assert all(
-        name.endswith("seed1000")
+        name.endswith(("seed1000", "seed1001"))
         for name in runs
         if "-lr" in name and name not in (f"rope-lr{best:g}-seed1337", f"rope-lr{best:g}-seed1338")
     )
+    # the best by the loss averaged over the two selection seeds, each seed's kept beside it as its run wrote it
+    by_seed = rope["sweep_by_seed"]
+    assert set(by_seed) == {"1000", "1001"} and by_seed["1000"].keys() == rope["sweep"].keys()
+    for k, mean in rope["sweep"].items():
+        assert mean == pytest.approx((by_seed["1000"][k] + by_seed["1001"][k]) / 2)
+    summary = json.loads((out / "runs" / "rope-lr0.25-seed1001" / "summary.json").read_text())
+    assert by_seed["1001"]["0.25"] == summary["final_val_loss"] and "each seed's best" in md
     lr = json.loads((out / "runs" / "rope-lr0.25-seed1000" / "config.json").read_text())["train"]["learning_rate"]
     assert lr == pytest.approx(0.001)
     summary = json.loads((out / "runs" / "rope-seed1337" / "summary.json").read_text())

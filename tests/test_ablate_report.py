@@ -49,3 +49,39 @@ def test_segments_cover_every_position_once_and_pm_marks_what_is_missing():
     assert pm(mean_std([1.0, 3.0])) == "2.0000 ± 1.4142"
     assert pm(mean_std([1.0])) == "1.0000" and pm(None) == "N/A"
     assert md_table(["scheme", "loss"], [("rope", "1.0")]).splitlines()[1] == "|---|---:|"
+
+
+def past(seeds, learned, accuracy):
+    """A scheme's figures with one 512-token window whose first band past L0 holds accuracy, seed by seed."""
+    per_seed = [
+        {
+            "seed": s,
+            "learning": {"learned": ok},
+            "windows": {"64": {"bands": {}}, "512": {"bands": {"L0 to sL0": {"accuracy": a}}}, "1024": None},
+        }
+        for s, ok, a in zip(seeds, learned, accuracy, strict=True)
+    ]
+    return {"shared": {"seeds": seeds, "learning": {}, "retrieval": {}, "per_seed": per_seed}}
+
+
+def test_retrieval_past_L0_is_compared_on_the_seeds_where_both_learned_by_a_paired_test_over_the_table():
+    from scipy import stats
+
+    seeds = [1, 2, 3, 4, 5]
+    schemes = {
+        "rope": past(seeds, [True, True, True, False, True], [0.20, 0.25, 0.22, 0.9, 0.21]),
+        "alibi": past(seeds, [True, False, True, True, True], [0.80, 0.1, 0.85, 0.1, 0.90]),
+        "none": past(seeds, [False] * 5, [0.1] * 5),  # never learned: nothing to compare, no test
+    }
+    alibi, none = ablate_report.retrieval_against(schemes, "rope", "shared")
+    # seed 2: alibi did not learn; seed 4: rope did not; the rest are paired
+    assert alibi["id"] == "alibi-retrieves-past-L0-vs-rope" and alibi["seeds"] == [1, 3, 5]
+    diffs = [0.80 - 0.20, 0.85 - 0.22, 0.90 - 0.21]
+    assert alibi["diffs"] == pytest.approx(diffs) and alibi["means"] == pytest.approx([0.85, 0.21])
+    assert alibi["test"]["p"] == pytest.approx(stats.ttest_1samp(diffs, 0).pvalue)
+    assert alibi["family"] == 1 and alibi["p_holm"] == pytest.approx(alibi["test"]["p"])
+    assert alibi["verdict"] == "holds"  # more past L0, as the claim expects
+    assert none["seeds"] == [] and none["verdict"] is None and "test" not in none
+    words = ablate_report.md_past({"reference": "rope", "retrieval_past_L0": {"shared": [alibi, none]}})
+    assert "| alibi | alibi-retrieves-past-L0-vs-rope | 1, 3, 5 | 0.85 | 0.21 |" in words
+    assert "no test: no seed where both learned" in words and "retrieves more than rope" in words

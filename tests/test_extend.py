@@ -53,7 +53,7 @@ def test_the_lab_reads_every_arm_at_equal_steps_keeps_each_seeds_cells_and_a_rer
     res = json.loads((out / "results.json").read_text())
     tests = sorted(p.name for p in (out / "finetune").iterdir())
     # one rate for every arm: no sweep, and no selection seed screened
-    assert not (out / "sweep").exists() and res["selection_seed"] is None
+    assert not (out / "sweep").exists() and res["selection_seeds"] is None
     assert res["screening"]["selection"] == {"screened": [], "passed": [], "included": []}
     assert {name.rsplit("-seed", 1)[1] for name in tests} == {"1337", "1338"}
     assert res["screening"]["test"] == {"screened": [1337, 1338], "passed": [1337, 1338], "included": [1337, 1338]}
@@ -187,6 +187,7 @@ def test_seeds_whose_base_fails_the_gate_are_screened_out_in_order_and_the_ceili
         "--base_gate=0.5",
         "--methods=none,linear",
         "--finetune_lrs=1e-3,3e-3",  # rates to choose: a selection seed is screened
+        "--selection_seeds=1",  # one, to keep the test short: two are tested on a stub lab below
         "--finetune_steps=2",
         f"--data_dir={data_dir}",
         f"--out_dir={out}",
@@ -202,7 +203,7 @@ def test_seeds_whose_base_fails_the_gate_are_screened_out_in_order_and_the_ceili
         "selection": {"screened": [1000, 1001], "passed": [1001], "included": [1001]},
         "test": {"screened": [1337, 1338, 1339], "passed": [1337, 1339], "included": [1337, 1339]},
     }
-    assert res["seeds"] == [1337, 1339] and res["selection_seed"] == 1001
+    assert res["seeds"] == [1337, 1339] and res["selection_seeds"] == [1001]
     assert all(set(arm["runs"]) == {"1337", "1339"} for arm in res["finetune"].values())
     failed = res["base"]["rope-b200"]["1338"]
     assert (failed["gate"], failed["passed"], failed["steps"]) == (None, False, 4)  # up to the ceiling, undecayed
@@ -455,9 +456,10 @@ def test_the_gpu_and_second_scale_configs_run_shrunk_on_the_cpu(data_dir, tmp_pa
 
 
 class Screened:
-    """What extend.screening reads of a lab: 2 test seeds from 1337, 3 screened a role at the most."""
+    """What extend.screening reads of a lab: 2 test seeds from 1337, 3 screened a role at the most, rates chosen on
+    one selection seed."""
 
-    settings = extend.ExtendConfig(seeds=2, screen_most=3)
+    settings = extend.ExtendConfig(seeds=2, screen_most=3, selection_seeds=1)
     train_cfg, bases = train.TrainConfig(seed=1337), [200.0]
     sweeps_rates = True  # its rates are chosen on a selection seed
 
@@ -546,3 +548,45 @@ def test_each_run_starts_once_what_it_needs_is_known_not_when_a_round_ends():
         ("linear", 2e-4, 1339),
     ]
     assert sweeps == {none: [1e-4, 2e-4, 4e-4, 8e-4], pi: [1e-4, 2e-4, 4e-4]} and rates == {none: 4e-4, pi: 2e-4}
+
+
+def test_rates_are_chosen_on_the_loss_averaged_over_the_selection_seeds_once_as_many_passed():
+    """Two selection seeds that disagree: seed 1000 alone would choose 1e-4, seed 1002 alone 2e-4; their mean
+    chooses 2e-4. Seed 1001 fails the gate, so 1002 is screened in its place, and no sweep starts before it passed."""
+    losses = {
+        (1000, 1e-4): 2.0,
+        (1000, 2e-4): 2.1,
+        (1000, 4e-4): 2.3,
+        (1002, 1e-4): 2.6,
+        (1002, 2e-4): 2.2,
+        (1002, 4e-4): 2.4,
+    }  # the means 2.3, 2.15 and 2.35: the best inside, no widening
+    arm = (200.0, "linear", 2.0)
+
+    class Lab(Screened):
+        settings = extend.ExtendConfig(seeds=1, screen_most=3, selection_seeds=2)
+        seeds, unswept = None, 1
+        job = staticmethod(lambda arm, lr, seed: ("finetune", *arm, seed, lr))
+        loss = staticmethod(lambda run, arm: run["loss"])
+
+        @staticmethod
+        def launch(wanted):
+            done = {}
+            while todo := [j for j in wanted(done) if j not in done]:
+                for job in todo:  # one round at a time: what each round asks is what the screening allowed
+                    if job[0] == "base":
+                        done[job] = {"passed": job[-1] != 1001}
+                    else:
+                        assert ("base", 200.0, 1002) in done, "a sweep started before its second seed passed"
+                        done[job] = {"loss": losses.get(job[-2:])}  # a test seed's: none read
+            return done
+
+    found = extend.screening(Lab, bases({1000: True, 1001: False}))
+    assert found["selection"]["screened"] == [1000, 1001, 1002] and extend.selection_seeds(Lab, found) is None
+    found = extend.screening(Lab, bases({1000: True, 1001: False, 1002: True}))
+    assert extend.selection_seeds(Lab, found) == [1000, 1002]
+    done, sweeps, rates = sweep.Plan.sweep_and_test(
+        Lab, [arm], {arm: [1e-4, 2e-4, 4e-4]}, screen=lambda done: extend.screened_jobs(Lab, done)
+    )
+    assert rates == {arm: 2e-4} and sweeps == {arm: [1e-4, 2e-4, 4e-4]}
+    assert {job[-2] for job in done if job[0] == "finetune"} == {1000, 1002, 1337}
