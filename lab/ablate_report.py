@@ -286,7 +286,17 @@ def retrieval_against(schemes, reference, ranking):
                 }
             )
     tested = iter(verdicts([c for c in claims if c["diffs"]]))  # a claim with no seed to compare has no test
-    return [next(tested) if c["diffs"] else c | {"verdict": None} for c in claims]
+    return [
+        next(tested) if c["diffs"] else c | {"verdict": None, "untested": why_untested(schemes[c["scheme"]][ranking])}
+        for c in claims
+    ]
+
+
+def why_untested(figures):
+    """Why a scheme's past-L0 claim has no seed to compare: no band past L0 (learned positions end at L0), or none
+    of its seeds that have one learned where the reference did."""
+    reaches = any(longest_window(f)["bands"][BEYOND[0]] is not None for f in figures["per_seed"])
+    return "no seed where both learned" if reaches else "no window past L0"
 
 
 def past_L0(figures):
@@ -602,7 +612,7 @@ def md_past(r):
                     else f"{test['mean']:+.3f} [{test['ci'][0]:+.3f}, {test['ci'][1]:+.3f}]",
                     fmt(None if test is None else test["p"]),
                     fmt(c.get("p_holm")),
-                    PAST_WORDS[c["verdict"]].format(ref=ref),
+                    f"no test: {c['untested']}" if c["verdict"] is None else PAST_WORDS[c["verdict"]].format(ref=ref),
                 ]
             )
         family = next((c["family"] for c in claims if "family" in c), 0)
@@ -642,7 +652,6 @@ PAST_WORDS = {
     "holds": "retrieves more than {ref}",
     "does not hold": "retrieves less than {ref}",
     "inconclusive": "inconclusive",
-    None: "no test: no seed where both learned",
 }
 
 

@@ -30,9 +30,9 @@ the verdicts their tests allow.
    them: loss at L0, s L0 and 2s L0, and the probe's counts (trials, hits by distance) in windows of s L0 (the
    target), at the last also of 2s L0 (past it). Where its L0 loss levelled off (measured every `finetune_eval`
    steps) is a secondary reading.
-4. Rates: each method and factor fine-tunes the selection seed at each of `finetune_lrs`, widened by one more rate
-   where the best is at the sweep's edge; its lowest loss at s L0 at the read step sets every test seed's rate. One
-   rate is every arm's, chosen by no seed: no selection seed is screened.
+4. Rates: each method and factor fine-tunes the selection seeds at each of `finetune_lrs`, widened by one more rate
+   where the best is at the sweep's edge; the lowest loss at s L0 at the read step, averaged over the selection
+   seeds, sets every test seed's rate. One rate is every arm's, chosen by no seed: no selection seed is screened.
 5. Claims: the papers' claims as paired tests over the test seeds (lab/stats.py), each once, one Holm family.
 
 out_dir receives base/, sweep/ and finetune/ run folders (one train.py run each, with its evaluations),
@@ -136,13 +136,13 @@ class ExtendConfig(ProbeSettings, SweepSettings):
     )
     screen_most: int = opt(
         12,
-        "seeds screened at the most for the test seeds, and for the selection seed: the lab "
+        "seeds screened at the most for the test seeds, and for the selection seeds: the lab "
         "refuses once they are reached with fewer base models passing than it needs",
         check=POSITIVE,
     )
     finetune_lrs: str = opt(
         "3e-4,1e-3,3e-3",
-        "fine-tuning peak rates, swept on the selection seed where there are several, every arm's where there is one "
+        "fine-tuning peak rates, swept on the selection seeds where there are several, every arm's where there is one "
         "(Muon's, where it trains, scaled alike from its pre-training peak)",
         check=number_list(float, 1e-12, "3e-4,1e-3,3e-3"),
     )
@@ -325,7 +325,7 @@ class Lab(Plan):
 
     def finetune(self, b, method, s, seed, lr, steps=None):
         """(out, model config, train config, batch config) of a fine-tune of RoPE base b, up to steps (default the
-        last read step); sweep runs (the selection seed) in sweep/, test runs in finetune/."""
+        last read step); sweep runs (the selection seeds) in sweep/, test runs in finetune/."""
         scaling, pose, pose_tokens, headroom = METHODS[method]
         # direct fine-tuning: none, factor 1
         scaling, factor = scalings.scaling_pair(scaling, None, stretch=float(s * headroom))
@@ -505,7 +505,7 @@ def finetune_run(lab, b, method, s, seed, lr):
     """Fine-tune in stages of finetune_eval steps (a resume is exact, so the stages add up to one run) to the last of
     the read steps, measuring the L0 loss after each stage, scored at step 0 (the base model with the scaling
     alone) and at each read step: {"l0_curve": {step: loss}, "plateau": where the L0 loss levelled off (None: not
-    within these steps), "scores": {step: ...}, "lr", "train_s", "tokens"}. The selection seed's runs, which only
+    within these steps), "scores": {step: ...}, "lr", "train_s", "tokens"}. The selection seeds' runs, which only
     choose a rate, are scored on loss alone."""
     out, model_cfg, train_cfg, batch_cfg = lab.finetune(b, method, s, seed, lr)
     base_out, L0, extend_cfg = lab.base(b, seed)[0], lab.L0, lab.settings

@@ -193,7 +193,7 @@ class Plan:
             events.append("each test seed passes the screening")
         launches = [
             *screening,
-            Launch("launch 1", jobs, when="once the selection seed passed the screening" if screening else ""),
+            Launch("launch 1", jobs, when="once the selection seeds passed the screening" if screening else ""),
             Launch(
                 f"up to {MORE_RATES} more rates on selection seeds {', '.join(map(str, sels))} for each arm whose "
                 "best rate lies at an edge of its sweep",

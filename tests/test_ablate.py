@@ -244,11 +244,16 @@ def test_a_slurm_dry_run_lists_every_launch_and_the_hours_it_requests(data_dir, 
         capsys, *GRID, f"--data_dir={data_dir}", f"--out_dir={tmp_path}", "--lr_scales=0.5,1,2", "--dry_run", *slurm
     )
     lines = out.splitlines()
-    at = lines.index("launch 1: 10 jobs (0 of the 10 runs finished already)")  # 2 schemes x 3 rates, 2 x 2 test seeds
-    assert code == 0 and lines[at + 1].startswith("  array 1, submitted at once, 10 jobs: rope-lr0.5 seed 1000, ")
-    assert lines[at + 2].startswith("then at most 4 jobs, as each arm's sweep finishes: up to 2 more rates ")
+    # 2 schemes x 3 rates x 2 selection seeds, then 2 x 2 test seeds
+    at = lines.index("launch 1: 16 jobs (0 of the 16 runs finished already)")
+    assert code == 0 and lines[at + 1].startswith(
+        "  array 1, submitted at once, 16 jobs: rope-lr0.5 seed 1000, rope-lr0.5 seed 1001, "
+    )
+    assert lines[at + 2].startswith(
+        "then at most 8 jobs, as each arm's sweep finishes: up to 2 more rates on selection seeds 1000, 1001 "
+    )
     assert lines[at + 3].startswith("then at most 4 jobs, as each arm's sweep chooses its rate: test seeds 1337, 1338")
-    assert lines[at + 4].startswith("in all at most 18 jobs of 60 min: 18 GPU-hours and 36 CPU-hours requested")
+    assert lines[at + 4].startswith("in all at most 28 jobs of 60 min: 28 GPU-hours and 56 CPU-hours requested")
     assert len(lines) == at + 5 and not (tmp_path / "runs").exists() and not (tmp_path / "l").exists()
 
 

@@ -52,12 +52,17 @@ def test_segments_cover_every_position_once_and_pm_marks_what_is_missing():
 
 
 def past(seeds, learned, accuracy):
-    """A scheme's figures with one 512-token window whose first band past L0 holds accuracy, seed by seed."""
+    """A scheme's figures with one 512-token window whose first band past L0 holds accuracy, seed by seed (None:
+    the scheme has no band past L0, as learned positions, whose longest window is L0)."""
     per_seed = [
         {
             "seed": s,
             "learning": {"learned": ok},
-            "windows": {"64": {"bands": {}}, "512": {"bands": {"L0 to sL0": {"accuracy": a}}}, "1024": None},
+            "windows": {
+                "64": {"bands": {"L0 to sL0": None}},
+                "512": None if a is None else {"bands": {"L0 to sL0": {"accuracy": a}}},
+                "1024": None,
+            },
         }
         for s, ok, a in zip(seeds, learned, accuracy, strict=True)
     ]
@@ -72,8 +77,9 @@ def test_retrieval_past_L0_is_compared_on_the_seeds_where_both_learned_by_a_pair
         "rope": past(seeds, [True, True, True, False, True], [0.20, 0.25, 0.22, 0.9, 0.21]),
         "alibi": past(seeds, [True, False, True, True, True], [0.80, 0.1, 0.85, 0.1, 0.90]),
         "none": past(seeds, [False] * 5, [0.1] * 5),  # never learned: nothing to compare, no test
+        "learned": past(seeds, [True] * 5, [None] * 5),  # learned, but has no window past L0: no test either
     }
-    alibi, none = ablate_report.retrieval_against(schemes, "rope", "shared")
+    alibi, none, learned = ablate_report.retrieval_against(schemes, "rope", "shared")
     # seed 2: alibi did not learn; seed 4: rope did not; the rest are paired
     assert alibi["id"] == "alibi-retrieves-past-L0-vs-rope" and alibi["seeds"] == [1, 3, 5]
     diffs = [0.80 - 0.20, 0.85 - 0.22, 0.90 - 0.21]
@@ -82,6 +88,15 @@ def test_retrieval_past_L0_is_compared_on_the_seeds_where_both_learned_by_a_pair
     assert alibi["family"] == 1 and alibi["p_holm"] == pytest.approx(alibi["test"]["p"])
     assert alibi["verdict"] == "holds"  # more past L0, as the claim expects
     assert none["seeds"] == [] and none["verdict"] is None and "test" not in none
-    words = ablate_report.md_past({"reference": "rope", "retrieval_past_L0": {"shared": [alibi, none]}})
+    assert learned["seeds"] == [] and learned["verdict"] is None and "test" not in learned
+    words = ablate_report.md_past({"reference": "rope", "retrieval_past_L0": {"shared": [alibi, none, learned]}})
     assert "| alibi | alibi-retrieves-past-L0-vs-rope | 1, 3, 5 | 0.85 | 0.21 |" in words
-    assert "no test: no seed where both learned" in words and "retrieves more than rope" in words
+    assert (
+        "| none | none-retrieves-past-L0-vs-rope | none | — | — | — | — | — | no test: no seed where both learned |"
+        in words
+    )
+    assert (
+        "| learned | learned-retrieves-past-L0-vs-rope | none | — | — | — | — | — | no test: no window past L0 |"
+        in words
+    )
+    assert "retrieves more than rope" in words

@@ -244,18 +244,19 @@ DRY = ["--dry_run", "--methods=none,pose", "--finetune_lrs=1e-3,3e-3"]  # 2 arms
 def test_a_dry_run_prints_the_screening_and_every_launch_with_its_job_count(data_dir, tmp_path, capsys):
     extend.main([*LAB, f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'ext'}", *DRY, "--workers=2"])
     lines = capsys.readouterr().out.splitlines()
-    # the bases first (the selection seed's and 2 test seeds'), then up to 12 seeds a role in all, 3 of them listed
+    # the bases first (the 2 selection seeds' and 2 test seeds'), then up to 12 seeds a role in all, 4 of them listed
     assert lines[:2] == [
-        "dry run, screening: 3 runs here, 2 at a time: rope-b200 seed 1000, rope-b200 seed 1337, rope-b200 seed 1338",
-        "then at most 21 runs, as each base model fails the gate: the next seed's, up to 12 seeds a role",
+        "dry run, screening: 4 runs here, 2 at a time: rope-b200 seed 1000, rope-b200 seed 1001, rope-b200 seed 1337, "
+        "rope-b200 seed 1338",
+        "then at most 20 runs, as each base model fails the gate: the next seed's, up to 12 seeds a role",
     ]
-    # 2 methods x 2 rates on the selection seed once it passed, each sweep widened by 2 at most, then the test seeds
+    # 2 methods x 2 rates x 2 selection seeds once both passed, each sweep widened by 2 at most, then the test seeds
     assert lines[2].startswith(
-        "dry run, launch 1: 4 runs here, 2 at a time, once the selection seed passed the screening: rope-b200 none x2 "
-        "lr 0.001 seed 1000"
+        "dry run, launch 1: 8 runs here, 2 at a time, once the selection seeds passed the screening: rope-b200 none x2 "
+        "lr 0.001 seed 1000, rope-b200 none x2 lr 0.001 seed 1001"
     )
     assert lines[3].startswith(
-        "then at most 4 runs, as each arm's sweep finishes: up to 2 more rates on selection seed 1000"
+        "then at most 8 runs, as each arm's sweep finishes: up to 2 more rates on selection seeds 1000, 1001"
     )
     assert lines[4].startswith(
         "then at most 4 runs, as each arm's sweep chooses its rate and each test seed passes the screening: test seeds "
@@ -286,17 +287,17 @@ def test_a_slurm_dry_run_shows_every_launch_of_the_local_one_with_the_resources_
     )
     # the launches known before anything trains, with their jobs; those that results decide, at most so many
     known = {m[1]: int(m[2]) for line in local if (m := re.match(r"dry run, (.+?): (\d+) runs here", line))}
-    assert known == {"screening": 3, "launch 1": 4}
+    assert known == {"screening": 4, "launch 1": 8}
     assert {m[1]: int(m[2]) for line in lines if (m := re.match(r"(\w[^:]*): (\d+) jobs \(0 of", line))} == known
     later = [line.replace(" runs, ", " jobs, ", 1) for line in local if line.startswith("then at most ")]
     assert [line for line in lines if line.startswith("then at most ")] == later and len(later) == 3
     # each marked with what it waits for: launch 1's array for the screening, the later ones for the runs before
-    waits = "  array 1, submitted once the selection seed passed the screening, 4 jobs: rope-b200 none"
+    waits = "  array 1, submitted once the selection seeds passed the screening, 8 jobs: rope-b200 none"
     assert any(line.startswith(waits) for line in lines)
     assert all(re.match(r"then at most \d+ jobs, as each ", line) for line in later)
     # in all, every job at most, each 30 min of 2 GPUs and 4 CPUs
     jobs = sum(known.values()) + sum(int(line.split()[3]) for line in later)
-    assert jobs == 3 + 21 + 4 + 4 + 4 and lines[-1].startswith(
+    assert jobs == 4 + 20 + 8 + 8 + 4 and lines[-1].startswith(
         f"in all at most {jobs} jobs of 30 min: {jobs} GPU-hours and {jobs * 2} CPU-hours requested"
     )
     assert not (tmp_path / "ext").exists() and not (tmp_path / "l").exists()
