@@ -14,7 +14,7 @@ import numpy as np
 
 from files import atomic_write
 from lab.report import Plots, dress, md_regime, md_table, palette, pm
-from lab.retrieval import BANDS, THRESHOLDS, distance_plots, interval, readout, shares
+from lab.retrieval import BANDS, THRESHOLDS, above_floor, distance_plots, interval, readout, shares
 from lab.stats import ALPHA, equivalence_can_pass, equivalence_spread, holm, mean_std, sign_p, smallest_effect, verdicts
 from scalings import NO_SCALING as AS_TRAINED  # the loss tables' key of a model scored as it was trained
 
@@ -264,8 +264,10 @@ def retrieval_against(schemes, reference, ranking):
     """Each scheme's whole answers in the first band past L0 (L0 to s L0, its longest window) minus the reference's,
     seed by seed over the seeds on which both learned retrieval by the ceiling, the inclusion rule fixed before any
     run: a model that never learned the task has no retrieval to carry past L0, so its band would measure the task
-    and not the scheme. stats.verdicts over the table, "higher" expected (the scheme retrieves more); each claim
-    carries "seeds", those compared, and "means", the two arms' mean accuracy over them."""
+    and not the scheme. Where neither arm retrieves above the band's floor over those seeds (`above_floor`), the
+    difference is one between copiers: no test, as the extension lab's band claims. stats.verdicts over the table,
+    "higher" expected (the scheme retrieves more); each claim carries "seeds", those compared, and "means", the two
+    arms' mean accuracy over them; one with no test carries "untested", why."""
     ref = schemes.get(reference)
     if ref is None or ref[ranking]["learning"] is None or ref[ranking]["retrieval"] is None:
         return []
@@ -275,21 +277,26 @@ def retrieval_against(schemes, reference, ranking):
         if name != reference and x[ranking]["retrieval"] is not None:
             mine = past_L0(x[ranking])
             common = sorted(mine.keys() & ref_past.keys())
+            arms = [[arm[s] for s in common] for arm in (mine, ref_past)]
+            if not common:
+                untested = why_untested(x[ranking])
+            elif not any(above_floor(bands) for bands in arms):
+                untested = "both arms at their floor"
+            else:
+                untested = None
             claims.append(
                 {
                     "id": PAST_CLAIM.format(scheme=name, reference=reference),
                     "scheme": name,
                     "seeds": common,
-                    "means": [statistics.fmean(arm[s] for s in common) if common else None for arm in (mine, ref_past)],
-                    "diffs": [mine[s] - ref_past[s] for s in common],
+                    "means": [statistics.fmean(b["accuracy"] for b in bands) if common else None for bands in arms],
+                    "diffs": [m["accuracy"] - r["accuracy"] for m, r in zip(*arms, strict=True)],
                     "expect": "higher",
                 }
+                | ({"verdict": None, "untested": untested} if untested else {})
             )
-    tested = iter(verdicts([c for c in claims if c["diffs"]]))  # a claim with no seed to compare has no test
-    return [
-        next(tested) if c["diffs"] else c | {"verdict": None, "untested": why_untested(schemes[c["scheme"]][ranking])}
-        for c in claims
-    ]
+    tested = iter(verdicts([c for c in claims if "untested" not in c]))
+    return [c if "untested" in c else next(tested) for c in claims]
 
 
 def why_untested(figures):
@@ -300,12 +307,13 @@ def why_untested(figures):
 
 
 def past_L0(figures):
-    """{seed: its whole answers from L0 to s L0} over the seeds that learned retrieval and have that band."""
+    """{seed: its band from L0 to s L0 ({"hits", "trials", "accuracy", "floor", ...})} over the seeds that learned
+    retrieval and have that band."""
     out = {}
     for f in figures["per_seed"]:
         band = longest_window(f)["bands"][BEYOND[0]]
         if f["learning"]["learned"] and band is not None:
-            out[f["seed"]] = band["accuracy"]
+            out[f["seed"]] = band
     return out
 
 
@@ -634,7 +642,7 @@ def md_past(r):
                 rows,
                 text_columns=3,
             )
-            + f"\n\nOne Holm family of {family} tests (those with two seeds or more to compare)."
+            + f"\n\nOne Holm family of {family} tests (two seeds or more to compare, one arm above its floor)."
         )
     if not parts:
         return ""
@@ -642,9 +650,11 @@ def md_past(r):
         f"## Retrieval past L0 among the seeds that learned\n\nWhole answers from L0 to the middle of the longest "
         f"window (the first band past L0), each scheme minus {ref} seed by seed, over the seeds on which both "
         f"learned retrieval by the ceiling (the inclusion rule fixed before the run: a model that never learned the "
-        f"task has no retrieval to carry past L0); the mean difference with its 95% CI (unadjusted), the paired "
-        f"t-test's p (the exact sign test where every seed gives the same difference) and p Holm-adjusted over the "
-        f'table. "more" or "less" needs p (Holm) < 0.05.\n\n' + "\n\n".join(parts)
+        f"task has no retrieval to carry past L0), tested only where one arm's answers pooled over those seeds have "
+        f"a 95% interval above the band's floor (a difference between copiers says nothing of either scheme); the "
+        f"mean difference with its 95% CI (unadjusted), the paired t-test's p (the exact sign test where every seed "
+        f'gives the same difference) and p Holm-adjusted over the table. "more" or "less" needs p (Holm) < 0.05.\n\n'
+        + "\n\n".join(parts)
     )
 
 

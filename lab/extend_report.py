@@ -11,9 +11,9 @@ from lab.report import Plots, dress, md_regime, md_table, pm, regime_rows
 from lab.retrieval import (
     BANDS,
     THRESHOLDS,
+    above_floor,
     distance_plots,
     papers_reach,
-    passes,
     readout as read_cells,
     readout_errors as errors,
     shares,
@@ -332,7 +332,7 @@ CLAIMS = (
 def claims(r):
     """Every claim of CLAIMS for every base and factor, in that order, as per-seed differences A - B with the side
     expected: {"id", "claim" (its sentence), "diffs", "expect", "margin", "at_floor": a band claim neither arm of
-    which retrieves above the band's floor, `above_floor`}. A claim whose methods the lab did not run, or that lacks
+    which retrieves above the band's floor, `retrieves`}. A claim whose methods the lab did not run, or that lacks
     a figure (a band without distances), is left out."""
     L0, read, out = r["block_size"], str(r["read_step"]), []
     for base in r["bases"]:
@@ -352,18 +352,15 @@ def claims(r):
                             "diffs": [x - y for x, y in zip(a, b, strict=True)],
                             "expect": c.expect,
                             "margin": c.margin,
-                            "at_floor": c.figure == "band" and not any(above_floor(arm, c.at, step) for arm in arms),
+                            "at_floor": c.figure == "band" and not any(retrieves(arm, c.at, step) for arm in arms),
                         }
                     )
     return out
 
 
-def above_floor(arm, band, step):
-    """Whether an arm retrieves in band at all: its hits pooled over the test seeds (the same windows for each) have a
-    95% interval wholly above the band's floor. A difference between two arms of which neither does is one between
-    copiers, which says nothing of the methods."""
-    got = [run["scores"][step]["bands"][band] for run in arm["runs"].values()]
-    return passes(sum(g["hits"] for g in got), sum(g["trials"] for g in got), got[0]["floor"], 0.0)
+def retrieves(arm, band, step):
+    """Whether an arm retrieves in band at all over the test seeds (`retrieval.above_floor`)."""
+    return above_floor([run["scores"][step]["bands"][band] for run in arm["runs"].values()])
 
 
 def seed_figures(arm, c, step, lengths):
@@ -391,7 +388,7 @@ def judge(claims):
     """Every claim judged in one Holm family (stats.verdicts), a "same" claim's equivalence test only where it can
     pass at these seeds in that family (the family shrinks as such tests leave it, so this is decided to a fixed
     point); the others keep their CI against the margin, verdict UNTESTED. A band claim whose arms both sit at the
-    band's floor (`above_floor`) is no test of the methods: it leaves the family, verdict AT_FLOOR. Each claim gains
+    band's floor (`retrieves`) is no test of the methods: it leaves the family, verdict AT_FLOOR. Each claim gains
     "power": the smallest difference its seeds detect with 80% power at Holm's strictest level for the family, at
     the spread seen (None without spread), and for a "same" claim "equivalence_spread": the largest spread at which
     its test could pass."""

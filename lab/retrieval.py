@@ -371,6 +371,13 @@ def read(trials, floor):
     return interval(math.floor(GOOD * trials), trials)[0] > floor
 
 
+def above_floor(bands):
+    """Whether bands (one per seed, over the same windows: {"hits", "trials", "floor"}) retrieve at all: their hits
+    pooled have a 95% interval wholly above the floor. A difference between two arms of which neither does is one
+    between copiers, which says nothing of what either reads."""
+    return passes(sum(b["hits"] for b in bands), sum(b["trials"] for b in bands), bands[0]["floor"], 0.0)
+
+
 def passes(hits, trials, floor, threshold):
     """A read cell passes threshold: its accuracy reaches the threshold (the papers' rule: PI counts a distance
     whose passkey accuracy is at least 20%, RULER a length whose score is at least its reference) and its 95%

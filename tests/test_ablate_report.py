@@ -51,6 +51,11 @@ def test_segments_cover_every_position_once_and_pm_marks_what_is_missing():
     assert md_table(["scheme", "loss"], [("rope", "1.0")]).splitlines()[1] == "|---|---:|"
 
 
+def band(accuracy, trials=200):
+    """A band of trials whole answers at accuracy, its key-blind floor 18%."""
+    return {"accuracy": accuracy, "hits": round(accuracy * trials), "trials": trials, "floor": 0.18}
+
+
 def past(seeds, learned, accuracy):
     """A scheme's figures with one 512-token window whose first band past L0 holds accuracy, seed by seed (None:
     the scheme has no band past L0, as learned positions, whose longest window is L0)."""
@@ -60,7 +65,7 @@ def past(seeds, learned, accuracy):
             "learning": {"learned": ok},
             "windows": {
                 "64": {"bands": {"L0 to sL0": None}},
-                "512": None if a is None else {"bands": {"L0 to sL0": {"accuracy": a}}},
+                "512": None if a is None else {"bands": {"L0 to sL0": band(a)}},
                 "1024": None,
             },
         }
@@ -78,8 +83,10 @@ def test_retrieval_past_L0_is_compared_on_the_seeds_where_both_learned_by_a_pair
         "alibi": past(seeds, [True, False, True, True, True], [0.80, 0.1, 0.85, 0.1, 0.90]),
         "none": past(seeds, [False] * 5, [0.1] * 5),  # never learned: nothing to compare, no test
         "learned": past(seeds, [True] * 5, [None] * 5),  # learned, but has no window past L0: no test either
+        # learned, and so did rope, but both answer below the floor past L0: a difference between copiers, no test
+        "sinusoidal": past(seeds, [True, False, True, True, True], [0.01, 0.02, 0.0, 0.03, 0.01]),
     }
-    alibi, none, learned = ablate_report.retrieval_against(schemes, "rope", "shared")
+    alibi, none, learned, sinusoidal = ablate_report.retrieval_against(schemes, "rope", "shared")
     # seed 2: alibi did not learn; seed 4: rope did not; the rest are paired
     assert alibi["id"] == "alibi-retrieves-past-L0-vs-rope" and alibi["seeds"] == [1, 3, 5]
     diffs = [0.80 - 0.20, 0.85 - 0.22, 0.90 - 0.21]
@@ -89,7 +96,16 @@ def test_retrieval_past_L0_is_compared_on_the_seeds_where_both_learned_by_a_pair
     assert alibi["verdict"] == "holds"  # more past L0, as the claim expects
     assert none["seeds"] == [] and none["verdict"] is None and "test" not in none
     assert learned["seeds"] == [] and learned["verdict"] is None and "test" not in learned
-    words = ablate_report.md_past({"reference": "rope", "retrieval_past_L0": {"shared": [alibi, none, learned]}})
+    assert sinusoidal["seeds"] == [1, 3, 5] and sinusoidal["verdict"] is None and "test" not in sinusoidal
+    assert sinusoidal["untested"] == "both arms at their floor"
+    # the floor test, against scipy's exact (Clopper-Pearson) interval of the answers pooled over seeds 1, 3, 5
+
+    def pooled_low(accuracies):
+        return stats.binomtest(sum(round(a * 200) for a in accuracies), 600).proportion_ci().low
+
+    assert pooled_low([0.20, 0.22, 0.21]) < 0.18 < pooled_low([0.80, 0.85, 0.90])  # rope at its floor, alibi above
+    everything = [alibi, none, learned, sinusoidal]
+    words = ablate_report.md_past({"reference": "rope", "retrieval_past_L0": {"shared": everything}})
     assert "| alibi | alibi-retrieves-past-L0-vs-rope | 1, 3, 5 | 0.85 | 0.21 |" in words
     assert (
         "| none | none-retrieves-past-L0-vs-rope | none | — | — | — | — | — | no test: no seed where both learned |"
