@@ -642,7 +642,8 @@ def md_past(r):
                 rows,
                 text_columns=3,
             )
-            + f"\n\nOne Holm family of {family} tests (two seeds or more to compare, one arm above its floor)."
+            + f"\n\nOne Holm family of {family} test{'' if family == 1 else 's'} (two seeds or more to compare, one "
+            f"arm above its floor)."
         )
     if not parts:
         return ""
