@@ -332,8 +332,8 @@ CLAIMS = (
 def claims(r):
     """Every claim of CLAIMS for every base and factor, in that order, as per-seed differences A - B with the side
     expected: {"id", "claim" (its sentence), "diffs", "expect", "margin", "at_floor": a band claim neither arm of
-    which retrieves above the band's floor, `retrieves`}. A claim whose methods the lab did not run, or that lacks
-    a figure (a band without distances), is left out."""
+    which retrieves above the band's floor over the test seeds, `retrieval.above_floor`}. A claim whose methods the
+    lab did not run, or that lacks a figure (a band without distances), is left out."""
     L0, read, out = r["block_size"], str(r["read_step"]), []
     for base in r["bases"]:
         for s in r["factors"]:
@@ -345,6 +345,10 @@ def claims(r):
                 arms = [r["finetune"].get(key(base, m, s)) for m in (c.a, c.b)]
                 a, b = (seed_figures(arm, c, step, lengths) for arm in arms)
                 if a is not None and b is not None and None not in a + b:
+                    floored = c.figure == "band" and not any(
+                        above_floor([run["scores"][step]["bands"][c.at] for run in arm["runs"].values()])
+                        for arm in arms
+                    )
                     out.append(
                         {
                             "id": c.id,
@@ -352,15 +356,10 @@ def claims(r):
                             "diffs": [x - y for x, y in zip(a, b, strict=True)],
                             "expect": c.expect,
                             "margin": c.margin,
-                            "at_floor": c.figure == "band" and not any(retrieves(arm, c.at, step) for arm in arms),
+                            "at_floor": floored,
                         }
                     )
     return out
-
-
-def retrieves(arm, band, step):
-    """Whether an arm retrieves in band at all over the test seeds (`retrieval.above_floor`)."""
-    return above_floor([run["scores"][step]["bands"][band] for run in arm["runs"].values()])
 
 
 def seed_figures(arm, c, step, lengths):
@@ -388,10 +387,10 @@ def judge(claims):
     """Every claim judged in one Holm family (stats.verdicts), a "same" claim's equivalence test only where it can
     pass at these seeds in that family (the family shrinks as such tests leave it, so this is decided to a fixed
     point); the others keep their CI against the margin, verdict UNTESTED. A band claim whose arms both sit at the
-    band's floor (`retrieves`) is no test of the methods: it leaves the family, verdict AT_FLOOR. Each claim gains
-    "power": the smallest difference its seeds detect with 80% power at Holm's strictest level for the family, at
-    the spread seen (None without spread), and for a "same" claim "equivalence_spread": the largest spread at which
-    its test could pass."""
+    band's floor (`retrieval.above_floor`) is no test of the methods: it leaves the family, verdict AT_FLOOR. Each
+    claim gains "power": the smallest difference its seeds detect with 80% power at Holm's strictest level for the
+    family, at the spread seen (None without spread), and for a "same" claim "equivalence_spread": the largest spread
+    at which its test could pass."""
     same = [i for i, c in enumerate(claims) if c["expect"] == "same"]
     floored = {i for i, c in enumerate(claims) if c.get("at_floor")}
     differences = sum(len(c["diffs"]) >= 2 for i, c in enumerate(claims) if c["expect"] != "same" and i not in floored)
