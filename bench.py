@@ -13,6 +13,8 @@ are timed in turn within each repeat, so load from other processes falls on all 
 and their ratios stay fair on a shared machine.
 """
 
+import copy
+import functools
 import itertools
 import json
 import os
@@ -178,12 +180,17 @@ def bench_train_step(run):
     # other load, can come out below what the steps reach
     n, matmul = square_matmul(run)
     variants = {"matmul": matmul, False: with_batches(model)}
+    # the same step with queries and keys left unturned (a copy, so both start alike): the rotation's share of a step
+    unturned = copy.deepcopy(model)
+    unturned.pos.rotate = lambda qk, span, layer: qk
+    variants["unturned"] = functools.partial(make_train_step(unturned, train_cfg, runtime), unturned, next(turns))
     compile_s = None
     if run.compile:
         variants[True] = with_batches(torch.compile(model))
         compile_s = timed_first_call(variants[True], run.sync)
     seconds = time_in_turns(variants, run.repeats("train_step"), warmup=2, sync=run.sync, desc="train_step")
     peak_gflops = gflops(n, statistics.median(seconds.pop("matmul")))
+    unturned_s = statistics.median(seconds.pop("unturned"))
     tokens_per_step = micro * train_cfg.batch_size * model_cfg.block_size
     flops_per_token = model.flops_per_token(model_cfg.block_size)
     rows = []
@@ -194,6 +201,8 @@ def bench_train_step(run):
         figures["mfu"] = flops_per_token * figures["tokens_per_s"] / (peak_gflops * 1e9)
         if compiled:
             figures["compile_s"] = compile_s
+        else:  # what the scheme's rotate() costs in an eager step: RoPE's path, 0 for a scheme that turns nothing
+            figures["rotation_share"] = 1 - unturned_s * 1e3 / figures["ms_median"]
         rows.append(({"compiled": compiled, **run.shape(batch=True)}, figures))
     return rows
 

@@ -208,16 +208,18 @@ def check_out_dir(out_dir, resume):
     return path
 
 
-def run_info(model_cfg, train_cfg, batch_cfg, schedule, meta, world_size):
+def run_info(model_cfg, train_cfg, batch_cfg, schedule, meta, runtime):
     """What every checkpoint of a run carries beside its state: its train settings, tokenizer (meta) and record, which
-    is config.json's contents: the model, train and batch settings, the schedule's own, code, environment, processes."""
+    is config.json's contents: the model, train and batch settings, the schedule's own, the dtype the run computes in
+    (what auto resolved to), code, environment, processes."""
     record = {
         "model": model_cfg.asdict(),
         "train": asdict(train_cfg),
         "batches": asdict(batch_cfg),
         "schedule": schedule.settings(),
+        "dtype": runtime.dtype_name,
         **run_record(),
-        "world_size": world_size,
+        "world_size": runtime.world_size,
     }
     return {"train_config": asdict(train_cfg), "tokenizer": meta, "record": record}
 
@@ -227,7 +229,7 @@ def first_files(out, record, at, resume):
     resumed one's at its step) and config.json, its record, which run_settings reads back."""
     trim_log(out / "metrics.jsonl", at)
     if resume:
-        print(f"resuming from {out / 'ckpt.pt'} at iteration {at}")
+        print(f"resuming from {out / 'ckpt.pt'} at iteration {at}, in {record['dtype']}")
     atomic_write(out / "config.json", lambda f: f.write((json.dumps(record, indent=2) + "\n").encode()))
 
 

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-import positions
 import scalings
 import spans
+from model import all_schemes, scheme_class
 
 
 @dataclass(frozen=True)
@@ -149,8 +149,8 @@ def context_length(config, requested=None):
     positional scheme must be able to reach."""
     if requested is None or requested == config.block_size:
         return config.block_size
-    if not positions.scheme(config.pos_emb).extrapolates:
-        reach = ", ".join(name for name, cls in positions.all_schemes().items() if cls.extrapolates)
+    if not scheme_class(config.pos_emb).extrapolates:
+        reach = ", ".join(name for name, cls in all_schemes().items() if cls.extrapolates)
         raise ValueError(
             f"max_context={requested} needs a scheme that extrapolates; {config.pos_emb} positions stop "
             f"at block_size={config.block_size} (use {reach})"

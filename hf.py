@@ -15,7 +15,7 @@ import positions
 import rope
 import scalings
 from data.hub import hf_checkpoint, hf_tokenizer_fields
-from model import GPTConfig
+from model import GPTConfig, scheme_class
 
 # mlp_act -> the activation's name in transformers (hidden_act, activation_function): the same functions
 HIDDEN_ACTS = {
@@ -46,7 +46,7 @@ def refusal(cfg):
         )
     if cfg.mlp_act not in HIDDEN_ACTS:
         return f"mlp_act={cfg.mlp_act!r} has no transformers activation here"
-    scheme = positions.scheme(cfg.pos_emb)
+    scheme = scheme_class(cfg.pos_emb)
     family, lacks = scheme.transformers()
     if family is None:
         return (
@@ -208,7 +208,7 @@ def conv1d(name):
 def rotary_architecture(model, meta):
     """A GPT-NeoX model (Persimmon with qk_norm) that computes what model computes."""
     tf, c = transformers(), model.config
-    rotary = getattr(model.pos, "rotary", None)
+    rotary = model.pos if isinstance(model.pos, positions.RoPE) else None  # NoPE runs as one with no rotary dims
     common = dict(
         vocab_size=c.vocab_size,
         hidden_size=c.n_embd,
@@ -282,7 +282,7 @@ def exported(model, meta):
     why = refusal(model.config)
     if why:
         raise ValueError(why)
-    return ARCHITECTURES[positions.scheme(model.config.pos_emb).transformers()[0]](model, meta)
+    return ARCHITECTURES[scheme_class(model.config.pos_emb).transformers()[0]](model, meta)
 
 
 @torch.inference_mode()
@@ -290,7 +290,7 @@ def max_logit_difference(model, model_hf):
     """(largest |logit difference|, largest |logit| of ours) on a random probe, past block_size where positions
     reach."""
     c = model.config
-    n = c.block_size + (PROBE_TOKENS if positions.scheme(c.pos_emb).extrapolates else 0)
+    n = c.block_size + (PROBE_TOKENS if scheme_class(c.pos_emb).extrapolates else 0)
     idx = torch.randint(0, c.vocab_size, (1, n), generator=torch.Generator().manual_seed(0))
     ours = model(idx, targets=idx)[0]  # targets: every position's logits
     theirs = model_hf(idx).logits
@@ -393,7 +393,7 @@ def load_pretrained(model, name, where):
             "or incomplete: download it again"
         ) from None
     theirs, c = hf.state_dict(), model.config
-    if ARCHITECTURES[positions.scheme(c.pos_emb).transformers()[0]] is gpt2:
+    if ARCHITECTURES[scheme_class(c.pos_emb).transformers()[0]] is gpt2:
         names = gpt2_names(c)
         state = {ours: theirs[t].t() if conv1d(t) else theirs[t] for t, ours in names.items()}
     else:

@@ -21,14 +21,33 @@ from config import AT_LEAST_1, FRACTION, NON_NEGATIVE, POSITIVE, SHARE, declared
 from spans import Span
 
 
+def scheme_class(name):
+    """The positional scheme registered as pos_emb=name, or a ValueError listing them. schemes.py is imported here
+    where a run names one of its schemes: its classes join positions.SCHEMES as they are defined."""
+    if name in positions.ELSEWHERE:
+        import schemes  # noqa: F401 (imported for its registrations)
+    if name not in positions.SCHEMES:
+        raise ValueError(f"pos_emb={name!r} is unknown; choose one of {', '.join(positions.NAMES)}")
+    return positions.SCHEMES[name]
+
+
+def all_schemes():
+    """{name: class} of every registered scheme, those of the tables first in their order: what generic tests and
+    the ablation loop over."""
+    import schemes  # noqa: F401 (imported for its registrations)
+
+    return {name: positions.SCHEMES[name] for name in positions.NAMES} | positions.SCHEMES
+
+
 def attention(q, k, v, mask, **kw):
-    """scaled_dot_product_attention; on CPU always in float32, even under bf16 autocast: there the bf16
-    flash-attention backward is much slower than float32's, while the matmuls around it gain (bench.py)."""
-    if q.device.type != "cpu" or not torch.is_autocast_enabled("cpu"):
-        mask = mask.to(q.dtype) if mask is not None and mask.is_floating_point() else mask
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **kw)
-    with torch.autocast("cpu", enabled=False):
-        return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask, **kw).to(q.dtype)
+    """scaled_dot_product_attention, with a scheme's float bias in the dtype it computes in. On CPU always in
+    float32, even under bf16 autocast: there the bf16 flash-attention backward is much slower than float32's, while
+    the matmuls around it gain (bench.py)."""
+    if q.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
+        with torch.autocast("cpu", enabled=False):
+            return attention(q.float(), k.float(), v.float(), mask, **kw).to(q.dtype)
+    mask = mask.to(q.dtype) if mask is not None and mask.is_floating_point() else mask
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **kw)
 
 
 class CausalSelfAttention(nn.Module):
@@ -46,21 +65,21 @@ class CausalSelfAttention(nn.Module):
             self.ln_q, self.ln_k = (nn.LayerNorm(config.head_dim, bias=config.bias) for _ in "qk")
         self.qk_norm = config.qk_norm
 
-    def forward(self, x, pos, span, cache):
+    def forward(self, x, scheme, span, cache):
         B, T, C = x.shape
         qkv = self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)  # (3, B, nh, T, hs)
         qk = qkv[:2]
         if self.qk_norm:  # before the scheme's rotation or scaling; in float32 as the gains, under autocast too
             qk = torch.stack((self.ln_q(qk[0].float()), self.ln_k(qk[1].float()))).to(qk.dtype)  # (2, B, nh, T, hs)
-        q, k = pos.rotate(qk, span, self.layer)  # RoPE turns queries and keys here; values never carry position
+        q, k = scheme.rotate(qk, span, self.layer)  # RoPE turns queries and keys here; values never carry position
         v = qkv[2]
         if cache is not None:
             k, v = cache.update(self.layer, k, v)  # (B, nh, S, hs): the span's keys
-        scale = pos.attn_factor / math.sqrt(q.shape[-1])
+        scale = scheme.attn_factor / math.sqrt(q.shape[-1])
         dropout = self.dropout if self.training else 0.0
-        mask, causal = pos.bias(span, self.layer), False  # (nh, T, S) with the causal mask built in, or None
+        mask, causal = scheme.bias(span, self.layer), False  # (nh, T, S) with the causal mask built in, or None
         if mask is None:
-            mask, causal = span.attention_mask(pos.window(self.layer))
+            mask, causal = span.attention_mask(scheme.window(self.layer))
         y = attention(q, k, v, mask, dropout_p=dropout, is_causal=causal, scale=scale)  # (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
         return F.dropout(self.c_proj(y), self.dropout, self.training)
@@ -94,10 +113,10 @@ class Block(nn.Module):
         self.mlp = MLP(config)
         self.parallel_residual = config.parallel_residual
 
-    def forward(self, x, pos, span, cache):
+    def forward(self, x, scheme, span, cache):
         if self.parallel_residual:
-            return x + self.attn(self.ln_1(x), pos, span, cache) + self.mlp(self.ln_2(x))
-        x = x + self.attn(self.ln_1(x), pos, span, cache)
+            return x + self.attn(self.ln_1(x), scheme, span, cache) + self.mlp(self.ln_2(x))
+        x = x + self.attn(self.ln_1(x), scheme, span, cache)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -108,7 +127,7 @@ class GPT(nn.Module):
         blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layer))  # the architecture, then its scheme
         # registered in GPT-2's order, the order in which init_weights draws their starting values
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
-        self.pos = positions.scheme(config.pos_emb)(config)
+        self.pos = scheme_class(config.pos_emb)(config)
         self.drop = nn.Dropout(config.dropout)
         self.blocks = blocks
         self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
@@ -187,15 +206,15 @@ class GPT(nn.Module):
             raise ValueError(f"{', '.join(fixed)} cannot change on a built model; only {', '.join(allowed)} can")
         config = self.config.with_scheme(changes.pop("pos_emb")) if "pos_emb" in changes else self.config
         config = replace(config, **changes)
-        pos = positions.scheme(config.pos_emb)(config).to(self.wte.weight.device)
+        scheme = scheme_class(config.pos_emb)(config).to(self.wte.weight.device)
         try:
-            pos.load_state_dict(self.pos.state_dict())  # a scheme's trained parameters are kept
+            scheme.load_state_dict(self.pos.state_dict())  # a scheme's trained parameters are kept
         except RuntimeError:  # missing or unexpected keys: the two schemes have different parameters
             raise ValueError(
                 f"pos_emb={self.config.pos_emb!r} cannot become {config.pos_emb!r} on a built model: "
                 "their parameters differ"
             ) from None
-        self.pos, self.config = pos, config
+        self.pos, self.config = scheme, config
         return self
 
 
@@ -254,7 +273,7 @@ class GPTConfig:
     )
 
     def __post_init__(self):
-        scheme = positions.scheme(self.pos_emb)  # an unknown name fails first
+        scheme = scheme_class(self.pos_emb)  # an unknown name fails first
         validate(self)
         if self.L0 > self.block_size:
             raise ValueError(
@@ -265,7 +284,7 @@ class GPTConfig:
             raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
         for f in fields(self):
             if getattr(self, f.name) != f.default and not self.takes(f.name):
-                users = ", ".join(name for name in positions.all_schemes() if self.takes(f.name, name))
+                users = ", ".join(name for name in all_schemes() if self.takes(f.name, name))
                 raise ValueError(
                     f"{f.name}={getattr(self, f.name)!r} does nothing for pos_emb={self.pos_emb!r}; it applies to "
                     f"pos_emb {users}"
@@ -275,7 +294,7 @@ class GPTConfig:
     def takes(self, name, pos_emb=None):
         """Whether setting name acts on pos_emb (default this config's scheme), as its field declares."""
         applies = self.__dataclass_fields__[name].metadata["applies"]
-        return applies is None or issubclass(positions.scheme(pos_emb or self.pos_emb), positions.scheme(applies))
+        return applies is None or issubclass(scheme_class(pos_emb or self.pos_emb), scheme_class(applies))
 
     @property
     def L0(self):
@@ -285,6 +304,11 @@ class GPTConfig:
     @property
     def head_dim(self):
         return self.n_embd // self.n_head
+
+    @property
+    def rotated_dims(self):
+        """The dims of a head that RoPE turns (rope_fraction of them; the rest pass through)."""
+        return int(self.head_dim * self.rope_fraction)
 
     def with_scheme(self, name):
         """This config with pos_emb=name, the settings that do not apply to that scheme back at their defaults."""

@@ -7,12 +7,12 @@ A scheme may put position in three places of the decoder, and each class says wh
 * `bias(span, layer)`: scores added in attention, (nh, T, S) with the causal mask built in (alibi, kerple, fire).
 
 A span (spans.py) says at which positions a forward's T queries and S keys sit. Adding a scheme is one class with
-@register, its settings as fields of model.GPTConfig (each naming the scheme it applies to) and its tests. A scheme
-outside this file is listed in `ELSEWHERE`, and its module is imported only when a run names it, so a plain RoPE run
-reads none of them.
+@register, its settings as fields of model.GPTConfig (each naming the scheme it applies to) and its tests. The schemes
+of schemes.py are listed in `ELSEWHERE`; model.scheme_class imports that module only when a run names one of them,
+so a plain RoPE run reads none of them, and this module imports nothing of its own but rope.py (and scalings.py,
+where a run names a scaling).
 """
 
-import importlib
 import math
 
 import torch
@@ -21,7 +21,7 @@ import torch.nn as nn
 import rope
 
 SCHEMES = {}  # pos_emb name -> scheme class, as each module that defines one is imported
-ELSEWHERE = dict.fromkeys(("learned", "alibi", "none", "xpos", "kerple", "fire", "rnope"), "schemes")  # name -> module
+ELSEWHERE = ("learned", "alibi", "none", "xpos", "kerple", "fire", "rnope")  # schemes.py's, imported by model.py
 NAMES = ("rope", "sinusoidal", *ELSEWHERE)  # every pos_emb, in the order of the tables
 
 
@@ -33,22 +33,6 @@ def register(name):
         return cls
 
     return add
-
-
-def scheme(name):
-    """The scheme class registered as name (its module imported where it is not yet), or a ValueError listing them."""
-    if name not in SCHEMES and name in ELSEWHERE:
-        importlib.import_module(ELSEWHERE[name])
-    if name not in SCHEMES:
-        raise ValueError(f"pos_emb={name!r} is unknown; choose one of {', '.join(NAMES)}")
-    return SCHEMES[name]
-
-
-def all_schemes():
-    """{name: class} of every scheme, in the order of the tables: what generic tests and the ablation loop over."""
-    for module in dict.fromkeys(ELSEWHERE.values()):
-        importlib.import_module(module)
-    return dict(SCHEMES)
 
 
 class Scheme(nn.Module):
@@ -109,58 +93,68 @@ class Scheme(nn.Module):
         nn.init.normal_(p, mean=0.0, std=0.02)
 
 
-class Rotary(nn.Module):
-    """RoPE's frequencies and float32 cos/sin tables for positions [0, max_len), and the rotation of q or k. The tables
-    are non-persistent buffers: derived from the config, they follow the module across devices but stay out of
-    checkpoints. A scaling (scalings.py) or p-RoPE's share p of kept frequencies changes theta; at factor 1 and p = 1
-    it is rope.py's theta_i."""
+def frequencies(config):
+    """(theta' float64 (rot/2,), attention factor, at_length) that a RoPE model of config turns its pairs by: rope.py's
+    theta_i, or, where a scaling or p-RoPE is set, scalings.py's transform of them. at_length is None, or, for a
+    theta' that grows with the total length past L0 (dynamic NTK), the function of that length that gives it."""
+    if config.rope_scaling == rope.NO_SCALING and config.rope_p == 1:
+        return rope.frequencies(config.rotated_dims, config.rope_base), 1.0, None
+    import scalings  # only where a run names a scaling or p-RoPE: a plain RoPE run never reads scalings.py
 
-    def __init__(
-        self,
-        head_dim,
-        base=10000.0,
-        fraction=1.0,
-        layout="interleaved",
-        scaling=rope.NO_SCALING,
-        factor=1.0,
-        original_len=256,
-        max_len=256,
-        p=1.0,
-    ):
-        super().__init__()
-        rot_dim = int(head_dim * fraction)
-        if not (0 < rot_dim <= head_dim and rot_dim % 2 == 0):
+    return scalings.of_model(config)
+
+
+@register("rope")
+class RoPE(Scheme):
+    """Rotary position embedding (Su et al., RoFormer, eq. 14-15): queries and keys turned by R(m), never values.
+
+    theta' is resolved once, from the config, when the scheme is built; the float32 cos/sin tables of positions
+    [0, block_size) are non-persistent buffers: derived from the config, they follow the model across devices but
+    stay out of checkpoints."""
+
+    hf_family = "rotary"
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.layout = config.rope_layout
+        # theta' on the CPU (MPS has no float64), resolved once: the tables and the rotation never ask which scaling
+        self.inv_freq, self.attn_factor, self.at_length = frequencies(config)
+        self.rot_dim = 2 * len(self.inv_freq)
+        self.build_tables(config.block_size, device=None)
+
+    @classmethod
+    def check(cls, config):
+        if config.rope_scaling != rope.NO_SCALING or config.rope_scaling_factor != 1:
+            import scalings  # a scaling is named: its rules are scalings.py's
+
+            scalings.scaling_pair(config.rope_scaling, config.rope_scaling_factor)
+        rotated = config.rotated_dims
+        if rotated % 2 or not 2 <= rotated <= config.head_dim:
             raise ValueError(
-                f"head_dim={head_dim} * fraction={fraction} gives rot_dim={rot_dim}; it must be even "
-                f"and in [2, {head_dim}]"
+                f"RoPE rotates pairs of dims, but head size n_embd/n_head={config.head_dim} times "
+                f"rope_fraction={config.rope_fraction} gives {rotated} rotated dims; choose them so this is even "
+                "and in [2, head size]"
             )
-        if layout not in rope.LAYOUTS:
-            raise ValueError(f"layout={layout!r} is not one of {rope.LAYOUTS}")
-        if max_len < 1:
-            raise ValueError(f"max_len={max_len} must be >= 1")
-        self.head_dim, self.rot_dim, self.base, self.layout = head_dim, rot_dim, base, layout
-        self.scaling, self.factor, self.original_len, self.p = scaling, factor, original_len, p
-        self.plain = scaling == rope.NO_SCALING and p == 1  # rope.py's theta_i alone: scalings.py is not read
-        self._build(max_len, device=None)  # first: it refuses an unknown scaling with a ValueError naming them
-        # past L0 a dynamic scaling has no fixed table (generate.py's static cache reads the same rule)
-        self.dynamic = not self.plain and self.scalings().in_force_scaling(scaling, factor).dynamic
 
-    def frequencies(self, seq_len=None):
-        """(theta float64, attention factor): rope.py's, or the scaling's at total length seq_len (dynamic)."""
-        if self.plain:
-            return rope.frequencies(self.rot_dim, self.base), 1.0
-        return self.scalings().frequencies(
-            self.rot_dim, self.base, self.scaling, self.factor, self.original_len, seq_len, self.p
-        )
+    def rotate(self, qk, span, layer):
+        """Queries and keys stacked (2, B, nh, T, hs), turned together at the span's positions."""
+        cos, sin = self.tables(span)  # (T, rot/2), or (B, 1, T, rot/2) for each row's own positions
+        return rope.apply_rope(qk, cos, sin, self.layout)
 
-    @staticmethod
-    def scalings():
-        """scalings.py, imported where a run names a scaling or p-RoPE: a plain RoPE run reads rope.py alone."""
-        return importlib.import_module("scalings")
+    def tables(self, span):
+        """cos, sin of the span's positions: rows of the built tables, or past L0 under dynamic NTK the rows
+        computed at the span's total length (keys already in a KV cache keep the frequencies they were turned by)."""
+        if self.at_length and span.end > self.config.L0:
+            cos, sin = rope.tables(self.at_length(span.end), span.ids)  # (T, rot/2)
+        else:
+            self.reserve(span.end)
+            cos, sin = self.cos[span.ids], self.sin[span.ids]  # (T, rot/2) or (B, T, rot/2)
+        if span.ids.dim() == 2:  # each row's own positions: broadcast over the heads
+            return cos[:, None], sin[:, None]  # (B, 1, T, rot/2)
+        return cos, sin
 
-    def _build(self, n, device):
-        """(Re)build theta (kept on the CPU as a plain attribute: MPS has no float64) and the tables for [0, n)."""
-        self.inv_freq, self.attn_factor = self.frequencies()
+    def build_tables(self, n, device):
+        """The float32 cos/sin tables of positions [0, n) on device (rope.tables: float64 angles, rounded once)."""
         with torch.inference_mode(False):  # a table grown during generation must still serve training afterwards
             cos, sin = rope.tables(self.inv_freq, torch.arange(n), device)  # (n, rot/2) each
         self.register_buffer("cos", cos, persistent=False)
@@ -170,26 +164,8 @@ class Rotary(nn.Module):
         # model.to(bfloat16) would round the tables (bf16 cannot tell position 256 from 257): rebuild them in
         # float32 wherever the buffers went instead of casting rounded values back
         super()._apply(fn, recurse)
-        self._build(self.cos.shape[0], self.cos.device)
+        self.build_tables(self.cos.shape[0], self.cos.device)
         return self
-
-    def forward(self, x, positions=None, end=None):
-        """Rotate x (..., T, hs), e.g. q and k stacked (2, B, nh, T, hs), as the integer positions (T,) (default
-        0..T-1) or each row's (B, T), all below end: an int known on the host that the tables must reach."""
-        if x.shape[-1] != self.head_dim:
-            raise ValueError(f"x has hs={x.shape[-1]} but this Rotary was built for head_dim={self.head_dim}")
-        if positions is None:
-            positions, end = torch.arange(x.shape[-2], device=x.device), x.shape[-2]
-        if self.dynamic and end > self.original_len:
-            # theta depends on the total length, so no fixed table serves: compute the T rows needed (keys already
-            # in a KV cache keep the frequencies they were rotated with)
-            cos, sin = rope.tables(self.frequencies(seq_len=end)[0], positions)  # (T, rot/2)
-        else:
-            self.reserve(end)
-            cos, sin = self.cos[positions], self.sin[positions]  # (T, rot/2) or (B, T, rot/2)
-        if positions.dim() == 2:  # each row's own positions: broadcast over the heads
-            cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, rot/2)
-        return rope.apply_rope(x, cos, sin, self.layout)
 
     def reserve(self, n):
         """Make the tables cover positions [0, n); call it before compiled code reaches position n - 1."""
@@ -198,52 +174,9 @@ class Rotary(nn.Module):
         if torch.compiler.is_compiling():
             raise RuntimeError(
                 f"position {n - 1} is past the rotary table ({self.cos.shape[0]} positions) inside a compiled "
-                f"region, where it cannot be rebuilt: call reserve({n}) first or build Rotary with max_len >= {n}"
+                f"region, where it cannot be rebuilt: call reserve({n}) first or build the model with block_size >= {n}"
             )
-        self._build(max(n, 2 * self.cos.shape[0]), self.cos.device)  # doubling: few rebuilds as a KV cache grows
-
-
-@register("rope")
-class RoPE(Scheme):
-    """Rotary position embedding (Su et al., RoFormer, eq. 14-15): queries and keys turned by R(m), never values."""
-
-    hf_family = "rotary"
-
-    def __init__(self, config):
-        super().__init__(config)
-        self.rotary = Rotary(
-            config.head_dim,
-            config.rope_base,
-            config.rope_fraction,
-            config.rope_layout,
-            config.rope_scaling,
-            config.rope_scaling_factor,
-            original_len=config.L0,
-            max_len=config.block_size,
-            p=config.rope_p,
-        )
-
-    @classmethod
-    def check(cls, config):
-        if config.rope_scaling != rope.NO_SCALING or config.rope_scaling_factor != 1:
-            Rotary.scalings().scaling_pair(config.rope_scaling, config.rope_scaling_factor)
-        rotated = int(config.head_dim * config.rope_fraction)
-        if rotated % 2:
-            raise ValueError(
-                f"RoPE rotates pairs of dims, but head size n_embd/n_head={config.head_dim} times "
-                f"rope_fraction={config.rope_fraction} gives {rotated} rotated dims; choose them so this is even"
-            )
-
-    @property
-    def attn_factor(self):
-        """YaRN's attention temperature, else 1."""
-        return self.rotary.attn_factor
-
-    def rotate(self, qk, span, layer):
-        return self.rotary(qk, span.ids, span.end)  # one call turns queries and keys together
-
-    def reserve(self, n):
-        self.rotary.reserve(n)
+        self.build_tables(max(n, 2 * self.cos.shape[0]), self.cos.device)  # doubling: few rebuilds as a cache grows
 
 
 def sinusoidal_table(n_pos: int, d: int, base: float = 10000.0) -> torch.Tensor:

@@ -2,8 +2,14 @@
 
 A head's d dims are cut into d/2 pairs. At position m, pair i is turned by the angle m * theta_i, a slower turn
 for each later pair, theta_i = base^(-2(i-1)/d) (eq. 15). Queries and keys are turned, never values, so the score
-of a query at m and a key at n depends on m - n alone (eq. 16). The scheme that puts this in the model is
-positions.RoPE; the deployed context-extension scalings (YaRN, dynamic NTK, Llama 3) are scalings.py's.
+of a query at m and a key at n depends on m - n alone (eq. 16). The path from the model: attention calls
+positions.RoPE.rotate, which looks up the tables and calls `apply_rope` below; the deployed context-extension scalings
+(YaRN, dynamic NTK, Llama 3) are scalings.py's, resolved to frequencies once, where the model is built.
+
+Which code runs: `apply_rope` computes the pair formula of `rotate_pairs` (the paper's, written as it) wherever it is
+compiled (a default GPU run) and for the half layout. In eager mode (a default CPU run) it computes the same numbers
+for the interleaved layout as one complex product per pair, (a + ib)(cos + i sin), in `_ComplexPairs`: one kernel
+each way where the pair formula takes several. bench.py's train_step reports the rotation's share of a step.
 
 Conventions:
 * Sign. Each pair (a, b) is multiplied by RoFormer's R(m) = [[cos, -sin], [sin, cos]] (eq. 15):
@@ -129,7 +135,8 @@ def half_to_interleaved(d: int) -> torch.Tensor:
     return torch.stack((i, i + d // 2), dim=-1).flatten()  # (d/2, 2) -> (d,): [0, d/2, 1, d/2+1, ...]
 
 
-# The seeds' two ways to fit a longer context into the angles training saw.
+# The two simple scalings, two ways to fit a longer context into the angles training saw: slower rotations and
+# another base.
 
 
 def slower(inv_freq: torch.Tensor, factor: float) -> torch.Tensor:

@@ -84,6 +84,7 @@ def start(model_cfg, train_cfg, batch_cfg, schedule):
     meta = load_meta(dataset_dir)
     out = checkpoint.check_out_dir(train_cfg.out_dir, train_cfg.resume) if runtime.master else Path(train_cfg.out_dir)
     model_cfg, source, ckpt = starting_point(train_cfg, model_cfg, meta, out)
+    one_precision(train_cfg, runtime, ckpt)
     torch.manual_seed(train_cfg.seed)  # the same initial weights on every rank
     model = GPT(model_cfg).to(runtime.device)
     batch_cfg.check_model(model_cfg, type(model.pos))  # a fine-tune's scheme is its source's
@@ -104,7 +105,7 @@ def start(model_cfg, train_cfg, batch_cfg, schedule):
         if ckpt:
             checkpoint.unpack(state, ckpt)
             del ckpt  # its tensors are copied into the state
-        info = checkpoint.run_info(model_cfg, train_cfg, batch_cfg, schedule, meta, runtime.world_size)
+        info = checkpoint.run_info(model_cfg, train_cfg, batch_cfg, schedule, meta, runtime)
         run = Run(model_cfg, train_cfg, runtime, batches, out, state, schedule, info)
         if runtime.master:
             checkpoint.first_files(out, info["record"], state.iter, train_cfg.resume)
@@ -128,6 +129,20 @@ def starting_point(train_cfg, model_cfg, meta, out):
         return model_cfg, source, None
     ckpt = checkpoint.resumable_checkpoint(out, model_cfg, meta, train_cfg.max_iters, train_cfg.optimizer)
     return model_cfg, source, ckpt
+
+
+def one_precision(train_cfg, runtime, ckpt):
+    """A resume computes in the dtype its run recorded (a fresh run in the one runtime resolved): auto continues in
+    it, another dtype is refused. Checkpoints from before the record resolve auto again."""
+    saved = ckpt.get("record", {}).get("dtype") if ckpt else None
+    if saved is None:
+        return
+    if train_cfg.dtype not in ("auto", saved):
+        raise ValueError(
+            f"cannot resume: the run trains in dtype={saved}, and this command asks for dtype={train_cfg.dtype}; "
+            f"drop --dtype or pass --dtype={saved}"
+        )
+    runtime.dtype = getattr(torch, saved)
 
 
 def follow(run, it, progress):

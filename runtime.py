@@ -5,13 +5,11 @@ sample.py, ablate.py and bench.py all take theirs from this module.
 """
 
 import contextlib
-import functools
 import os
 import platform
 import shutil
 import signal
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -143,34 +141,18 @@ def pick_dtype(requested, device_type):
     if device_type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     if device_type == "cpu":
-        return torch.bfloat16 if cpu_bf16_is_faster() else torch.float32
+        return torch.bfloat16 if cpu_prefers_bf16() else torch.float32
     return torch.float32
 
 
-BF16_MARGIN = 1.5  # bf16 only where its matmuls clearly win: a CPU near parity must not flip between runs
-
-
-def matmul_seconds(dtype, n=512, repeats=5):
-    """The fastest of a few n x n matmuls in dtype on this process's threads (with the others, about 0.1 s)."""
-    a = torch.randn(n, n).to(dtype)
-    a @ a  # warm-up: the first call picks kernels
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        a @ a
-        best = min(best, time.perf_counter() - t0)
-    return best
-
-
-@functools.cache
-def cpu_bf16_is_faster():
-    """Whether bf16 matmuls beat float32's on this CPU by BF16_MARGIN. Without AVX512-BF16 or AMX bf16 is
-    emulated and always slower; with AVX512-BF16 alone it depends on the chip: 2.5x float32 on an AMD EPYC
-    (Zen 4) but 0.6x on an Intel Xeon without AMX (README: Benchmarks), so a probe decides."""
+def cpu_prefers_bf16():
+    """Whether a CPU runs bf16 autocast faster than float32: decided by what the CPU is, never by a timing, so the
+    same machine gives the same answer however loaded it is. Without AVX512-BF16 or AMX, bf16 is emulated and many
+    times slower. AMX (Intel, Sapphire Rapids on) and AVX512-BF16 on AMD (Zen 4 on) run it natively and faster,
+    while an Intel Xeon with AVX512-BF16 but no AMX was measured slower in bf16 than in float32. SSE4a is an AMD
+    instruction set, on every AMD CPU and on no Intel one."""
     caps = torch.cpu.get_capabilities()
-    if not (caps.get("avx512_bf16") or caps.get("amx_bf16")):
-        return False
-    return matmul_seconds(torch.float32) > BF16_MARGIN * matmul_seconds(torch.bfloat16)
+    return bool(caps.get("amx_bf16") or (caps.get("avx512_bf16") and caps.get("sse4a")))
 
 
 def decode_autocast(device_type, dtype=None):
@@ -218,7 +200,7 @@ def setup_runtime(device="auto", dtype="auto", compile=None, quiet=False):
     )
     if "RANK" in os.environ:
         dist.init_process_group(backend="nccl" if runtime.device_type == "cuda" else "gloo")
-        if dtype == "auto" and runtime.device_type == "cpu":  # each process probed: bf16 only if all chose it
+        if dtype == "auto" and runtime.device_type == "cpu":  # nodes of different CPUs: bf16 only if all chose it
             runtime.dtype = torch.float32 if any_rank(runtime.dtype != torch.bfloat16, runtime) else torch.bfloat16
     if runtime.device_type == "cuda":
         torch.cuda.set_device(runtime.device)

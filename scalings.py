@@ -3,9 +3,10 @@ mapping.
 
 A scaling by a factor s stretches a model trained on L0 positions to s * L0. Each is a formula
 f(rot_dim, base, s, L0, L) -> (float64 theta', attn_factor) in the registry `SCALINGS`, under the name transformers
-gives it, and reduces bitwise to plain RoPE at s = 1. `linear` (PI) and `ntk` are the seeds' two ideas (rope.slower,
-rope.ntk_base); `dynamic`, `yarn` and `llama3` treat fast and slow pairs differently. positions.Rotary asks here only
-where a scaling is in force or p-RoPE drops pairs; a plain RoPE run reads rope.py's theta_i alone.
+gives it, and reduces bitwise to plain RoPE at s = 1. `linear` (PI) and `ntk` are the two simple scalings, slower
+rotations and another base (rope.slower, rope.ntk_base); `dynamic`, `yarn` and `llama3` treat fast and slow pairs
+differently. positions.RoPE asks here once, where the model is built, and only where a scaling is set or p-RoPE drops
+pairs; a plain RoPE run reads rope.py's theta_i alone.
 """
 
 import inspect
@@ -224,10 +225,29 @@ def keep_highest(inv_freq: torch.Tensor, p: float) -> torch.Tensor:
 
 
 def frequencies(rot_dim, base, scaling=NO_SCALING, factor=1.0, original_len=None, seq_len=None, p=1.0):
-    """(theta float64, attn_factor) that positions.Rotary turns pairs by: the scaling's (`scaled_frequencies`),
+    """(theta float64, attn_factor) that positions.RoPE turns pairs by: the scaling's (`scaled_frequencies`),
     p-RoPE's share p of them kept (`keep_highest`)."""
     inv_freq, attn_factor = scaled_frequencies(rot_dim, base, scaling, factor, original_len, seq_len)
     return keep_highest(inv_freq, p), attn_factor
+
+
+def of_model(config):
+    """(theta', attention factor, at_length) of a model config's RoPE (GPTConfig), resolved once where the model is
+    built: at_length is None, or for a dynamic scaling the function of the total length L that gives theta' there."""
+
+    def at(seq_len=None):
+        return frequencies(
+            config.rotated_dims,
+            config.rope_base,
+            config.rope_scaling,
+            config.rope_scaling_factor,
+            config.L0,
+            seq_len,
+            config.rope_p,
+        )
+
+    inv_freq, attn_factor = at()
+    return inv_freq, attn_factor, (lambda length: at(length)[0]) if scaling_of(config).dynamic else None
 
 
 def in_force_scaling(scaling, factor):

@@ -1,6 +1,7 @@
 """The ablation's other positional schemes, beside positions.py's RoPE and sinusoidal: learned absolute positions,
-ALiBi, NoPE, xPos, KERPLE, FIRE and the RoPE/NoPE hybrid. Each joins positions.SCHEMES by name when a run names it
-(positions.ELSEWHERE), so a plain RoPE run imports none of this; their settings are declared in model.GPTConfig.
+ALiBi, NoPE, xPos, KERPLE, FIRE and the RoPE/NoPE hybrid. Each joins positions.SCHEMES by name when this module is
+imported, which model.scheme_class does only where a run names one of positions.ELSEWHERE, so a plain RoPE run reads
+none of this; their settings are declared in model.GPTConfig.
 """
 
 import math
@@ -106,15 +107,15 @@ class XPos(RoPE):
 
     def __init__(self, config):
         super().__init__(config)
-        half = self.rotary.rot_dim // 2
-        zeta = (2 * torch.arange(half, dtype=torch.float64) / self.rotary.rot_dim + 0.4) / 1.4  # (rot/2,)
+        half = self.rot_dim // 2
+        zeta = (2 * torch.arange(half, dtype=torch.float64) / self.rot_dim + 0.4) / 1.4  # (rot/2,)
         log_zeta = pairwise(zeta.log(), config.rope_layout, config.head_dim, fill=0.0)  # (hs,)
         self.register_buffer("log_zeta", log_zeta.float(), persistent=False)
         # B: xpos_scale_base, else L0 / 2 (the paper's ratio); once, as a scheme is rebuilt when its config changes
         self.scale = config.xpos_scale_base or config.L0 / 2
 
     def rotate(self, qk, span, layer):
-        q, k = self.rotary(qk, span.ids, span.end)  # (B, nh, T, hs) each
+        q, k = super().rotate(qk, span, layer)  # (B, nh, T, hs) each
         m = span.ids.float()[..., None]  # (T, 1) or (B, T, 1)
         scale = span.heads((m / self.scale * self.log_zeta).exp())  # (T, hs): zeta^(m/B) per dim
         return torch.stack((q * scale, k / scale)).to(qk.dtype)

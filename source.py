@@ -7,12 +7,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import positions
 import scalings
 from checkpoint import CHECKPOINTS, checkpoint_in, load_checkpoint, same_tokenizer
 from config import check_of, one_of, opt, validate, weightless
 from data.tokenizer import HF_PREFIX
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, scheme_class
 
 
 @dataclass
@@ -106,7 +105,7 @@ def fine_tune_config(source, config, meta, where):
             f"{where} is another model ({'; '.join(clash)}); a fine-tune keeps its architecture and may "
             f"change only {', '.join(kept)}"
         )
-    if not positions.scheme(source.config.pos_emb).extrapolates and config.block_size > source.config.block_size:
+    if not scheme_class(source.config.pos_emb).extrapolates and config.block_size > source.config.block_size:
         raise ValueError(
             f"block_size={config.block_size} is past {where}'s learned position table "
             f"({source.config.block_size} positions); use block_size <= {source.config.block_size}"

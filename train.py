@@ -71,8 +71,9 @@ class TrainConfig:
     device: str = opt("auto", "auto, cpu, cuda, cuda:N or mps", resume=True)
     dtype: str = opt(
         "auto",
-        "auto (CUDA: bfloat16 if supported, else float16; CPU: bfloat16 where a probe finds its matmuls 1.5x "
-        "float32's, else float32; mps: float32), float32, bfloat16, float16",
+        "auto (CUDA: bfloat16 if supported, else float16; CPU: bfloat16 where the CPU runs it natively and faster, "
+        "AMX or AMD's AVX512-BF16, else float32; mps: float32), float32, bfloat16, float16; a run records what auto "
+        "resolved to and resumes in it",
         check=one_of(DTYPES),
     )
     compile: bool | None = opt(None, "torch.compile the model (default: on for CUDA only)", resume=True)

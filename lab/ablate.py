@@ -64,7 +64,7 @@ from lab.pool import Interrupted
 from lab.report import regime_rows
 from lab.retrieval import GOOD, THRESHOLDS, Probe, ProbeSettings, readout_errors
 from lab.sweep import Plan as SweepPlan, SweepSettings, tool_main
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, scheme_class
 from optim import make_optimizer
 from runtime import decode_autocast, run_record
 
@@ -242,7 +242,7 @@ def extrapolate(model, windows, rescaled, runtime):
     'none' is the model as trained; each scaling of rescaled that its scheme takes is scored beyond L0 with factor
     L/L0."""
     model_cfg = model.config
-    scheme = positions.scheme(model_cfg.pos_emb)
+    scheme = scheme_class(model_cfg.pos_emb)
     L0, longest = model_cfg.block_size, max(windows)
     loss, position = {}, {}
     for scaling in [scalings.NO_SCALING] + (rescaled if model_cfg.takes("rope_scaling") else []):
@@ -311,7 +311,7 @@ def staged_training(plan, job):
 def retrieval_counts(plan, model):
     """{str(W): the probe's cells in windows of W tokens (Probe.counts), None past the scheme's reach}, the model as
     trained."""
-    reaches = positions.scheme(model.config.pos_emb).extrapolates
+    reaches = scheme_class(model.config.pos_emb).extrapolates
     return {
         str(W): plan.probe.counts(model, W, plan.runtime) if reaches or W <= model.config.block_size else None
         for W in plan.probe.lengths
@@ -623,7 +623,7 @@ def run_flops(cfg, plan):
     """(training, evaluation) FLOPs of one run: its steps, then its in-training evaluations and slot probes, its
     extrapolation and its retrieval probe. flops_per_token counts forward + backward; a forward alone is a third."""
     train_cfg, L0, fpt = plan.train_cfg, cfg.block_size, GPT(cfg).flops_per_token
-    scheme = positions.scheme(cfg.pos_emb)
+    scheme = scheme_class(cfg.pos_emb)
     n_evals = len(eval_steps(train_cfg))
     in_training = n_evals * 2 * train_cfg.eval_iters * train_cfg.batch_size * L0 * fpt(L0) / 3  # train and val splits
     probes = 0

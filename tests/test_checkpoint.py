@@ -9,9 +9,8 @@ import pytest
 import torch
 
 import checkpoint
-import positions
 from conftest import ROOT, Payload, all_logits, tiny_model as tiny
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, all_schemes
 from source import fine_tune_config, load_source
 
 
@@ -66,7 +65,7 @@ def test_every_torch_load_in_the_repo_is_weights_only():
     assert calls and all("weights_only=True" in call for _, call in calls), calls
 
 
-@pytest.mark.parametrize("pos_emb", positions.all_schemes())
+@pytest.mark.parametrize("pos_emb", all_schemes())
 def test_a_saved_model_loads_back_to_the_same_logits(pos_emb, tmp_path):
     model = tiny(pos_emb)
     for p in model.parameters():  # away from init, so a parameter that failed to load would show
@@ -95,7 +94,7 @@ def saved_source(tmp_path, pos_emb, **kw):
     return load_source(str(tmp_path / "run"), "init_from")
 
 
-@pytest.mark.parametrize("pos_emb", positions.all_schemes())
+@pytest.mark.parametrize("pos_emb", all_schemes())
 def test_a_fine_tune_at_a_shorter_context_takes_every_weight_its_scheme_still_reads(pos_emb, tmp_path):
     source = saved_source(tmp_path, pos_emb)
     config = fine_tune_config(source, GPTConfig(block_size=16, pos_emb=pos_emb), META, "init_from=run")

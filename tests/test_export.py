@@ -12,12 +12,11 @@ import checkpoint
 import config
 import data.tokenizer
 import export
-import positions
 from conftest import ROOT, all_logits, run, tiny_model
 from data.bpe import train_bpe
 from data.tokenizer import GPT2_PATTERN, bpe_encoding, ranks_to_text, tokenizer_from_meta
 from generate import GREEDY, generate
-from model import GPTConfig
+from model import GPTConfig, all_schemes
 from source import load_source
 from train import TrainConfig
 
@@ -173,7 +172,7 @@ def test_an_exported_scaling_imports_back_to_the_same_frequencies_and_logits(tmp
     if flags:
         model.reconfigure(rope_scaling=flags[0].partition("=")[2], rope_scaling_factor=4.0)
     back = load_source(f"hf:{folder}", "init_from").model().eval()
-    assert torch.equal(back.pos.rotary.inv_freq, model.pos.rotary.inv_freq)  # bit for bit: ntk as its larger base
+    assert torch.equal(back.pos.inv_freq, model.pos.inv_freq)  # bit for bit: ntk as its larger base
     assert back.pos.attn_factor == model.pos.attn_factor
     idx = torch.randint(0, model.config.vocab_size, (2, 96), generator=torch.Generator().manual_seed(1))
     assert (all_logits(back, idx) - all_logits(model, idx)).abs().max().item() < TOLERANCE
@@ -229,7 +228,7 @@ def test_gpt2_tokenizer_keeps_its_end_of_text_token(tmp_path, corpus, monkeypatc
 REFUSED = {  # name: (pos_emb, config, the arguments after OUT_DIR, the error's gist)
     **{
         s: (s, {}, ["hf"], f"pos_emb='{s}' has no transformers architecture")
-        for s, cls in positions.all_schemes().items()
+        for s, cls in all_schemes().items()
         if cls.transformers()[0] is None
     },
     "p-rope": ("rope", {"rope_p": 0.5}, ["hf"], "rope_p=0.5 < 1"),

@@ -6,10 +6,10 @@ import shutil
 import pytest
 import torch
 
-import positions
 import scalings
 from conftest import all_logits, tiny_model as tiny
 from generate import GREEDY, KVCache, Sampling, StaticKVCache, generate
+from model import all_schemes
 
 
 def read(model, tokens, cache):
@@ -19,7 +19,7 @@ def read(model, tokens, cache):
     return logits
 
 
-@pytest.mark.parametrize("pos_emb", positions.all_schemes())
+@pytest.mark.parametrize("pos_emb", all_schemes())
 def test_cached_logits_equal_full_recompute(pos_emb):
     model = tiny(pos_emb)
     idx = torch.randint(0, 11, (2, 14))
@@ -31,7 +31,7 @@ def test_cached_logits_equal_full_recompute(pos_emb):
     torch.testing.assert_close(torch.cat(steps, 1), full[:, 9:], atol=1e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("pos_emb", positions.all_schemes())
+@pytest.mark.parametrize("pos_emb", all_schemes())
 def test_static_cache_logits_equal_full_recompute(pos_emb):
     # every slot is attended to; those past the query, unwritten or stale, must count for nothing
     model = tiny(pos_emb, qk_norm=True)
@@ -67,7 +67,7 @@ def greedy(model, prompt, **kw):
     return torch.cat(list(generate(model, prompt, n, GREEDY, **kw)), 1)
 
 
-@pytest.mark.parametrize("pos_emb", positions.all_schemes())
+@pytest.mark.parametrize("pos_emb", all_schemes())
 def test_greedy_with_cache_matches_recompute_across_window_slides(pos_emb):
     model, seq = taught(pos_emb)
     cached = greedy(model, seq[:, :5], cache="dynamic")
@@ -107,24 +107,17 @@ def test_static_cache_refuses_dynamic_scaling_past_the_trained_length():
     model = tiny("rope", rope_scaling="dynamic", rope_scaling_factor=2.0)
     with pytest.raises(ValueError, match="static_cache cannot serve rope_scaling='dynamic' past the trained length"):
         next(generate(model, torch.zeros(1, 1, dtype=torch.long), 5, cache="static", max_context=32))
-    assert model.pos.rotary.dynamic  # at factor 2 Rotary too recomputes its frequencies past L0
+    assert model.pos.at_length is not None  # at factor 2 RoPE too recomputes its frequencies past L0
 
 
-def test_static_cache_serves_dynamic_scaling_at_factor_1_past_the_trained_length(monkeypatch):
-    # dynamic at factor 1 is plain RoPE, by one rule in Rotary, GPTConfig.scaling and the static cache: its fixed
-    # table serves every length, so decoding past L0 never recomputes the frequencies
+def test_static_cache_serves_dynamic_scaling_at_factor_1_past_the_trained_length():
+    # dynamic at factor 1 is plain RoPE, by one rule in scalings.of_model, GPTConfig.scaling and the static cache: its
+    # fixed table serves every length, so decoding past L0 never recomputes the frequencies
     model = tiny("rope", rope_scaling="dynamic", rope_scaling_factor=1.0)
-    assert not model.pos.rotary.dynamic and not scalings.scaling_of(model.config).dynamic
+    assert model.pos.at_length is None and not scalings.scaling_of(model.config).dynamic
+    assert torch.equal(model.pos.inv_freq, tiny("rope").pos.inv_freq)
     plain = greedy(tiny("rope"), torch.zeros(1, 1, dtype=torch.long), cache="static", max_context=32)
-    lengths, frequencies = [], positions.Rotary.frequencies  # the lengths it recomputes them at (None: the table's)
-
-    def counted(self, seq_len=None):
-        lengths.append(seq_len)
-        return frequencies(self, seq_len)
-
-    monkeypatch.setattr(positions.Rotary, "frequencies", counted)
     assert torch.equal(greedy(model, torch.zeros(1, 1, dtype=torch.long), cache="static", max_context=32), plain)
-    assert set(lengths) <= {None}
 
 
 @pytest.mark.slow
@@ -144,10 +137,10 @@ def test_static_cache_compiles_to_one_whole_graph_for_every_position(pos_emb):
     assert counters["stats"]["unique_graphs"] == 1  # every position, before and after the slides, in one graph
 
 
-@pytest.mark.parametrize("pos_emb", positions.all_schemes())
+@pytest.mark.parametrize("pos_emb", all_schemes())
 def test_schemes_that_extrapolate_generate_past_block_size_and_the_others_refuse(pos_emb):
     model, prompt = tiny(pos_emb), torch.zeros(1, 1, dtype=torch.long)
-    if positions.all_schemes()[pos_emb].extrapolates:  # 40 tokens in a 48-token context: positions up to 3 x block_size
+    if all_schemes()[pos_emb].extrapolates:  # 40 tokens in a 48-token context: positions up to 3 x block_size
         cached = torch.cat(list(generate(model, prompt, 40, GREEDY, max_context=48)), 1)
         assert torch.equal(cached, torch.cat(list(generate(model, prompt, 40, GREEDY, "none", max_context=48)), 1))
     else:
@@ -166,7 +159,7 @@ def draw(logits, temperature, top_k=None, top_p=None, seed=None, generator=None)
 SKIPPED = torch.tensor([[0, 1, 2, 6, 7, 8, 9, 13, 14, 15], [0, 3, 4, 5, 6, 7, 8, 9, 10, 12]])  # PoSE-like ids, < 16
 
 
-@pytest.mark.parametrize("pos_emb", positions.all_schemes())
+@pytest.mark.parametrize("pos_emb", all_schemes())
 def test_cached_logits_at_each_rows_own_positions_equal_full_recompute(pos_emb):
     model = tiny(pos_emb)
     idx = torch.randint(0, 11, (2, 10), generator=torch.Generator().manual_seed(3))
@@ -182,7 +175,7 @@ def test_cached_logits_at_each_rows_own_positions_equal_full_recompute(pos_emb):
     torch.testing.assert_close(torch.stack(steps, 1), full[:, 5:9], atol=1e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("pos_emb", [name for name, cls in positions.all_schemes().items() if cls.extrapolates])
+@pytest.mark.parametrize("pos_emb", [name for name, cls in all_schemes().items() if cls.extrapolates])
 def test_greedy_decoding_at_each_rows_own_positions_is_recomputes_across_window_slides(pos_emb):
     model = tiny(pos_emb)
     idx = torch.randint(0, 11, (2, 10), generator=torch.Generator().manual_seed(4))

@@ -1,7 +1,7 @@
-"""The import graph of our modules (the top-level ones, lab/ and data/), lazy imports inside functions included: no
-cycle, and the core's imports go one way, as README.md draws it: lab/ and the tools -> train, generate, checkpoint
--> model -> positions -> rope (scalings, schemes and spans beside them), with config, files and runtime utilities
-any of them may use."""
+"""The import graph of our modules (the top-level ones, lab/ and data/), lazy imports inside functions and imports by
+name (importlib) included: no cycle, and the core's imports go one way, as README.md draws it: lab/ and the tools ->
+train, generate, checkpoint -> model -> schemes -> positions -> scalings -> rope (spans beside them), with config,
+files and runtime utilities any of them may use."""
 
 import ast
 
@@ -20,9 +20,9 @@ BELOW = {  # what each core module may import besides UTILITIES (files: nothing 
     "rope": set(),
     "scalings": {"rope"},
     "spans": set(),
-    "positions": {"rope"},  # scalings.py and schemes.py by name, where a run names them
+    "positions": {"rope", "scalings"},  # scalings.py where a run names a scaling
     "schemes": {"positions", "rope"},
-    "model": {"positions", "rope", "spans"},
+    "model": {"positions", "rope", "schemes", "spans"},  # schemes.py where a run names one of its schemes
     "hf": {"model", "positions", "rope", "scalings", "data.hub"},  # transformers interop, under --init_from
     "generate": {"model", "positions", "rope", "scalings", "spans"},
     "checkpoint": {"model"},
@@ -38,16 +38,31 @@ def ours(name):
     return name or None
 
 
+def by_name(tree):
+    """Our modules that a module importing by name (importlib.import_module) may reach: every string constant in its
+    text that names one of them or something in one ("data.recall.RecallTask"), as a table of tasks does."""
+    calls = any(isinstance(node, ast.Attribute) and node.attr == "import_module" for node in ast.walk(tree))
+    strings = [node.value for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)]
+    return {ours(s) for s in strings if "." in s or s in MODULES} if calls else set()
+
+
 def imports(name):
-    """Our modules that module name imports anywhere in its text."""
-    found = set()
-    for node in ast.walk(ast.parse(MODULES[name].read_text())):
+    """Our modules that module name imports anywhere in its text, by a statement or by name."""
+    tree = ast.parse(MODULES[name].read_text())
+    found = by_name(tree)
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found |= {ours(alias.name) for alias in node.names}
         elif isinstance(node, ast.ImportFrom):
             assert node.level == 0, f"{MODULES[name]}:{node.lineno}: a relative import"
             found |= {ours(f"{node.module}.{alias.name}") for alias in node.names}  # from lab import grid: lab.grid
     return found - {None, name}
+
+
+def test_imports_by_name_are_seen():
+    """The walk finds what importlib reaches: data/batches.py's tasks, by the names in its table."""
+    assert "data.recall" in imports("data.batches")
+    assert not by_name(ast.parse("x = 'model'"))  # a string alone is no import
 
 
 def test_the_core_imports_only_what_lies_below_it():

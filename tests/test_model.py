@@ -7,16 +7,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import positions
 import schemes
 import spans
 from config import weightless
 from conftest import all_logits, tiny_model as tiny
-from model import GPTConfig
+from model import GPTConfig, all_schemes
 from source import Source, fine_tune_config
 
 
-@pytest.mark.parametrize("pos_emb", positions.all_schemes())
+@pytest.mark.parametrize("pos_emb", all_schemes())
 def test_future_tokens_never_change_earlier_logits(pos_emb):
     model = tiny(pos_emb)
     idx = torch.randint(0, 11, (2, 16))
@@ -27,7 +26,7 @@ def test_future_tokens_never_change_earlier_logits(pos_emb):
     assert not torch.allclose(a[:, 9:], b[:, 9:])
 
 
-@pytest.mark.parametrize("pos_emb", positions.all_schemes())
+@pytest.mark.parametrize("pos_emb", all_schemes())
 def test_a_shift_of_all_positions_changes_logits_only_for_schemes_that_are_not_relative(pos_emb):
     # RoPE scores depend on m - n only, ALiBi's bias on the distance: moving the whole sequence changes
     # nothing, which also shows values are not rotated (they would carry absolute positions into the output)
@@ -35,15 +34,15 @@ def test_a_shift_of_all_positions_changes_logits_only_for_schemes_that_are_not_r
     for p in model.pos.parameters():  # a trained table's scale, not init's 0.02, so a shift shows
         torch.nn.init.normal_(p)
     idx = torch.randint(0, 11, (2, 8))
-    shift = 37 if positions.all_schemes()[pos_emb].extrapolates else 16 - 8
+    shift = 37 if all_schemes()[pos_emb].extrapolates else 16 - 8
     plain, shifted = all_logits(model, idx), all_logits(model, idx, start_pos=shift)
-    if not positions.all_schemes()[pos_emb].relative:
+    if not all_schemes()[pos_emb].relative:
         assert not torch.allclose(plain, shifted, atol=1e-4)
     else:
         torch.testing.assert_close(plain, shifted, atol=2e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("pos_emb", positions.all_schemes())
+@pytest.mark.parametrize("pos_emb", all_schemes())
 def test_model_overfits_one_batch(pos_emb):
     model = tiny(pos_emb).train()
     idx = torch.randint(0, 11, (4, 16))
@@ -182,7 +181,7 @@ def test_length_relative_defaults_read_l0_which_a_longer_block_size_keeps():
 # ----------------------------------------------------------------------------- recipe options (each off by default)
 
 
-@pytest.mark.parametrize("pos_emb", positions.all_schemes())
+@pytest.mark.parametrize("pos_emb", all_schemes())
 def test_qk_norm_hands_each_scheme_normalised_queries_and_keys_and_keeps_causality(pos_emb, monkeypatch):
     model = tiny(pos_emb, qk_norm=True)
     seen = []

@@ -1,6 +1,6 @@
 """positions.py: the registry's contract, and the non-RoPE schemes' maths against their papers' formulas.
 The generic behaviour of every registered scheme (causality, shifts, cache exactness) is tested in
-test_model.py and test_generate.py, parametrized over positions.all_schemes()."""
+test_model.py and test_generate.py, parametrized over all_schemes()."""
 
 import math
 from dataclasses import fields, make_dataclass, replace
@@ -17,7 +17,7 @@ import schemes
 from config import RATE, opt
 from conftest import all_logits, tiny_model as tiny
 from generate import GREEDY, generate
-from model import GPTConfig
+from model import GPTConfig, all_schemes, scheme_class
 from spans import Span
 
 
@@ -88,10 +88,10 @@ def test_sinusoidal_input_is_scaled_tokens_plus_the_table():
 # ----------------------------------------------------------------------------- the registry's contract
 
 
-@pytest.mark.parametrize("name", positions.all_schemes())
+@pytest.mark.parametrize("name", all_schemes())
 def test_each_scheme_keeps_shapes_and_its_bias_carries_the_causal_mask(name):
     scheme = tiny(name).pos
-    assert scheme.name == name and positions.scheme(name) is type(scheme)
+    assert scheme.name == name and scheme_class(name) is type(scheme)
     tok, qk = torch.randn(2, 5, 32), torch.randn(2, 2, 2, 5, 16)  # (B, T, C); q and k (2, B, nh, T, hs)
     assert (
         scheme.embed(tok, at(3, 5)).shape == tok.shape and scheme.rotate(qk, at(3, qk.shape[-2]), 0).shape == qk.shape
@@ -110,7 +110,7 @@ def test_an_unknown_scheme_is_refused_naming_the_registered_ones():
 
 def test_a_scheme_is_one_registered_class(monkeypatch):
     # a toy scheme registered from outside the library reaches the config, the model and decoding unchanged
-    monkeypatch.setattr(positions, "SCHEMES", dict(positions.all_schemes()))
+    monkeypatch.setattr(positions, "SCHEMES", dict(all_schemes()))
 
     @positions.register("toy")
     class Toy(positions.Scheme):
@@ -243,7 +243,7 @@ def test_rnope_layers_without_rope_ignore_position_and_the_others_rotate():
 # ----------------------------------------------------------------------------- each row's own positions
 
 
-@pytest.mark.parametrize("pos_emb", positions.all_schemes())
+@pytest.mark.parametrize("pos_emb", all_schemes())
 def test_rows_at_the_default_positions_give_the_default_logits(pos_emb):
     model = tiny(pos_emb)
     idx = torch.randint(0, 11, (3, 12), generator=torch.Generator().manual_seed(5))
@@ -254,7 +254,7 @@ def test_rows_at_the_default_positions_give_the_default_logits(pos_emb):
         torch.testing.assert_close(shared, rows, atol=1e-6, rtol=1e-6)
 
 
-@pytest.mark.parametrize("pos_emb", positions.all_schemes())
+@pytest.mark.parametrize("pos_emb", all_schemes())
 def test_each_row_at_positions_of_its_own_is_what_the_row_alone_gives(pos_emb):
     model = tiny(pos_emb)
     idx = torch.randint(0, 11, (2, 8), generator=torch.Generator().manual_seed(6))
@@ -264,7 +264,7 @@ def test_each_row_at_positions_of_its_own_is_what_the_row_alone_gives(pos_emb):
         torch.testing.assert_close(both[b], all_logits(model, idx[b : b + 1], position_ids=ids[b : b + 1])[0])
     if pos_emb != "none":  # the positions are read: skipping them changes the logits after the skip
         assert not torch.allclose(both[0, 4:], all_logits(model, idx[:1])[0, 4:])
-    if positions.all_schemes()[pos_emb].relative:  # shifting every position of a row changes nothing
+    if all_schemes()[pos_emb].relative:  # shifting every position of a row changes nothing
         torch.testing.assert_close(all_logits(model, idx[:1], position_ids=ids[:1] + 3), both[:1], atol=1e-5, rtol=1e-4)
 
 

@@ -13,12 +13,35 @@ import positions
 import rope
 import scalings
 from conftest import ROOT
+from model import GPTConfig
+from spans import Span
 
 L0 = 256  # the "trained" context used throughout
 
 
 def tables(d, positions, base=10000.0):
     return rope.tables(rope.frequencies(d, base), torch.as_tensor(positions))
+
+
+def rotary(head_dim, fraction=1.0, layout="interleaved", scaling="none", factor=1.0, original_len=None, max_len=L0):
+    """positions.RoPE of a one-head model whose heads have head_dim dims, its tables built for max_len positions."""
+    config = GPTConfig(
+        n_embd=head_dim,
+        n_head=1,
+        block_size=max_len,
+        original_len=original_len,
+        rope_fraction=fraction,
+        rope_layout=layout,
+        rope_scaling=scaling,
+        rope_scaling_factor=factor,
+    )
+    return positions.RoPE(config)
+
+
+def shifted(r, x, start=0):
+    """RoPE r applied to x (..., T, hs) at positions start..start+T-1, as attention applies it."""
+    T = x.shape[-2]
+    return r.rotate(x, Span(start, T, T, x.device), layer=0)
 
 
 def reference(x, positions, inv_freq):
@@ -271,7 +294,7 @@ def test_llama3_keeps_high_and_divides_low_frequencies():
 @pytest.mark.parametrize("layout", rope.LAYOUTS)
 def test_partial_rotary_passes_the_rest_through_and_uses_its_own_width(layout):
     torch.manual_seed(4)
-    r = positions.Rotary(64, fraction=0.25, layout=layout)
+    r = rotary(64, fraction=0.25, layout=layout)
     assert r.rot_dim == 16
     # the frequency exponent counts the rotated width, not the head size
     assert torch.equal(r.inv_freq, rope.frequencies(16))
@@ -291,17 +314,11 @@ def test_partial_rotary_passes_the_rest_through_and_uses_its_own_width(layout):
 
 @pytest.mark.parametrize("fraction", [0.3, 0.0, 1.5, -1.0])
 def test_bad_rotary_width_is_a_value_error(fraction):
-    with pytest.raises(ValueError, match="head_dim=64.*fraction"):
-        positions.Rotary(64, fraction=fraction)
+    with pytest.raises(ValueError, match="rope_fraction"):
+        rotary(64, fraction=fraction)
 
 
-# ---- Rotary: precision, offsets, growth ---------------------------------------------------------
-
-
-def shifted(r, x, start):
-    """Rotary r applied to x (..., T, hs) at positions start..start+T-1."""
-    T = x.shape[-2]
-    return r(x, torch.arange(start, start + T), start + T)
+# ---- RoPE's tables: precision, offsets, growth ---------------------------------------------------
 
 
 def float64_rope(x, positions, d):
@@ -311,17 +328,17 @@ def float64_rope(x, positions, d):
 
 
 def test_bf16_module_keeps_float32_tables_and_distinct_positions():
-    fresh = positions.Rotary(64, max_len=L0)
+    fresh = rotary(64, max_len=L0)
     for convert in (lambda m: m.to(torch.bfloat16), lambda m: m.half()):
-        r = convert(positions.Rotary(64, max_len=L0))
+        r = convert(rotary(64, max_len=L0))
         for name in ("inv_freq", "cos", "sin"):
             # rebuilt, not cast back: bitwise equal to tables never rounded
             assert torch.equal(getattr(r, name), getattr(fresh, name)), name
-    r = positions.Rotary(64, max_len=L0).to(torch.bfloat16)
+    r = rotary(64, max_len=L0).to(torch.bfloat16)
     x = torch.randn(1, 1, 1, 64).to(torch.bfloat16)
     assert not torch.equal(shifted(r, x, 256), shifted(r, x, 257))  # a bf16 angle cannot tell them apart
     x = torch.randn(1, 2, 8 * L0, 64).to(torch.bfloat16)
-    y = r(x)
+    y = shifted(r, x)
     assert y.dtype == torch.bfloat16 and r.cos.dtype == torch.float32
     ref = float64_rope(x, range(8 * L0), 64)
     rel = (y.double() - ref).norm(dim=-1) / ref.norm(dim=-1)
@@ -330,25 +347,27 @@ def test_bf16_module_keeps_float32_tables_and_distinct_positions():
 
 def test_autocast_leaves_tables_and_results_in_float32():
     x = torch.randn(1, 2, 40, 64)
-    expected = positions.Rotary(64, max_len=64)(x)
+    expected = shifted(rotary(64, max_len=64), x)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        r = positions.Rotary(64, max_len=16)
-        y = r(x)  # grows the table under autocast
+        r = rotary(64, max_len=16)
+        y = shifted(r, x)  # grows the table under autocast
     assert r.cos.dtype == torch.float32 and y.dtype == torch.float32
     assert torch.equal(y, expected)
 
 
 def test_tables_are_not_in_the_state_dict():
-    assert positions.Rotary(64).state_dict() == {}
+    assert rotary(64).state_dict() == {}
 
 
 @pytest.mark.parametrize("layout", rope.LAYOUTS)
 @pytest.mark.parametrize("scaling", ["none", "dynamic", "yarn"])
 def test_offset_equals_slicing_a_longer_sequence(layout, scaling):
     torch.manual_seed(5)
-    r = positions.Rotary(32, layout=layout, scaling=scaling, factor=2.0, original_len=64, max_len=128)
+    r = rotary(
+        32, layout=layout, scaling=scaling, factor=1.0 if scaling == "none" else 2.0, original_len=64, max_len=128
+    )
     x = torch.randn(2, 3, 100, 32)
-    full = r(x)
+    full = shifted(r, x)
     pieces = [(0, 7), (40, 20), (99, 1), (60, 40)]
     if scaling == "dynamic":  # its frequencies follow the total length, so only pieces ending at 100 agree
         pieces = [(o, t) for o, t in pieces if o + t == 100]
@@ -357,7 +376,7 @@ def test_offset_equals_slicing_a_longer_sequence(layout, scaling):
 
 
 def test_dynamic_rotary_uses_the_current_length():
-    r = positions.Rotary(64, scaling="dynamic", factor=2.0, original_len=L0, max_len=L0)
+    r = rotary(64, scaling="dynamic", factor=2.0, original_len=L0, max_len=L0)
     x = torch.randn(1, 1, 1, 64)
     for end in (100, L0, 3 * L0):
         inv_freq, _ = scalings.scaled_frequencies(64, 10000.0, "dynamic", 2.0, L0, seq_len=end)
@@ -366,30 +385,30 @@ def test_dynamic_rotary_uses_the_current_length():
 
 
 def test_table_grows_in_eager_mode_to_a_freshly_built_table():
-    r = positions.Rotary(64, max_len=16)
+    r = rotary(64, max_len=16)
     x = torch.randn(1, 2, 8, 64)
     y = shifted(r, x, 40)
     n = r.cos.shape[0]
     assert n >= 48
-    big = positions.Rotary(64, max_len=n)
+    big = rotary(64, max_len=n)
     assert torch.equal(r.cos, big.cos) and torch.equal(r.sin, big.sin)
     assert torch.equal(y, shifted(big, x, 40))
 
 
 def test_table_cannot_grow_inside_a_compiled_region(monkeypatch):
-    r = positions.Rotary(64, max_len=16)
+    r = rotary(64, max_len=16)
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
-    with pytest.raises(RuntimeError, match="max_len >= 20"):
+    with pytest.raises(RuntimeError, match="block_size >= 20"):
         shifted(r, torch.randn(1, 1, 4, 64), 16)
 
 
 def test_a_scaled_rotary_uses_its_scalings_frequencies_and_temperature():
-    r = positions.Rotary(64, scaling="yarn", factor=4.0, max_len=L0)
+    r = rotary(64, scaling="yarn", factor=4.0, max_len=L0)
     f, attn = scalings.scaled_frequencies(64, 10000.0, "yarn", 4.0, L0)
     assert torch.equal(r.inv_freq, f) and r.attn_factor == attn > 1
     assert torch.equal(r.cos, rope.tables(f, torch.arange(L0))[0])
     with pytest.raises(ValueError, match="factor=0.5"):
-        positions.Rotary(64, scaling="ntk", factor=0.5)
+        rotary(64, scaling="ntk", factor=0.5)
 
 
 # ---- autograd and compile ---------------------------------------------------------------------
@@ -410,10 +429,10 @@ def test_compiled_rotary_matches_eager_forward_and_backward():
     # One full graph covers both layouts, an offset and a partial rotary. The aot_eager backend runs
     # dynamo's capture and AOTAutograd's trace (what rope.py's code decides) without inductor's C++
     # build, which would add tens of seconds on a cold cache.
-    inter, half = positions.Rotary(16, max_len=32), positions.Rotary(16, fraction=0.5, layout="half", max_len=32)
+    inter, half = rotary(16, max_len=32), rotary(16, fraction=0.5, layout="half", max_len=32)
 
     def f(q):
-        return inter(q) * 2 + shifted(half, q, 3)
+        return shifted(inter, q) * 2 + shifted(half, q, 3)
 
     torch.manual_seed(7)
     q = torch.randn(2, 2, 8, 16, requires_grad=True)
@@ -434,11 +453,11 @@ def test_bad_inputs_are_value_errors_naming_the_choices():
     with pytest.raises(ValueError, match="'diag'.*interleaved"):
         rope.apply_rope(torch.randn(2, 8), cos, sin, layout="diag")
     with pytest.raises(ValueError, match="layout='diag'"):
-        positions.Rotary(8, layout="diag")
+        rotary(8, layout="diag")
     with pytest.raises(ValueError, match="'xpos'.*yarn"):
         scalings.scaled_frequencies(8, 10000.0, "xpos")
     with pytest.raises(ValueError, match="scaling='xpos'"):
-        positions.Rotary(8, scaling="xpos")
+        rotary(8, scaling="xpos")
     for factor in (0.5, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="factor"):
             scalings.scaled_frequencies(8, 10000.0, "linear", factor)

@@ -1,5 +1,7 @@
 """runtime.py: the automatic device and dtype choices, and the guard that a float32 run computes in float32."""
 
+import json
+
 import pytest
 import torch
 import torch.utils._pytree as pytree
@@ -7,48 +9,43 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import config
 import runtime
+import sample
+import scalings
 import train
 from checkpoint import load_checkpoint, model_from_checkpoint
 from conftest import flags
 from data.batches import BatchConfig
 from generate import GREEDY, generate
 from lab import ablate
-from model import GPTConfig
+from model import GPTConfig, all_schemes
+
+AMD = {"sse4a": True}  # the flag that tells an AMD CPU from an Intel one
 
 
 @pytest.mark.parametrize(
-    "caps, seconds, expected",
+    "caps, expected",
     [
-        ({"avx512_bf16": True, "amx_bf16": False}, {torch.float32: 1.0, torch.bfloat16: 0.4}, torch.bfloat16),
-        ({"avx512_bf16": False, "amx_bf16": True}, {torch.float32: 1.0, torch.bfloat16: 0.4}, torch.bfloat16),
-        (
-            {"avx512_bf16": True, "amx_bf16": False},
-            {torch.float32: 1.0, torch.bfloat16: 1.7},
-            torch.float32,
-        ),  # slow bf16
-        (
-            {"avx512_bf16": True, "amx_bf16": False},
-            {torch.float32: 1.0, torch.bfloat16: 0.8},
-            torch.float32,
-        ),  # near parity
-        ({"avx512_bf16": False, "amx_bf16": False, "avx2": True}, {}, torch.float32),  # emulated: no probe
+        ({"avx512_bf16": True, "amx_bf16": False, **AMD}, torch.bfloat16),  # AMD Zen 4 on: native bf16
+        ({"avx512_bf16": True, "amx_bf16": True}, torch.bfloat16),  # Intel with AMX
+        ({"avx512_bf16": False, "amx_bf16": True}, torch.bfloat16),
+        ({"avx512_bf16": True, "amx_bf16": False}, torch.float32),  # Intel's AVX512-BF16 without AMX: slower
+        ({"avx512_bf16": False, "amx_bf16": False, "avx2": True, **AMD}, torch.float32),  # emulated
+        ({}, torch.float32),  # a CPU torch reports nothing of
     ],
 )
-def test_auto_dtype_on_cpu_is_bfloat16_only_where_its_matmuls_are_clearly_faster(monkeypatch, caps, seconds, expected):
+def test_auto_dtype_on_cpu_is_bfloat16_only_on_cpus_with_native_fast_bf16(monkeypatch, caps, expected):
     monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: caps)
-    monkeypatch.setattr(runtime, "matmul_seconds", lambda dtype: seconds[dtype])
-    runtime.cpu_bf16_is_faster.cache_clear()
-    try:
-        assert runtime.pick_dtype("auto", "cpu") == expected
-    finally:
-        runtime.cpu_bf16_is_faster.cache_clear()  # the real CPU's answer for the tests after
+    assert runtime.pick_dtype("auto", "cpu") == expected
     assert runtime.pick_dtype("float32", "cpu") == torch.float32  # an explicit choice is kept
     assert runtime.pick_dtype("auto", "mps") == torch.float32
 
 
-def test_the_matmul_probe_times_each_dtype():
-    assert 0 < runtime.matmul_seconds(torch.float32, n=64, repeats=2) < 1
-    assert 0 < runtime.matmul_seconds(torch.bfloat16, n=64, repeats=2) < 1
+def test_auto_dtype_does_not_change_with_the_load(monkeypatch):
+    """The rule reads the CPU alone: a matmul that takes 100x longer (a loaded machine) changes nothing."""
+    answer = runtime.pick_dtype("auto", "cpu")
+    slow = torch.Tensor.__matmul__
+    monkeypatch.setattr(torch.Tensor, "__matmul__", lambda a, b: pytest.fail("auto timed a matmul") or slow(a, b))
+    assert all(runtime.pick_dtype("auto", "cpu") == answer for _ in range(3))
 
 
 @pytest.mark.parametrize("another_rank_chose_float32, expected", [(True, torch.float32), (False, torch.bfloat16)])
@@ -56,7 +53,7 @@ def test_under_torchrun_auto_cpu_dtype_is_bfloat16_only_if_every_process_chose_i
     monkeypatch, another_rank_chose_float32, expected
 ):
     monkeypatch.setenv("RANK", "0")
-    monkeypatch.setattr(runtime, "cpu_bf16_is_faster", lambda: True)  # this process's probe
+    monkeypatch.setattr(runtime, "cpu_prefers_bf16", lambda: True)  # this node's CPU
     monkeypatch.setattr(runtime.dist, "init_process_group", lambda backend: None)
     monkeypatch.setattr(runtime, "any_rank", lambda flag, run_time: flag or another_rank_chose_float32)
     assert runtime.setup_runtime("cpu", "auto", quiet=True).dtype == expected
@@ -64,7 +61,7 @@ def test_under_torchrun_auto_cpu_dtype_is_bfloat16_only_if_every_process_chose_i
 
 
 def test_decoding_autocasts_on_cuda_only_and_picks_no_dtype_elsewhere(monkeypatch):
-    monkeypatch.setattr(runtime, "cpu_bf16_is_faster", lambda: pytest.fail("the CPU's probe ran for decoding"))
+    monkeypatch.setattr(runtime, "cpu_prefers_bf16", lambda: pytest.fail("decoding picked a CPU dtype"))
     with runtime.decode_autocast("cpu"):
         assert not torch.is_autocast_enabled("cpu")
     with runtime.decode_autocast("cpu", torch.bfloat16):  # a training run's dtype: still off for decoding on CPU
@@ -162,3 +159,42 @@ def test_bfloat16_on_a_gpu_without_it_is_refused_in_one_line(monkeypatch):
     ):
         runtime.pick_dtype("bfloat16", "cuda")
     assert runtime.pick_dtype("float16", "cuda") == torch.float16
+
+
+# Every scheme, and RoPE under every scaling, in each precision: the smallest model that still has two heads, so a
+# scheme's bias or table passes through every op it takes in training, checkpointing, resuming and sampling.
+PRECISION_RUNS = [[f"--pos_emb={name}"] for name in all_schemes()] + [
+    ["--pos_emb=rope", f"--rope_scaling={name}", "--rope_scaling_factor=2"]
+    for name in scalings.SCALINGS
+    if name != scalings.NO_SCALING
+]
+SMALLEST = ["--n_layer=1", "--n_embd=16", "--block_size=16", "--batch_size=2", "--eval_iters=1", "--eval_interval=1"]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("setting", PRECISION_RUNS, ids=lambda setting: " ".join(setting))
+def test_every_scheme_and_scaling_trains_resumes_and_samples_in_each_precision(data_dir, tmp_path, setting, dtype):
+    out = tmp_path / "run"
+    run = flags(data_dir, out, *SMALLEST, f"--dtype={dtype}", *setting)
+    train.main([*run, "--max_iters=1"])
+    train.main([*run, "--max_iters=2", "--resume=true"])
+    assert load_checkpoint(out / "ckpt.pt")["record"]["dtype"] == dtype
+    sample.main([f"--out_dir={out}", "--start=a", "--max_new_tokens=2", "--seed=1"])
+
+
+def test_a_run_records_the_dtype_auto_resolved_to_and_a_resume_keeps_it(data_dir, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "run"
+    run = flags(data_dir, out, *SMALLEST)
+    monkeypatch.setattr(runtime, "cpu_prefers_bf16", lambda: True)  # a CPU where auto gives bf16
+    train.main([*run, "--dtype=auto", "--max_iters=1"])
+    assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
+    monkeypatch.setattr(runtime, "cpu_prefers_bf16", lambda: False)  # auto would now give float32: the run keeps bf16
+    train.main([*run, "--dtype=auto", "--max_iters=2", "--resume=true"])
+    assert load_checkpoint(out / "ckpt.pt")["record"]["dtype"] == "bfloat16"
+    assert "at iteration 1, in bfloat16" in capsys.readouterr().out
+    (out / "config.json").unlink()  # the checkpoint's own record refuses another dtype too
+    with pytest.raises(SystemExit) as stop:
+        train.main([*run, "--dtype=float32", "--max_iters=3", "--resume=true"])
+    assert stop.value.code != 0
+    message = "cannot resume: the run trains in dtype=bfloat16, and this command asks for dtype=float32"
+    assert message in capsys.readouterr().err

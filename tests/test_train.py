@@ -703,11 +703,11 @@ def test_a_fine_tune_at_twice_the_context_keeps_every_default_that_is_relative_t
     assert rnope.pos.window(0) == rnope_ft.pos.window(0) == 16
     assert fire.pos.init_threshold == fire_ft.pos.init_threshold == 8
     at_l0 = scalings.scaled_frequencies(16, 10000.0, "yarn", 2.0, original_len=32)[0].float()
-    assert torch.equal(plain_ft.pos.rotary.inv_freq.float(), at_l0)  # YaRN ramps against the L0 the model learned
+    assert torch.equal(plain_ft.pos.inv_freq.float(), at_l0)  # YaRN ramps against the L0 the model learned
     assert not torch.equal(at_l0, scalings.scaled_frequencies(16, 10000.0, "yarn", 2.0, original_len=64)[0].float())
     assert torch.equal(
-        plain.reconfigure(rope_scaling="yarn", rope_scaling_factor=2.0).pos.rotary.inv_freq,
-        plain_ft.pos.rotary.inv_freq,
+        plain.reconfigure(rope_scaling="yarn", rope_scaling_factor=2.0).pos.inv_freq,
+        plain_ft.pos.inv_freq,
     )
 
 
