@@ -60,7 +60,7 @@ from lab.grid import (
     train_run,
     train_settings,
 )
-from lab.pool import Interrupted
+from lab.pool import Interrupted, worker_threads
 from lab.report import regime_rows
 from lab.retrieval import GOOD, THRESHOLDS, Probe, ProbeSettings, readout_errors
 from lab.sweep import Plan as SweepPlan, SweepSettings, tool_main
@@ -441,6 +441,12 @@ def summarize(plan, done, sweeps, best):
             ranking: ablate_report.verdicts_against(schemes, REFERENCE, ranking, plan.settings.equivalence_margin)
             for ranking in rankings
         },
+        "loss_past_L0": {
+            ranking: ablate_report.loss_past_against(
+                schemes, REFERENCE, ranking, plan.settings.equivalence_margin, plan.model_cfg.block_size
+            )
+            for ranking in rankings
+        },
         "learning_order": {ranking: ablate_report.learning_order(schemes, REFERENCE, ranking) for ranking in rankings},
         "retrieval_past_L0": {
             ranking: ablate_report.retrieval_against(schemes, REFERENCE, ranking) for ranking in rankings
@@ -596,19 +602,24 @@ class Plan(SweepPlan):
 
 
 def calibrate(plan):
-    """Training FLOP/s reached here and now: the median of a few timed steps of the first scheme on random tokens."""
+    """Training FLOP/s reached here and now by one of the grid's workers: the median of a few timed steps of the
+    first scheme on random tokens, on the threads each worker gets."""
     cfg, train_cfg, runtime = next(iter(plan.grid.values())), plan.train_cfg, plan.runtime
     torch.manual_seed(0)
     model = GPT(cfg).to(runtime.device)
     optimizer, scaler = make_optimizer(model, train_cfg, runtime)
     x = torch.randint(cfg.vocab_size, (train_cfg.batch_size, cfg.block_size), device=runtime.device)
-    times = []
-    for _ in range(10):
-        t0 = time.perf_counter()
-        train.train_step(
-            model, optimizer, scaler, [Batch(x, x)], train_cfg.learning_rate, train_cfg.grad_clip, runtime
-        )[0].item()
-        times.append(time.perf_counter() - t0)
+    times, threads = [], torch.get_num_threads()
+    torch.set_num_threads(worker_threads(plan.settings.workers))
+    try:
+        for _ in range(10):
+            t0 = time.perf_counter()
+            train.train_step(
+                model, optimizer, scaler, [Batch(x, x)], train_cfg.learning_rate, train_cfg.grad_clip, runtime
+            )[0].item()
+            times.append(time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(threads)
     return model.flops_per_token(cfg.block_size) * x.numel() / statistics.median(times[3:])  # the first warm up
 
 

@@ -5,6 +5,7 @@ Statistics are lab/stats.py's, the output formats lab/report.py's.
 """
 
 import csv
+import functools
 import io
 import itertools
 import math
@@ -16,7 +17,10 @@ from files import atomic_write
 from lab.report import Plots, dress, md_regime, md_table, palette, pm
 from lab.retrieval import BANDS, THRESHOLDS, above_floor, distance_plots, interval, readout, shares
 from lab.stats import ALPHA, equivalence_can_pass, equivalence_spread, holm, mean_std, sign_p, smallest_effect, verdicts
-from scalings import NO_SCALING as AS_TRAINED  # the loss tables' key of a model scored as it was trained
+from scalings import (
+    NO_SCALING as AS_TRAINED,  # the loss tables' key of a model scored as it was trained
+    YARN,
+)
 
 # ----------------------------------------------------------------------------- figures over seeds
 
@@ -158,35 +162,63 @@ def own_words(r):
     )
 
 
-# The ablation's three claims, each made for every scheme against the reference: its final val loss is lower
-# (verdicts_against), which of the two learns retrieval first (learning_order), and, on the seeds where both learned
-# it, which retrieves more past L0 (retrieval_against). A claim's id names the scheme
-# and the reference, e.g. "alibi-loss-vs-rope"; results.json, results.md, tests and the guide name it by that id.
+# The ablation's four claims, each made for every scheme against the reference: its final val loss at L0 is lower
+# (verdicts_against), its val loss past L0 is lower than the reference's as deployed there (loss_past_against: RoPE
+# under YaRN where YaRN was scored), which of the two learns retrieval first (learning_order), and, on the seeds where
+# both learned it, which retrieves more past L0 (retrieval_against). A claim's id names the scheme and the reference,
+# e.g. "alibi-loss-vs-rope"; results.json, results.md, tests and the guide name it by that id.
 LOSS_CLAIM = "{scheme}-loss-vs-{reference}"
+LOSS_PAST_CLAIM = "{scheme}-loss-past-L0-vs-{reference}"
 ORDER_CLAIM = "{scheme}-learns-first-vs-{reference}"
 PAST_CLAIM = "{scheme}-retrieves-past-L0-vs-{reference}"
+DEPLOYED = YARN  # the scaling RoPE is read under past L0 where it was scored: the one deployed models use
 
 
-def verdicts_against(schemes, reference, ranking, margin):
-    """Each scheme's final val loss minus the reference's, seed by seed over the seeds both ran, in one ranking
-    (shared: every scheme at the shared rate; tuned: each at its best): stats.verdicts over the table, "lower"
-    expected (negative is better than the reference). An equivalence test within margin runs only where it can pass
-    at these seeds and spread in the largest family the table could have (both tests of every scheme): elsewhere
-    the difference's CI is shown against margin. Each claim carries "margin", "equivalence" (whether its test ran)
-    and "detectable_80", the smallest difference its seeds detect with 80% power in the family (stats)."""
+def final_loss(figures):
+    """{seed: final val loss at L0} of a scheme's figures in one ranking."""
+    return dict(zip(figures["seeds"], figures["final_val_loss"]["values"], strict=True))
+
+
+def loss_past(figures, L0, scaling=AS_TRAINED):
+    """{seed: val loss averaged over the scored lengths past L0} under scaling (default as trained), or {}
+    where it has no such score (learned positions end at L0, or that scaling was not scored)."""
+    by_length = figures["loss_by_length"].get(scaling) or {}
+    lengths = [L for L, v in by_length.items() if int(L) > L0 and v is not None]
+    if not lengths:
+        return {}
+    return {
+        seed: statistics.fmean(by_length[L]["values"][i] for L in lengths) for i, seed in enumerate(figures["seeds"])
+    }
+
+
+def verdicts_against(
+    schemes, reference, ranking, margin, values=final_loss, deployed=None, claim=LOSS_CLAIM, scaling=AS_TRAINED
+):
+    """Each scheme's loss (values: {seed: loss} of its figures, default the final val loss at L0) minus the
+    reference's (deployed: its values, default values), seed by seed over the seeds both ran, in one ranking (shared:
+    every scheme at the shared rate; tuned: each at its best): stats.verdicts over the table, "lower" expected
+    (negative is better than the reference). scaling: the one the reference is read under, named in the claim's id
+    and its "against" (as trained: neither). A scheme without values (no loss past L0) makes no claim. An equivalence
+    test within margin runs only where it can pass at these seeds and spread in the largest family the table could
+    have (both tests of every scheme): elsewhere the difference's CI is shown against margin. Each claim carries
+    "margin", "equivalence" (whether its test ran) and "detectable_80", the smallest difference its seeds detect with
+    80% power in the family (stats)."""
     ref = schemes.get(reference)
-    if ref is None:
+    ref_loss = {} if ref is None else (deployed or values)(ref[ranking])
+    if not ref_loss:
         return []
-    ref_loss = dict(zip(ref[ranking]["seeds"], ref[ranking]["final_val_loss"]["values"], strict=True))
     claims = []
-    for name, x in schemes.items():
-        if name != reference:
-            mine = dict(zip(x[ranking]["seeds"], x[ranking]["final_val_loss"]["values"], strict=True))
+    for scheme, x in schemes.items():
+        mine = values(x[ranking])
+        if scheme != reference and mine:
             common = sorted(mine.keys() & ref_loss.keys())
             claims.append(
                 {
-                    "id": LOSS_CLAIM.format(scheme=name, reference=reference),
-                    "scheme": name,
+                    "id": claim.format(
+                        scheme=scheme, reference=reference if scaling == AS_TRAINED else f"{reference}-{scaling}"
+                    ),
+                    "scheme": scheme,
+                    "against": reference if scaling == AS_TRAINED else f"{reference} under {scaling}",
                     "diffs": [mine[s] - ref_loss[s] for s in common],
                     "expect": "lower",
                 }
@@ -205,6 +237,23 @@ def verdicts_against(schemes, reference, ranking, margin):
             "detectable_80": smallest_effect(n, sd, c["family"]) if sd > 0 else None,
         }
     return out
+
+
+def loss_past_against(schemes, reference, ranking, margin, L0):
+    """verdicts_against on the val loss past L0: each scheme as trained against the reference as deployed past L0,
+    under DEPLOYED where that scaling was scored (else as trained), which the claim id names ("-vs-rope-yarn")."""
+    ref = schemes.get(reference)
+    scaling = DEPLOYED if ref is not None and DEPLOYED in ref[ranking]["loss_by_length"] else AS_TRAINED
+    return verdicts_against(
+        schemes,
+        reference,
+        ranking,
+        margin,
+        values=functools.partial(loss_past, L0=L0),
+        deployed=functools.partial(loss_past, L0=L0, scaling=scaling),
+        claim=LOSS_PAST_CLAIM,
+        scaling=scaling,
+    )
 
 
 def learning_order(schemes, reference, ranking, alpha=ALPHA):
@@ -386,13 +435,17 @@ def segments(curve, L0):
 
 
 def markdown(results, plots):
-    """results.md: how the grid was run, then one section per table, the plots and the samples."""
+    """results.md: every verdict first, then how the grid was run, one section per table, the plots and the
+    samples."""
     parts = [
+        "# Positional-scheme ablation",
+        md_verdicts(results),
         md_setup(results),
         md_regime(results["regime"]) if results["regime"] else "",
         md_rates(results),
         md_ranking(results, "tuned"),
         md_ranking(results, "shared"),
+        md_loss_past(results),
         md_learning(results),
         md_retrieval(results),
         md_past(results),
@@ -406,6 +459,48 @@ def markdown(results, plots):
     return "\n\n".join(p for p in parts if p) + "\n"
 
 
+def md_verdicts(r):
+    """The findings on one screen: each claim's verdict with its figure and p (Holm), in each ranking."""
+    ref, lines = r["reference"], []
+    for ranking in ("tuned", "shared"):
+        loss = r["verdicts"].get(ranking, [])
+        past = r.get("loss_past_L0", {}).get(ranking, [])
+        order = r["learning_order"].get(ranking, [])
+        retrieval = r["retrieval_past_L0"].get(ranking, [])
+        if not (loss or past or order or retrieval):
+            continue
+        where = "each scheme at its own learning rate" if ranking == "tuned" else "every scheme at the shared rate"
+        lines.append(f"**{where.capitalize()}**:\n")
+        for what, claims in (("val loss at L0", loss), ("val loss past L0", past)):
+            for c in claims:
+                lines.append(
+                    f"- {what}, `{c['id']}`: {verdict_words(c, c['against'])}; {difference(c['test'], '.4f')} nats, "
+                    f"p (Holm) {fmt(c['p_holm'])}"
+                )
+        for c in order:
+            lines.append(
+                f"- learning retrieval, `{c['id']}`: {ORDER_WORDS[c['verdict']].format(ref=ref)}; first on "
+                f"{c['earlier']} seeds, after on {c['later']}, tied on {c['ties']}, p (Holm) {fmt(c['p_holm'])}"
+            )
+        for c in retrieval:
+            verdict = f"no test: {c['untested']}" if c["verdict"] is None else PAST_WORDS[c["verdict"]].format(ref=ref)
+            figure = "" if c["verdict"] is None else f"; {difference(c['test'], '.3f')}, p (Holm) {fmt(c['p_holm'])}"
+            lines.append(f"- retrieval past L0, `{c['id']}`: {verdict}{figure}")
+        lines.append("")
+    return (
+        "## Verdicts\n\nEach claim against the reference, seed by seed, as the sections below define and test it "
+        "(Δ: the scheme minus the reference, mean with its 95% CI; a verdict needs p (Holm) < 0.05 in its family).\n\n"
+        + "\n".join(lines).rstrip()
+    )
+
+
+def difference(test, spec):
+    """A paired test's mean difference with its 95% CI, as "Δ +0.0123 [+0.0050, +0.0196]"."""
+    if test is None or test["ci"] is None:
+        return "Δ —"
+    return f"Δ {test['mean']:+{spec}} [{test['ci'][0]:+{spec}}, {test['ci'][1]:+{spec}}]"
+
+
 def md_setup(r):
     m, t, env, schemes = r["settings"]["model"], r["settings"]["train"], r["environment"], r["schemes"]
     ranked = [x[rk] for x in schemes.values() for rk in ("shared", "tuned") if rk == "shared" or x["best_scale"] != 1]
@@ -415,7 +510,7 @@ def md_setup(r):
     sels = r["selection_seeds"]
     sweep = f"; each scheme's learning rate chosen on seeds {', '.join(map(str, sels))}, in no test" if sels else ""
     return (
-        f"# Positional-scheme ablation\n\n{len(schemes)} schemes on `{t['dataset']}`, test seeds "
+        f"## Setup\n\n{len(schemes)} schemes on `{t['dataset']}`, test seeds "
         f"{', '.join(map(str, r['seeds']))} (fixed before the run){sweep}: {m['n_layer']} layers, "
         f"{m['n_head']} heads, width {m['n_embd']}, trained at context L0 = {r['block_size']}. Each run: "
         f"{t['max_iters']} steps, {r['tokens_per_run']:,} tokens, {t['optimizer']}{task}; every scheme of a seed "
@@ -540,6 +635,37 @@ def equivalence_cell(claim):
     return f"not run (cannot pass): CI {where} ±{m:g}"
 
 
+def md_loss_past(r):
+    """The claims of val loss past L0: each scheme as trained against the reference as deployed there."""
+    rows = []
+    for ranking, claims in r.get("loss_past_L0", {}).items():
+        for c in claims:
+            where = "own rate" if ranking == "tuned" else "shared rate"
+            rows.append(
+                [
+                    c["scheme"],
+                    c["id"],
+                    where,
+                    difference(c["test"], ".4f").removeprefix("Δ "),
+                    fmt(c["test"]["p"]),
+                    fmt(c["p_holm"]),
+                    verdict_words(c, c["against"]),
+                    len(c["diffs"]),
+                ]
+            )
+    if not rows:
+        return ""
+    lengths = [L for L in r["lengths"] if int(L) > r["block_size"]]
+    return (
+        f"## Val loss past L0\n\nEach scheme's val loss averaged over the scored lengths past L0 "
+        f"({', '.join(map(str, lengths))} tokens), as trained, minus the reference's as deployed there (under YaRN "
+        f"where it was scored, as the claim id says), seed by seed: the mean difference with its 95% CI, the paired "
+        f"t-test's p and p Holm-adjusted over the table's own family, as the ranking's. A scheme whose positions end "
+        f"at L0 makes no claim.\n\n"
+        + md_table(["scheme", "claim", "rate", "Δ [95% CI]", "p", "p (Holm)", "verdict", "seeds"], rows, text_columns=3)
+    )
+
+
 def md_retrieval(r):
     figures = {n: own(x)["retrieval"] for n, x in r["schemes"].items() if own(x)["retrieval"]}
     if not figures:
@@ -659,6 +785,12 @@ def md_past(r):
     )
 
 
+ORDER_WORDS = {
+    "earlier": "learns before {ref}",
+    "later": "learns after {ref}",
+    "inconclusive": "inconclusive",
+    None: "no test: every seed tied",
+}
 PAST_WORDS = {
     "holds": "retrieves more than {ref}",
     "does not hold": "retrieves less than {ref}",
@@ -711,12 +843,6 @@ def md_learning(r):
         ]
         order = r["learning_order"][ranking]
         family = order[0]["family"] if order else 0
-        words = {
-            "earlier": f"learns before {ref}",
-            "later": f"learns after {ref}",
-            "inconclusive": "inconclusive",
-            None: "no test: every seed tied",
-        }
         tests = [
             [
                 c["scheme"],
@@ -726,7 +852,7 @@ def md_learning(r):
                 fmt(c["p_holm"]),
                 fmt(c["smallest_p"]),
                 "yes" if c["can_settle"] else "no",
-                words[c["verdict"]],
+                ORDER_WORDS[c["verdict"]].format(ref=ref),
             ]
             for c in order
         ]

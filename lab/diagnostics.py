@@ -60,11 +60,11 @@ def attention_stats(model, batches, runtime):
 def bias_curves(model, reach):
     """{layer: [head][distance 0..reach-1]}: the score bias a query at position reach - 1 gives each key by its
     distance, for a scheme that learns one (Kerple, FIRE); None for the others."""
-    pos = model.pos
-    if type(pos).bias is positions.Scheme.bias:
+    scheme = model.pos
+    if type(scheme).bias is positions.Scheme.bias:
         return None
     span = spans.Span(reach - 1, 1, reach, model.wte.weight.device)
     return {
-        layer: pos.bias(span, layer)[:, 0].flip(-1).tolist()  # (nh, reach): distance 0 first
+        layer: scheme.bias(span, layer)[:, 0].flip(-1).tolist()  # (nh, reach): distance 0 first
         for layer in range(model.config.n_layer)
     }

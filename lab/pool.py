@@ -57,6 +57,11 @@ def interrupt(signum, frame):
     raise Interrupted(signal.Signals(signum).name)
 
 
+def worker_threads(workers):
+    """The threads each of workers processes computes on: this process's, shared out."""
+    return max(1, torch.get_num_threads() // workers)
+
+
 def in_workers(jobs, run, rebuild, workers, needs, label, bar, more=None):
     """run_jobs with workers > 1: a worker process per slot, started as a job needs one; each job is sent to an idle
     worker once its need is done. more(done), asked after each look that brought results, lists every job wanted by
@@ -64,7 +69,7 @@ def in_workers(jobs, run, rebuild, workers, needs, label, bar, more=None):
     bar). An error it raises stops the runs in progress at a checkpoint, then is raised."""
     # spawn, not fork: a forked copy of a process whose OpenMP threads have started can hang
     mp = multiprocessing.get_context("spawn")
-    threads = max(1, torch.get_num_threads() // workers)
+    threads = worker_threads(workers)
     jobs, done, pool = list(jobs), {}, []
     waiting = list(jobs)
     stop = Stop(pool, jobs, label)

@@ -55,6 +55,7 @@ def ablate_main(capsys, *args):
     return code, out, err
 
 
+@pytest.mark.slow
 def test_grid_writes_every_output_and_a_rerun_skips_finished_runs(data_dir, tmp_path, capsys):
     out = tmp_path / "abl"
     args = ["-m", "lab.ablate", *GRID, f"--data_dir={data_dir}", f"--out_dir={out}"]
@@ -157,6 +158,7 @@ def test_grid_writes_every_output_and_a_rerun_skips_finished_runs(data_dir, tmp_
     assert {r: (out / "runs" / r / "ckpt.pt").stat().st_mtime_ns for r in runs} == stamps
 
 
+@pytest.mark.slow
 def test_an_interrupted_run_resumes_to_the_uninterrupted_result(data_dir, tmp_path, capsys, monkeypatch):
     one = [*GRID, "--schemes=rope", "--seeds=1", "--max_iters=6", "--sample_tokens=0", f"--data_dir={data_dir}"]
     assert ablate_main(capsys, *one, f"--out_dir={tmp_path / 'straight'}")[0] == 0
@@ -297,6 +299,7 @@ def test_an_ablation_out_dir_in_use_is_refused_and_so_is_a_run_folder_in_trainin
     assert code == 1 and err.count("\n") == 1 and "rope-seed1337 is in use by another training run" in err
 
 
+@pytest.mark.slow
 def test_each_scheme_sweeps_its_rate_on_the_held_out_seed_widens_an_edge_and_ranks_at_its_best(
     data_dir, tmp_path, capsys
 ):
@@ -403,6 +406,38 @@ def test_drope_recalibrates_on_a_schedule_of_its_own_when_given_a_peak():
     ]  # without a peak of its own: the run's schedule goes on
 
 
+@pytest.mark.slow
+def test_the_quick_config_runs_shrunk_and_its_results_open_with_every_verdict(data_dir, tmp_path, capsys):
+    """configs/ablate_quick_cpu.toml's own schemes and settings, on a tiny model, few steps and two seeds: results.md
+    opens with the verdicts of its four claims, loss at L0 and past it, learning order and retrieval past L0."""
+    out = tmp_path / "abl"
+    code, _, err = ablate_main(
+        capsys,
+        "configs/ablate_quick_cpu.toml",
+        *TINY,
+        "--seeds=2",
+        "--workers=1",
+        "--max_iters=2",
+        "--eval_interval=2",
+        "--eval_tokens=128",
+        "--probe_slots=4",
+        "--recall_pairs=2",
+        "--recall_fewest=1",
+        "--probe_pairs=2",
+        "--sample_tokens=0",
+        f"--data_dir={data_dir}",
+        f"--out_dir={out}",
+    )
+    assert code == 0, err
+    res = json.loads((out / "results.json").read_text())
+    assert list(res["schemes"]) == ["rope", "sinusoidal"] and res["settings"]["ablate"]["rope_scalings"] == "yarn"
+    title, verdicts, setup = (out / "results.md").read_text().split("\n\n## ")[:3]
+    assert title == "# Positional-scheme ablation" and verdicts.startswith("Verdicts") and setup.startswith("Setup")
+    for claim in ("loss-vs-rope", "loss-past-L0-vs-rope-yarn", "learns-first-vs-rope", "retrieves-past-L0-vs-rope"):
+        assert f"`sinusoidal-{claim}`" in verdicts, claim
+
+
+@pytest.mark.slow
 def test_the_gpu_config_runs_shrunk_on_the_cpu(data_dir, tmp_path, capsys):
     """configs/ablate_gpu.toml's own settings, with a tiny model, few steps and float32 on the CPU."""
     out = tmp_path / "abl"

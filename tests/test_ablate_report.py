@@ -1,7 +1,10 @@
 """lab/ablate_report.py and lab/report.py: the verdicts against the reference, the tables."""
 
+import json
+
 import pytest
 
+from conftest import ROOT
 from lab import ablate_report
 from lab.report import md_table, pm
 from lab.stats import mean_std
@@ -20,6 +23,35 @@ def test_verdicts_pair_the_seeds_both_ran_and_skip_a_missing_reference():
     assert claim["id"] == "learned-loss-vs-rope" and claim["diffs"] == pytest.approx([0.1, 0.2, 0.05])
     assert claim["expect"] == "lower" and claim["margin"] == 0.01 and "verdict" in claim
     assert ablate_report.verdicts_against({"alibi": ranked([1], [3.0])}, "rope", "shared", 0.01) == []
+
+
+def by_length(seeds, loss_at, scalings=("none",)):
+    """A scheme's shared-rate figures whose loss at length L (32 to 256, L0 = 64) under each scaling is loss_at(L,
+    scaling, seed); at 128 and past it None where loss_at gives None (learned positions)."""
+    table = {
+        scaling: {
+            str(L): None if loss_at(L, scaling, seeds[0]) is None else mean_std([loss_at(L, scaling, s) for s in seeds])
+            for L in (32, 64, 128, 256)
+        }
+        for scaling in scalings
+    }
+    return {"shared": {"seeds": seeds, "loss_by_length": table}}
+
+
+def test_the_loss_past_L0_claim_reads_each_scheme_as_trained_against_rope_under_yarn():
+    seeds = [1, 2, 3, 4]
+    rope = by_length(seeds, lambda L, sc, s: (2.0 if sc == "yarn" else 4.0) + L / 1000 + s / 100, ("none", "yarn"))
+    sinusoidal = by_length(seeds, lambda L, sc, s: 3.0 + L / 1000 + s / 50)
+    learned = by_length(seeds, lambda L, sc, s: None if L > 64 else 2.0)  # no position past L0: no claim
+    schemes = {"rope": rope, "sinusoidal": sinusoidal, "learned": learned}
+    (claim,) = ablate_report.loss_past_against(schemes, "rope", "shared", 0.01, L0=64)
+    assert claim["id"] == "sinusoidal-loss-past-L0-vs-rope-yarn" and claim["against"] == "rope under yarn"
+    # the mean over 128 and 256 of each, as trained against YaRN's: (3 + s/50) - (2 + s/100) = 1 + s/100
+    assert claim["diffs"] == pytest.approx([1 + s / 100 for s in seeds])
+    assert claim["verdict"] == "does not hold"  # sinusoidal is higher, on every seed
+    unscaled = {"rope": by_length(seeds, lambda L, sc, s: 4.0 + s / 10), "sinusoidal": sinusoidal}
+    (claim,) = ablate_report.loss_past_against(unscaled, "rope", "shared", 0.01, L0=64)
+    assert claim["id"] == "sinusoidal-loss-past-L0-vs-rope" and claim["verdict"] == "holds"  # YaRN not scored
 
 
 def test_each_claim_of_who_learns_first_is_named_by_the_scheme_and_the_reference():
@@ -116,3 +148,26 @@ def test_retrieval_past_L0_is_compared_on_the_seeds_where_both_learned_by_a_pair
         in words
     )
     assert "retrieves more than rope" in words
+
+
+def test_the_guides_first_ablation_quotes_its_committed_results():
+    """docs/ablation.md's first section cites docs/ablation_quick: its verdict lines are the report's, written again
+    from results.json now, and its loss and steps figures are the file's."""
+    folder = ROOT / "docs" / "ablation_quick"
+    results = json.loads((folder / "results.json").read_text())
+    verdicts = ablate_report.md_verdicts(results)
+    assert verdicts in (folder / "results.md").read_text()
+    guide = (ROOT / "docs" / "ablation.md").read_text().split("\n## ")[1]
+    lines = [line for line in verdicts.splitlines() if line.startswith("- ")]
+    assert len(lines) == 4 and all(line in guide for line in lines)
+    rope, sinusoidal = (results["schemes"][name]["shared"] for name in ("rope", "sinusoidal"))
+    past = [
+        [v["mean"] for L, v in figures["loss_by_length"][scaling].items() if int(L) > results["block_size"]]
+        for figures, scaling in ((rope, "yarn"), (sinusoidal, "none"))
+    ]
+    cited = " against ".join(f"{min(p):.2f} to {max(p):.2f}" for p in past)
+    assert f"({cited} nats" in " ".join(guide.split())
+    steps = {s for s, learned in zip(sinusoidal["learning"]["steps"], sinusoidal["learning"]["learned"], strict=True)}
+    assert steps == {600} and "at step 600 on" in guide
+    learned = [s for s, ok in zip(rope["learning"]["steps"], rope["learning"]["learned"], strict=True) if ok]
+    assert f"RoPE at {min(learned)} to {max(learned):,}" in " ".join(guide.split())

@@ -25,6 +25,7 @@ def only(records, name):
     return [r for r in records if r["bench"] == name]
 
 
+@pytest.mark.slow
 def test_every_bench_reports_finite_positive_figures_with_their_spread(records):
     assert {r["bench"] for r in records} == set(bench.DEFAULT_BENCHES)
     for r in records:
@@ -112,6 +113,7 @@ def test_bad_flags_give_a_one_line_error(argv, message, capsys):
     assert exc.value.code == 1 and err.startswith("error: ") and message in err and "\n" not in err
 
 
+@pytest.mark.slow
 def test_to_loss_times_whole_commands_against_nanogpts_and_reads_their_last_val_loss(data_dir, tmp_path):
     # a stand-in nanoGPT checkout: its train.py logs as nanoGPT's does (the stand-in is ours: the real one is fetched)
     fake = tmp_path / "nanoGPT"
@@ -143,6 +145,7 @@ def test_to_loss_times_whole_commands_against_nanogpts_and_reads_their_last_val_
         assert r["vs_nanogpt"] == pytest.approx(rows["nanogpt"]["ms_median"] / r["ms_median"])
 
 
+@pytest.mark.slow
 def test_probe_times_the_labs_scoring_at_each_probed_window_in_the_dtype_asked(data_dir, tmp_path):
     tiny = tmp_path / "tiny.toml"
     tiny.write_text(

@@ -47,6 +47,7 @@ def close(a, b, rel):
     return abs(a - b) <= rel * abs(b)
 
 
+@pytest.mark.slow
 def test_two_processes_train_as_one_and_checkpoints_cross_over(data_dir, tmp_path):
     single, ddp = tmp_path / "single", tmp_path / "ddp"
     train.main(flags(data_dir, single, *COMMON, "--max_iters=2"))
@@ -96,6 +97,7 @@ def test_two_processes_train_as_one_and_checkpoints_cross_over(data_dir, tmp_pat
     )
 
 
+@pytest.mark.slow
 def test_a_divergence_stops_every_rank_and_keeps_the_checkpoint(data_dir, tmp_path):
     out = tmp_path / "run"
     train.main(flags(data_dir, out, *COMMON, "--max_iters=2"))

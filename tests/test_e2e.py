@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 import torch
 
 import config
@@ -14,6 +15,7 @@ from conftest import ROOT, TINY, flags, log, run
 from model import GPT, GPTConfig
 
 
+@pytest.mark.slow
 def test_prepare_train_sample(data_dir, tmp_path):
     out = tmp_path / "run"
     said = run(

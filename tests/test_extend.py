@@ -44,6 +44,7 @@ LAB = [
 ]
 
 
+@pytest.mark.slow
 def test_the_lab_reads_every_arm_at_equal_steps_keeps_each_seeds_cells_and_a_rerun_trains_nothing(
     data_dir, tmp_path, capsys
 ):
@@ -168,6 +169,7 @@ def test_the_lab_reads_every_arm_at_equal_steps_keeps_each_seeds_cells_and_a_rer
     assert same_tensors(load_checkpoint(straight / "ckpt.pt")["model"], load_checkpoint(folder / "ckpt.pt")["model"])
 
 
+@pytest.mark.slow
 def test_seeds_whose_base_fails_the_gate_are_screened_out_in_order_and_the_ceiling_refuses(
     data_dir, tmp_path, capsys, monkeypatch
 ):
@@ -420,6 +422,7 @@ def test_each_claim_is_one_row_of_the_table_with_its_own_id_between_two_methods_
 
 
 @pytest.mark.parametrize("name", ["extend_gpu.toml", "extend_l256_cpu.toml"])
+@pytest.mark.slow
 def test_the_gpu_and_second_scale_configs_run_shrunk_on_the_cpu(data_dir, tmp_path, name):
     """Each config's own settings, with a tiny model, few steps and float32 on the CPU in place of its scale."""
     out = tmp_path / "ext"

@@ -68,6 +68,7 @@ def greedy(model, prompt, **kw):
 
 
 @pytest.mark.parametrize("pos_emb", all_schemes())
+@pytest.mark.slow
 def test_greedy_with_cache_matches_recompute_across_window_slides(pos_emb):
     model, seq = taught(pos_emb)
     cached = greedy(model, seq[:, :5], cache="dynamic")

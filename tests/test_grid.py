@@ -328,6 +328,7 @@ def launch_growing(workers, more):
 
 
 @pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.slow
 def test_a_launch_grows_with_the_jobs_its_results_call_for_each_run_once(workers):
     asked = []
 
@@ -343,6 +344,7 @@ def test_a_launch_grows_with_the_jobs_its_results_call_for_each_run_once(workers
 
 
 @pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.slow
 def test_an_error_in_what_a_launch_asks_for_next_is_raised(workers):
     def more(done):
         raise ValueError("1 of the 3 test seeds screened (screen_most) passed the gate")
@@ -418,6 +420,7 @@ def both_training(proc, out, runs=("a", "b")):
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.slow
 def test_a_signal_to_the_main_process_stops_every_worker_at_a_checkpoint(data_dir, tmp_path, toy_tool, sig):
     out = tmp_path / "grid"
     proc = start_toy(toy_tool, data_dir, out, "--max_iters=2000", "--eval_interval=2000")
@@ -436,6 +439,7 @@ def test_a_signal_to_the_main_process_stops_every_worker_at_a_checkpoint(data_di
         assert 10 <= load_checkpoint(out / run / "ckpt.pt")["iter"] < 2000
 
 
+@pytest.mark.slow
 def test_a_worker_that_dies_is_named_and_a_rerun_redoes_its_run(data_dir, tmp_path, toy_tool):
     out, more = tmp_path / "grid", ["--max_iters=200", "--eval_interval=100"]
     proc = start_toy(toy_tool, data_dir, out, *more)
@@ -470,6 +474,7 @@ def local_slurm(monkeypatch, tmp_path):
     return ["--launcher=slurm", "--slurm_gpus=0", "--slurm_cpus=1", f"--slurm_folder={tmp_path / 'logs'}"]
 
 
+@pytest.mark.slow
 def test_a_slurm_grid_gives_what_a_local_run_gives(data_dir, tmp_path, local_slurm):
     grid_args = ["--max_iters=20", "--eval_interval=10"]
     toy_results(data_dir, tmp_path / "slurm", "--runs=a", *grid_args, *local_slurm)
@@ -485,6 +490,7 @@ def test_a_slurm_grid_gives_what_a_local_run_gives(data_dir, tmp_path, local_slu
         )
 
 
+@pytest.mark.slow
 def test_a_slurm_launch_grows_in_rounds(tmp_path, local_slurm):
     """With Slurm, more(done) is asked after each round of jobs, each job once."""
     asked = []
@@ -498,6 +504,7 @@ def test_a_slurm_launch_grows_in_rounds(tmp_path, local_slurm):
     assert done == {1: 1, 2: 2, 3: 3, 4: 4} and asked == [[1, 2], [1, 2, 3], [1, 2, 3, 4]]
 
 
+@pytest.mark.slow
 def test_a_failed_slurm_job_is_named_with_its_log(data_dir, tmp_path, local_slurm):
     with pytest.raises(pool.Failed) as failed:
         toy_results(data_dir, tmp_path, "--runs=bad,ft-bad", "--max_iters=2", "--eval_interval=2", *local_slurm)
@@ -541,6 +548,7 @@ class SignalWhen(threading.Thread):
         return self.pid
 
 
+@pytest.mark.slow
 def test_a_killed_slurm_job_is_resumed_by_the_next_submission_and_a_preempted_one_requeued(
     data_dir, tmp_path, local_slurm, uninterrupted
 ):

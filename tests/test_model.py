@@ -43,6 +43,7 @@ def test_a_shift_of_all_positions_changes_logits_only_for_schemes_that_are_not_r
 
 
 @pytest.mark.parametrize("pos_emb", all_schemes())
+@pytest.mark.slow
 def test_model_overfits_one_batch(pos_emb):
     model = tiny(pos_emb).train()
     idx = torch.randint(0, 11, (4, 16))

@@ -1,10 +1,12 @@
 """data/pose.py: PoSE's ids skip ahead in chunks to the target and cover every distance below it."""
 
+import pytest
 import torch
 
 from data.pose import PoSE
 
 
+@pytest.mark.slow
 def test_pose_ids_skip_ahead_in_chunks_to_the_target_and_cover_every_distance():
     L0, factor, n = 16, 4, 512
     ids = torch.cat([PoSE(factor, 2).ids(n, L0, seed) for seed in range(4)])  # (4n, L0)

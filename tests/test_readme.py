@@ -7,6 +7,7 @@ import re
 import runpy
 import shlex
 import signal
+import subprocess
 import sys
 
 import pytest
@@ -124,3 +125,42 @@ def test_every_readme_command_runs_in_order_as_written(corpus, tmp_path, monkeyp
         and any("lab.extend" in c for c in ran)
         and any("lab.recipe" in c for c in parsed)
     ), (ran, parsed)
+
+
+# ----------------------------------------------------------------------------- facts on the front page
+
+README = (ROOT / "README.md").read_text()
+
+
+def table_rows(first_cells):
+    """{first cell: the other cells} of README.md's table rows whose first cell is one of first_cells."""
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in README.splitlines() if line[:2] == "| "]
+    return {cells[0]: cells[1:] for cells in rows if cells[0] in first_cells}
+
+
+def test_every_lab_command_shows_its_time_and_what_its_results_stand_on():
+    configs = set(re.findall(r"python -m lab\.\w+ configs/(\w+)\.toml", README))
+    rows = table_rows(configs)
+    assert configs and configs <= rows.keys(), configs - rows.keys()
+    for name, (time, results) in rows.items():
+        measured = re.search(r"\d+ (h|min)", time) and re.search(r"AVX|EPYC|Xeon", time)
+        assert measured or "projected" in time or time == "not run", (name, time)
+        assert "protocol" in results or results == "none", (name, results)
+        for link in re.findall(r"\]\(([^)]+)\)", results):
+            assert (ROOT / link).is_file(), (name, link)
+
+
+def test_the_file_tree_names_every_module_there_is():
+    listed = set(re.findall(r"^([a-z_]+\.py) ", README, flags=re.MULTILINE))
+    assert listed == {p.name for p in ROOT.glob("*.py")}
+
+
+def test_the_suites_size_on_the_front_page_is_the_collected_one():
+    stated = int(re.search(r"one test per core: (\d[\d,]*) tests", README).group(1).replace(",", ""))
+    collected = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:xdist", "-o", "addopts="],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    ).stdout
+    assert f"{stated} tests collected" in collected, collected.splitlines()[-1:]

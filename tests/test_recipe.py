@@ -21,6 +21,7 @@ def first_at_or_below(out, target):
     return None
 
 
+@pytest.mark.slow
 def test_recipes_train_their_changes_and_time_the_first_evaluation_at_the_target(data_dir, tmp_path, capsys):
     out = tmp_path / "rec"
     base = [*GRID, f"--data_dir={data_dir}", f"--out_dir={out}"]
@@ -73,6 +74,7 @@ def test_reached_is_the_first_evaluation_at_or_below_the_target(tmp_path):
     assert recipe.reached(tmp_path, 1.8)[0] is None
 
 
+@pytest.mark.slow
 def test_a_bad_recipe_is_one_line(data_dir, tmp_path):
     proc = run(*GRID, "--recipes=hot: warp_speed=9", f"--data_dir={data_dir}", f"--out_dir={tmp_path}", check=False)
     assert proc.returncode == 1 and "'warp_speed=9' should be key=value" in proc.stderr

@@ -444,6 +444,7 @@ def test_the_distance_plots_draw_a_panel_per_grid(tmp_path):
     "changes",
     [{}, {"rope_scaling": "yarn", "rope_scaling_factor": 2.0, "original_len": 32}, {"pos_emb": "alibi"}],
 )
+@pytest.mark.slow
 def test_a_context_read_once_gives_each_query_the_logits_of_its_own_whole_window(changes):
     """Probe.forked_answers against whole_answers on each query's window, on a small GPT whose answers are made its
     own greedy ones there (so that a right answer is any logit's doing): all right forked too, and all wrong where

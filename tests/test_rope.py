@@ -425,6 +425,7 @@ def test_gradcheck(layout, hs):
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore:Torchinductor does not support")
+@pytest.mark.slow
 def test_compiled_rotary_matches_eager_forward_and_backward():
     # One full graph covers both layouts, an offset and a partial rotary. The aot_eager backend runs
     # dynamo's capture and AOTAutograd's trace (what rope.py's code decides) without inductor's C++

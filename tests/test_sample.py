@@ -78,6 +78,7 @@ def fails(capsys, *args):
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.slow
 def test_greedy_text_is_the_same_with_and_without_the_cache(runs, capsys, scheme):
     args = [f"--out_dir={runs / f'out-{scheme}'}", f"--start={PROMPT}", *GREEDY]
     cached, err = cli(capsys, *args)

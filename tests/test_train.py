@@ -63,6 +63,7 @@ RESUMABLE = [
 
 
 @pytest.mark.parametrize("optimizer", train.OPTIMIZERS)
+@pytest.mark.slow
 def test_stopped_by_a_signal_and_resumed_is_bit_identical_to_straight(
     data_dir, tmp_path, monkeypatch, capsys, optimizer
 ):
@@ -151,6 +152,7 @@ def test_lr_warms_up_linearly_then_follows_half_a_cosine_to_the_floor():
 # ----------------------------------------------------------------------------- signals and kills
 
 
+@pytest.mark.slow
 def test_ctrl_c_finishes_the_step_writes_a_checkpoint_and_exits_0(data_dir, tmp_path):
     out = tmp_path / "run"
     proc = trainer(flags(data_dir, out, "--max_iters=1000000", "--log_interval=1", "--eval_interval=1000000"))
@@ -253,6 +255,7 @@ KILLS = [
 
 
 @pytest.mark.parametrize("name, point, left", KILLS, ids=[f"{name} {point}" for name, point, _ in KILLS])
+@pytest.mark.slow
 def test_sigkill_inside_a_checkpoint_write_leaves_whole_checkpoints_that_resume(data_dir, tmp_path, name, point, left):
     out, straight = tmp_path / "run", tmp_path / "straight"
     args = ["--max_iters=4", "--warmup_iters=0", "--eval_interval=1", "--eval_iters=1", "--log_interval=1"]
@@ -306,6 +309,7 @@ def test_a_full_disk_stops_the_run_with_one_line_and_the_last_checkpoint_intact(
     assert [m["iter"] for m in log(out) if "val_loss" in m] == [2, 4, 6]
 
 
+@pytest.mark.slow
 def test_a_second_run_in_a_training_out_dir_is_refused_until_the_first_dies(data_dir, tmp_path, capsys):
     out = tmp_path / "run"
     first = trainer(flags(data_dir, out, "--max_iters=1000000", "--log_interval=1", "--eval_interval=1000000"))
@@ -376,6 +380,7 @@ LOADED = (
     [([], []), (["--task=recall", "--recall_share=0.5", "--recall_pairs=2"], ["data.recall"])],
     ids=["plain", "recall task"],
 )
+@pytest.mark.slow
 def test_a_run_imports_the_recall_task_only_when_asked_and_never_the_interop(data_dir, tmp_path, task, loaded):
     # a process of its own: the test session's imports must not count
     proc = run("-c", LOADED, *flags(data_dir, tmp_path / "run", "--max_iters=1", *task), env=ONE_THREAD)
@@ -663,6 +668,7 @@ COMMANDS = [
 
 
 @pytest.mark.parametrize("case, args, expected", COMMANDS, ids=[c[0] for c in COMMANDS])
+@pytest.mark.slow
 def test_battery_commands(world, data_dir, case, args, expected):
     (world / "empty.txt").write_bytes(b"")
     (world / "binary.txt").write_bytes(bytes(range(256)) * 4)
