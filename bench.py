@@ -182,7 +182,7 @@ def bench_train_step(run):
     variants = {"matmul": matmul, False: with_batches(model)}
     # the same step with queries and keys left unturned (a copy, so both start alike): the rotation's share of a step
     unturned = copy.deepcopy(model)
-    unturned.pos.rotate = lambda qk, span, layer: qk
+    unturned.scheme.rotate = lambda qk, span, layer: qk
     variants["unturned"] = functools.partial(make_train_step(unturned, train_cfg, runtime), unturned, next(turns))
     compile_s = None
     if run.compile:

@@ -105,6 +105,10 @@ def load_checkpoint(path, device="cpu"):
     if not isinstance(ckpt, dict) or not {"model", "model_config"} <= ckpt.keys():
         raise ValueError(f"{str(path)!r} is not a nanorope checkpoint (it lacks the model and model_config entries)")
     ckpt["model_config"] = current_names(GPTConfig, ckpt["model_config"])
+    # checkpoints written before the model's positional scheme was named `scheme` hold its parameters under "pos."
+    ckpt["model"] = {
+        "scheme." + k.removeprefix("pos.") if k.startswith("pos.") else k: v for k, v in ckpt["model"].items()
+    }
     return ckpt
 
 

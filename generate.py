@@ -293,7 +293,7 @@ def generate(
     device = idx.device.type
     # under autocast keys and values come out in the autocast dtype: the cache must hold that
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else model.wte.weight.dtype
-    model.pos.reserve(n_ctx)  # the compiled step cannot grow a table
+    model.scheme.reserve(n_ctx)  # the compiled step cannot grow a table
     decoder = DECODERS[cache](model, sampling, idx.shape[0], n_ctx, dtype, compile)
     # the model conditions on window + drawn. With a cache, tokens drawn since the window was read join it only
     # when it is read again, at a slide, rather than by a cat every token

@@ -188,7 +188,7 @@ def gpt2_names(cfg):
     """{transformers name: our name} of every weight of a GPT-2 model (q, k, v keep our order)."""
     names = {
         "transformer.wte.weight": "wte.weight",
-        "transformer.wpe.weight": "pos.wpe.weight",
+        "transformer.wpe.weight": "scheme.wpe.weight",
         "transformer.ln_f.weight": "ln_f.weight",
         "transformer.ln_f.bias": "ln_f.bias",
         "lm_head.weight": "lm_head.weight",
@@ -208,7 +208,7 @@ def conv1d(name):
 def rotary_architecture(model, meta):
     """A GPT-NeoX model (Persimmon with qk_norm) that computes what model computes."""
     tf, c = transformers(), model.config
-    rotary = model.pos if isinstance(model.pos, positions.RoPE) else None  # NoPE runs as one with no rotary dims
+    rotary = model.scheme if isinstance(model.scheme, positions.RoPE) else None  # NoPE runs as one with no rotary dims
     common = dict(
         vocab_size=c.vocab_size,
         hidden_size=c.n_embd,

@@ -127,7 +127,7 @@ class GPT(nn.Module):
         blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layer))  # the architecture, then its scheme
         # registered in GPT-2's order, the order in which init_weights draws their starting values
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
-        self.pos = scheme_class(config.pos_emb)(config)
+        self.scheme = scheme_class(config.pos_emb)(config)
         self.drop = nn.Dropout(config.dropout)
         self.blocks = blocks
         self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
@@ -139,8 +139,8 @@ class GPT(nn.Module):
     def init_weights(self):
         """GPT-2 initialisation, the one place every weight gets its start."""
         for name, p in self.named_parameters():
-            if name.startswith("pos."):  # the positional scheme says how its own parameters start
-                self.pos.init_parameter(name.removeprefix("pos."), p)
+            if name.startswith("scheme."):  # the positional scheme says how its own parameters start
+                self.scheme.init_parameter(name.removeprefix("scheme."), p)
             elif name.endswith("bias"):
                 nn.init.zeros_(p)
             elif "ln" in name:
@@ -160,9 +160,9 @@ class GPT(nn.Module):
         targets only the last position's logits are computed (all that generation needs)."""
         T = idx.shape[1]
         span = cache.span(T, position_ids) if cache is not None else Span(start_pos, T, T, idx.device, position_ids)
-        x = self.drop(self.pos.embed(self.wte(idx), span))  # (B, T, C)
+        x = self.drop(self.scheme.embed(self.wte(idx), span))  # (B, T, C)
         for block in self.blocks:
-            x = block(x, self.pos, span, cache)
+            x = block(x, self.scheme, span, cache)
         x = self.ln_f(x)
         if targets is None:
             return self.head(x[:, -1:, :]), None  # (B, 1, vocab)
@@ -183,7 +183,7 @@ class GPT(nn.Module):
         """Parameter count; non_embedding leaves out the lookup tables, which cost no multiplications: a position
         table, and the token embedding when the head has a weight of its own (tied, it is the head: counted once)."""
         n = sum(p.numel() for p in self.parameters())
-        tables = self.pos.embedding_numel() + (0 if self.config.tie_embeddings else self.wte.weight.numel())
+        tables = self.scheme.embedding_numel() + (0 if self.config.tie_embeddings else self.wte.weight.numel())
         return n - tables if non_embedding else n
 
     def flops_per_token(self, seq_len):
@@ -193,7 +193,7 @@ class GPT(nn.Module):
     def load_trained(self, state):
         """Load a trained state dict, a fine-tune's source's too, its scheme's part fitted to this model (a learned
         table cut to a shorter block_size)."""
-        self.load_state_dict(self.pos.fitted(state, "pos."))
+        self.load_state_dict(self.scheme.fitted(state, "scheme."))
         return self
 
     def reconfigure(self, **changes):
@@ -208,13 +208,13 @@ class GPT(nn.Module):
         config = replace(config, **changes)
         scheme = scheme_class(config.pos_emb)(config).to(self.wte.weight.device)
         try:
-            scheme.load_state_dict(self.pos.state_dict())  # a scheme's trained parameters are kept
+            scheme.load_state_dict(self.scheme.state_dict())  # a scheme's trained parameters are kept
         except RuntimeError:  # missing or unexpected keys: the two schemes have different parameters
             raise ValueError(
                 f"pos_emb={self.config.pos_emb!r} cannot become {config.pos_emb!r} on a built model: "
                 "their parameters differ"
             ) from None
-        self.pos, self.config = scheme, config
+        self.scheme, self.config = scheme, config
         return self
 
 

@@ -87,7 +87,7 @@ def start(model_cfg, train_cfg, batch_cfg, schedule):
     one_precision(train_cfg, runtime, ckpt)
     torch.manual_seed(train_cfg.seed)  # the same initial weights on every rank
     model = GPT(model_cfg).to(runtime.device)
-    batch_cfg.check_model(model_cfg, type(model.pos))  # a fine-tune's scheme is its source's
+    batch_cfg.check_model(model_cfg, type(model.scheme))  # a fine-tune's scheme is its source's
     batches = make_batches(
         batch_cfg,
         dataset_dir,

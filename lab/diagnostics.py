@@ -60,7 +60,7 @@ def attention_stats(model, batches, runtime):
 def bias_curves(model, reach):
     """{layer: [head][distance 0..reach-1]}: the score bias a query at position reach - 1 gives each key by its
     distance, for a scheme that learns one (Kerple, FIRE); None for the others."""
-    scheme = model.pos
+    scheme = model.scheme
     if type(scheme).bias is positions.Scheme.bias:
         return None
     span = spans.Span(reach - 1, 1, reach, model.wte.weight.device)

@@ -374,7 +374,7 @@ def test_drope_drops_rope_mid_run_and_resumes_after_the_drop_exactly(data_dir, t
     assert "iteration 3: the schedule changes the model's pos_emb 'rope' -> 'none'" in capsys.readouterr().out
     ckpt = load_checkpoint(straight / "ckpt.pt")
     assert ckpt["model_config"]["pos_emb"] == "none"  # the checkpoint after the drop has no rotation
-    assert type(model_from_checkpoint(ckpt).pos) is schemes.NoPE
+    assert type(model_from_checkpoint(ckpt).scheme) is schemes.NoPE
     assert json.loads((straight / "config.json").read_text())["schedule"] == {
         "drop_rope_at": 3,
         "recalibration_lr": None,

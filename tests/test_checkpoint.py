@@ -102,7 +102,7 @@ def test_a_fine_tune_at_a_shorter_context_takes_every_weight_its_scheme_still_re
     tuned, trained = source.load_into(GPT(config)).state_dict(), source.model().state_dict()
     assert tuned.keys() == trained.keys()
     for name, t in tuned.items():  # a learned table's first 16 rows, every other weight as it was
-        assert torch.equal(t, trained[name][:16] if name == "pos.wpe.weight" else trained[name]), name
+        assert torch.equal(t, trained[name][:16] if name == "scheme.wpe.weight" else trained[name]), name
 
 
 def test_a_typed_original_len_is_compared_with_the_sources_even_where_it_equals_its_default(tmp_path):
@@ -122,3 +122,15 @@ def test_a_renamed_setting_of_an_older_checkpoint_loads_under_its_name_now(tmp_p
     old["rope_original_len"] = old.pop("original_len")
     checkpoint.save_checkpoint({"model": model.state_dict(), "model_config": old}, tmp_path / "old.pt")
     assert checkpoint.load_checkpoint(tmp_path / "old.pt")["model_config"]["original_len"] == 8
+
+
+def test_an_older_checkpoint_with_the_schemes_parameters_under_pos_loads(tmp_path):
+    model = tiny("learned")
+    for p in model.parameters():
+        p.data.add_(torch.randn_like(p), alpha=0.1)
+    old = {k.replace("scheme.", "pos.", 1): v for k, v in model.state_dict().items()}
+    assert "pos.wpe.weight" in old
+    checkpoint.save_checkpoint({"model": old, "model_config": model.config.asdict()}, tmp_path / "old.pt")
+    loaded = checkpoint.model_from_checkpoint(checkpoint.load_checkpoint(tmp_path / "old.pt")).eval()
+    idx = torch.randint(0, 11, (2, 16))
+    assert torch.equal(all_logits(loaded, idx), all_logits(model, idx))

@@ -172,8 +172,8 @@ def test_an_exported_scaling_imports_back_to_the_same_frequencies_and_logits(tmp
     if flags:
         model.reconfigure(rope_scaling=flags[0].partition("=")[2], rope_scaling_factor=4.0)
     back = load_source(f"hf:{folder}", "init_from").model().eval()
-    assert torch.equal(back.pos.inv_freq, model.pos.inv_freq)  # bit for bit: ntk as its larger base
-    assert back.pos.attn_factor == model.pos.attn_factor
+    assert torch.equal(back.scheme.inv_freq, model.scheme.inv_freq)  # bit for bit: ntk as its larger base
+    assert back.scheme.attn_factor == model.scheme.attn_factor
     idx = torch.randint(0, model.config.vocab_size, (2, 96), generator=torch.Generator().manual_seed(1))
     assert (all_logits(back, idx) - all_logits(model, idx)).abs().max().item() < TOLERANCE
 

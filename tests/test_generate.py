@@ -37,7 +37,7 @@ def test_static_cache_logits_equal_full_recompute(pos_emb):
     model = tiny(pos_emb, qk_norm=True)
     idx = torch.randint(0, 11, (2, 14))
     full = all_logits(model, idx)
-    model.pos.reserve(16)
+    model.scheme.reserve(16)
     cache = StaticKVCache(model.config, 2, 16, "cpu", torch.float32)
     for k in (*cache.k, *cache.v):
         k.normal_()  # stale values from an earlier window
@@ -108,15 +108,15 @@ def test_static_cache_refuses_dynamic_scaling_past_the_trained_length():
     model = tiny("rope", rope_scaling="dynamic", rope_scaling_factor=2.0)
     with pytest.raises(ValueError, match="static_cache cannot serve rope_scaling='dynamic' past the trained length"):
         next(generate(model, torch.zeros(1, 1, dtype=torch.long), 5, cache="static", max_context=32))
-    assert model.pos.at_length is not None  # at factor 2 RoPE too recomputes its frequencies past L0
+    assert model.scheme.at_length is not None  # at factor 2 RoPE too recomputes its frequencies past L0
 
 
 def test_static_cache_serves_dynamic_scaling_at_factor_1_past_the_trained_length():
     # dynamic at factor 1 is plain RoPE, by one rule in scalings.of_model, GPTConfig.scaling and the static cache: its
     # fixed table serves every length, so decoding past L0 never recomputes the frequencies
     model = tiny("rope", rope_scaling="dynamic", rope_scaling_factor=1.0)
-    assert model.pos.at_length is None and not scalings.scaling_of(model.config).dynamic
-    assert torch.equal(model.pos.inv_freq, tiny("rope").pos.inv_freq)
+    assert model.scheme.at_length is None and not scalings.scaling_of(model.config).dynamic
+    assert torch.equal(model.scheme.inv_freq, tiny("rope").scheme.inv_freq)
     plain = greedy(tiny("rope"), torch.zeros(1, 1, dtype=torch.long), cache="static", max_context=32)
     assert torch.equal(greedy(model, torch.zeros(1, 1, dtype=torch.long), cache="static", max_context=32), plain)
 

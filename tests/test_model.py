@@ -31,7 +31,7 @@ def test_a_shift_of_all_positions_changes_logits_only_for_schemes_that_are_not_r
     # RoPE scores depend on m - n only, ALiBi's bias on the distance: moving the whole sequence changes
     # nothing, which also shows values are not rotated (they would carry absolute positions into the output)
     model = tiny(pos_emb)
-    for p in model.pos.parameters():  # a trained table's scale, not init's 0.02, so a shift shows
+    for p in model.scheme.parameters():  # a trained table's scale, not init's 0.02, so a shift shows
         torch.nn.init.normal_(p)
     idx = torch.randint(0, 11, (2, 8))
     shift = 37 if all_schemes()[pos_emb].extrapolates else 16 - 8
@@ -87,8 +87,8 @@ def test_reconfigure_changes_the_config_and_matches_a_model_built_with_it():
 
 def test_reconfigure_keeps_trained_position_parameters_and_refuses_what_weights_depend_on():
     model = tiny("learned")
-    torch.nn.init.normal_(model.pos.wpe.weight)
-    before = model.pos.wpe.weight.clone()
+    torch.nn.init.normal_(model.scheme.wpe.weight)
+    before = model.scheme.wpe.weight.clone()
     with pytest.raises(
         ValueError,
         match="rope_scaling='linear' does nothing for pos_emb='learned'; it applies to pos_emb rope, xpos, rnope",
@@ -96,7 +96,7 @@ def test_reconfigure_keeps_trained_position_parameters_and_refuses_what_weights_
         model.reconfigure(rope_scaling="linear", rope_scaling_factor=2.0)
     assert model.config.rope_scaling == "none"
     model.reconfigure(original_len=8)  # an allowed key: the scheme is rebuilt, its table kept
-    assert torch.equal(model.pos.wpe.weight, before) and model.config.original_len == 8
+    assert torch.equal(model.scheme.wpe.weight, before) and model.config.original_len == 8
     with pytest.raises(
         ValueError,
         match="n_head cannot change on a built model; only original_len, rope_scaling, "
@@ -186,8 +186,8 @@ def test_length_relative_defaults_read_l0_which_a_longer_block_size_keeps():
 def test_qk_norm_hands_each_scheme_normalised_queries_and_keys_and_keeps_causality(pos_emb, monkeypatch):
     model = tiny(pos_emb, qk_norm=True)
     seen = []
-    rotate = model.pos.rotate
-    monkeypatch.setattr(model.pos, "rotate", lambda qk, *a: seen.append(qk) or rotate(qk, *a))
+    rotate = model.scheme.rotate
+    monkeypatch.setattr(model.scheme, "rotate", lambda qk, *a: seen.append(qk) or rotate(qk, *a))
     idx = torch.randint(0, 11, (2, 16))
     logits = all_logits(model, idx)
     assert len(seen) == 2  # one stack of q and k per block, normalised before the scheme sees them
@@ -261,5 +261,5 @@ def test_gelu_tanh_is_gpt2s_approximation_and_the_parallel_residual_reads_one_in
     torch.testing.assert_close(mlp(x), mlp.c_proj(0.5 * h * (1 + torch.tanh(c * (h + 0.044715 * h**3)))))
     block, x = model.blocks[0], torch.randn(2, 5, 32)
     span = spans.Span(0, 5, 5, "cpu")
-    expected = x + block.attn(block.ln_1(x), model.pos, span, None) + block.mlp(block.ln_2(x))
-    torch.testing.assert_close(block(x, model.pos, span, None), expected)
+    expected = x + block.attn(block.ln_1(x), model.scheme, span, None) + block.mlp(block.ln_2(x))
+    torch.testing.assert_close(block(x, model.scheme, span, None), expected)

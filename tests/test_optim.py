@@ -106,8 +106,8 @@ def test_muon_takes_the_blocks_matrices_and_adamw_the_rest_each_on_the_schedule(
     }
     assert matrices["momentum"] == 0.9 and matrices["weight_decay"] == 0.0
     decay, no_decay = ({names[p] for p in g["params"]} for g in adamw.param_groups)
-    assert {"wte.weight", "lm_head.weight", "pos.w1.0", "pos.w2.1"} <= decay
-    assert {"ln_f.weight", "blocks.0.attn.ln_q.weight", "pos.c.0"} <= no_decay
+    assert {"wte.weight", "lm_head.weight", "scheme.w1.0", "scheme.w2.1"} <= decay
+    assert {"ln_f.weight", "blocks.0.attn.ln_q.weight", "scheme.c.0"} <= no_decay
     assert len(decay | no_decay) + len(matrices["params"]) == len(names)
     x = torch.randint(0, 11, (2, 16))
     before = {n: p.clone() for n, p in model.named_parameters()}

@@ -63,7 +63,7 @@ def test_alibi_slopes_follow_the_papers_rule():
 
 
 def test_alibi_bias_values_mask_and_offset():
-    scheme = tiny("alibi", n_head=4).pos  # slopes 1/4, 1/16, 1/64, 1/256
+    scheme = tiny("alibi", n_head=4).scheme  # slopes 1/4, 1/16, 1/64, 1/256
     b = scheme.bias(at(2, 3, 5), 0)  # queries at positions 2, 3, 4; keys 0..4
     assert b.shape == (4, 3, 5) and b.dtype == torch.float32
     assert b[0, 0, 0].item() == -0.5 and b[0, 0, 2].item() == 0.0 and b[1, 2, 1].item() == -3 / 16
@@ -80,8 +80,8 @@ def test_sinusoidal_input_is_scaled_tokens_plus_the_table():
     model = tiny("sinusoidal")
     tok = torch.randn(2, 5, 32)
     expected = tok * math.sqrt(32) + positions.sinusoidal_table(8, 32)[3:8]
-    torch.testing.assert_close(model.pos.embed(tok, at(3, 5)), expected)
-    far = model.pos.embed(tok, at(40, 5))  # past the built table: computed from the formula on demand
+    torch.testing.assert_close(model.scheme.embed(tok, at(3, 5)), expected)
+    far = model.scheme.embed(tok, at(40, 5))  # past the built table: computed from the formula on demand
     torch.testing.assert_close(far, tok * math.sqrt(32) + positions.sinusoidal_table(45, 32)[40:45])
 
 
@@ -90,7 +90,7 @@ def test_sinusoidal_input_is_scaled_tokens_plus_the_table():
 
 @pytest.mark.parametrize("name", all_schemes())
 def test_each_scheme_keeps_shapes_and_its_bias_carries_the_causal_mask(name):
-    scheme = tiny(name).pos
+    scheme = tiny(name).scheme
     assert scheme.name == name and scheme_class(name) is type(scheme)
     tok, qk = torch.randn(2, 5, 32), torch.randn(2, 2, 2, 5, 16)  # (B, T, C); q and k (2, B, nh, T, hs)
     assert (
@@ -149,7 +149,7 @@ def test_p_rope_keeps_the_highest_frequencies_is_rope_at_one_and_nope_at_zero():
 
 @pytest.mark.parametrize("layout", rope.LAYOUTS)
 def test_xpos_scores_depend_on_the_distance_and_decay_by_zeta_per_pair(layout):
-    xpos, plain = tiny("xpos", rope_layout=layout, xpos_scale_base=8.0).pos, tiny("rope", rope_layout=layout).pos
+    xpos, plain = tiny("xpos", rope_layout=layout, xpos_scale_base=8.0).scheme, tiny("rope", rope_layout=layout).scheme
     q, k = torch.randn(16), torch.randn(16)
     s = scores(xpos, q, k, 24)
     for shift in (1, 5, 9):  # q_m . k_n is a function of m - n
@@ -164,7 +164,7 @@ def test_xpos_scores_depend_on_the_distance_and_decay_by_zeta_per_pair(layout):
 
 
 def test_kerple_bias_is_its_formula_in_the_distance_and_causal():
-    scheme = tiny("kerple").pos
+    scheme = tiny("kerple").scheme
     for p in scheme.parameters():  # away from the start, where every head is the same
         torch.nn.init.normal_(p)
     bias = scheme.bias(at(3, 6, 9), 1)  # queries at 3..8, keys 0..8, second layer
@@ -177,7 +177,7 @@ def test_kerple_bias_is_its_formula_in_the_distance_and_causal():
 
 
 def test_fire_bias_is_a_function_of_the_distance_below_its_threshold_and_causal():
-    scheme = tiny("fire").pos  # L starts at block_size / 4 = 4, c at 0.1
+    scheme = tiny("fire").scheme  # L starts at block_size / 4 = 4, c at 0.1
     assert scheme.threshold(0).item() == 4.0 and torch.nn.functional.softplus(scheme.c[0]).item() == pytest.approx(0.1)
     bias = scheme.bias(at(0, 4, 4), 0)  # queries and keys at 0..3, all below L
     dist = torch.arange(4)[:, None] - torch.arange(4)[None, :]
@@ -203,35 +203,35 @@ def test_fire_interpolates_inside_the_trained_context_and_its_threshold_stays_th
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-    thresholds = [model.pos.threshold(layer).item() for layer in range(2)]
+    thresholds = [model.scheme.threshold(layer).item() for layer in range(2)]
     assert all(t < 15 for t in thresholds), thresholds  # the last training position is 15
-    assert any(not torch.equal(p, torch.ones_like(p)) for p in model.pos.multiplier)  # L was learned
+    assert any(not torch.equal(p, torch.ones_like(p)) for p in model.scheme.multiplier)  # L was learned
 
 
 def test_xpos_decay_within_the_trained_context_is_the_papers():
     """B = L0 / 2: the fastest pair decays by zeta_0^2 = 0.082 across L0 (B = 512 at L0 = 64 gave 0.86)."""
     xpos = tiny("xpos")
     cfg = xpos.config
-    assert xpos.pos.scale == cfg.block_size / 2
-    assert (0.4 / 1.4) ** (cfg.block_size / xpos.pos.scale) == pytest.approx(0.0816, abs=1e-4)
-    assert xpos.pos.window(0) == cfg.block_size  # blockwise past L0: never a distance it did not train at
+    assert xpos.scheme.scale == cfg.block_size / 2
+    assert (0.4 / 1.4) ** (cfg.block_size / xpos.scheme.scale) == pytest.approx(0.0816, abs=1e-4)
+    assert xpos.scheme.window(0) == cfg.block_size  # blockwise past L0: never a distance it did not train at
 
 
 def test_kerple_heads_start_at_different_ranges_as_its_authors_draw_them():
-    scheme = tiny("kerple", n_head=8).pos
+    scheme = tiny("kerple", n_head=8).scheme
     r1, r2 = (torch.nn.functional.softplus(r[0]) for r in (scheme.r1, scheme.r2))
     assert (0.01 <= r1).all() and (r1 <= 2).all() and (0.01 <= r2).all() and (r2 <= 1).all()
     assert r1.std() > 0.2 and r2.std() > 0.1  # U(0, 2) and U(0, 1), per head: not one value for all
 
 
 def test_rnope_layers_without_rope_ignore_position_and_the_others_rotate():
-    scheme = tiny("rnope", n_layer=4, nope_every=2).pos  # layers 1 and 3 without positions
+    scheme = tiny("rnope", n_layer=4, nope_every=2).scheme  # layers 1 and 3 without positions
     qk = torch.randn(2, 1, 2, 5, 16)
     for layer in (1, 3):
         assert scheme.rotate(qk, at(7, qk.shape[-2]), layer) is qk
     for layer in (0, 2):
         assert torch.equal(
-            scheme.rotate(qk, at(7, qk.shape[-2]), layer), tiny("rope").pos.rotate(qk, at(7, qk.shape[-2]), layer)
+            scheme.rotate(qk, at(7, qk.shape[-2]), layer), tiny("rope").scheme.rotate(qk, at(7, qk.shape[-2]), layer)
         )
         assert not torch.allclose(scheme.rotate(qk, at(7, qk.shape[-2]), layer), qk)
     # RNoPE-SWA: the RoPE layers see the last block_size / 2 keys, the NoPE layers all of them
@@ -248,7 +248,7 @@ def test_rows_at_the_default_positions_give_the_default_logits(pos_emb):
     model = tiny(pos_emb)
     idx = torch.randint(0, 11, (3, 12), generator=torch.Generator().manual_seed(5))
     shared, rows = all_logits(model, idx), all_logits(model, idx, position_ids=torch.arange(12).expand(3, 12))
-    if model.pos.bias(at(0, 12), 0) is None:  # the same kernels: bit for bit (PoSE without skips trains as plain)
+    if model.scheme.bias(at(0, 12), 0) is None:  # the same kernels: bit for bit (PoSE without skips trains as plain)
         assert torch.equal(shared, rows)
     else:  # a score bias per row is a (B, nh, T, S) mask, which attention sums in another order
         torch.testing.assert_close(shared, rows, atol=1e-6, rtol=1e-6)

@@ -705,15 +705,15 @@ def test_a_fine_tune_at_twice_the_context_keeps_every_default_that_is_relative_t
     for base, tuned in trained.values():
         assert (base.config.block_size, tuned.config.block_size, tuned.config.original_len) == (32, 64, 32)
     (xpos, xpos_ft), (rnope, rnope_ft), (fire, fire_ft), (plain, plain_ft) = trained.values()
-    assert xpos.pos.scale == xpos_ft.pos.scale == 16  # B = L0 / 2, not block_size / 2
-    assert rnope.pos.window(0) == rnope_ft.pos.window(0) == 16
-    assert fire.pos.init_threshold == fire_ft.pos.init_threshold == 8
+    assert xpos.scheme.scale == xpos_ft.scheme.scale == 16  # B = L0 / 2, not block_size / 2
+    assert rnope.scheme.window(0) == rnope_ft.scheme.window(0) == 16
+    assert fire.scheme.init_threshold == fire_ft.scheme.init_threshold == 8
     at_l0 = scalings.scaled_frequencies(16, 10000.0, "yarn", 2.0, original_len=32)[0].float()
-    assert torch.equal(plain_ft.pos.inv_freq.float(), at_l0)  # YaRN ramps against the L0 the model learned
+    assert torch.equal(plain_ft.scheme.inv_freq.float(), at_l0)  # YaRN ramps against the L0 the model learned
     assert not torch.equal(at_l0, scalings.scaled_frequencies(16, 10000.0, "yarn", 2.0, original_len=64)[0].float())
     assert torch.equal(
-        plain.reconfigure(rope_scaling="yarn", rope_scaling_factor=2.0).pos.inv_freq,
-        plain_ft.pos.inv_freq,
+        plain.reconfigure(rope_scaling="yarn", rope_scaling_factor=2.0).scheme.inv_freq,
+        plain_ft.scheme.inv_freq,
     )
 
 
