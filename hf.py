@@ -208,7 +208,7 @@ def conv1d(name):
 def rotary_architecture(model, meta):
     """A GPT-NeoX model (Persimmon with qk_norm) that computes what model computes."""
     tf, c = transformers(), model.config
-    rotary = model.scheme if isinstance(model.scheme, positions.RoPE) else None  # NoPE runs as one with no rotary dims
+    rope_scheme = model.scheme if isinstance(model.scheme, positions.RoPE) else None  # NoPE: no rotary dims
     common = dict(
         vocab_size=c.vocab_size,
         hidden_size=c.n_embd,
@@ -220,7 +220,7 @@ def rotary_architecture(model, meta):
         hidden_dropout=c.dropout,
         layer_norm_eps=model.ln_f.eps,
         tie_word_embeddings=c.tie_embeddings,
-        rope_parameters=rope_parameters(c, rotary is not None),
+        rope_parameters=rope_parameters(c, rope_scheme is not None),
         max_position_embeddings=scalings.scaling_of(c).hf_context(c.block_size, c.L0, c.rope_scaling_factor),
         **token_ids(meta),
     )
@@ -231,14 +231,16 @@ def rotary_architecture(model, meta):
         hf = tf.GPTNeoXForCausalLM(
             tf.GPTNeoXConfig(use_parallel_residual=c.parallel_residual, attention_bias=c.bias, **common)
         )
-    sd, rot_dim = weights(model), rotary.rot_dim if rotary else 0
+    sd, rot_dim = weights(model), rope_scheme.rot_dim if rope_scheme else 0
     state = {theirs: permuted(ours, sd[ours], c, rot_dim) for theirs, ours in rotary_names(arch, c).items()}
     if arch == "GPTNeoXForCausalLM" and not c.bias:  # attention_bias=False: GPT-NeoX's attention then has none
         state = {k: v for k, v in state.items() if not (".attention." in k and k.endswith(".bias"))}
     hf = load(hf, state)
-    if rotary is not None:  # the frequencies, computed by transformers from the config, are ours
+    if rope_scheme is not None:  # the frequencies, computed by transformers from the config, are ours
         theirs = hf.base_model.rotary_emb.inv_freq
-        assert torch.allclose(theirs, rotary.inv_freq.float(), rtol=1e-6, atol=0), f"RoPE frequencies differ: {theirs}"
+        assert torch.allclose(theirs, rope_scheme.inv_freq.float(), rtol=1e-6, atol=0), (
+            f"RoPE frequencies differ: {theirs}"
+        )
     return hf
 
 

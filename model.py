@@ -4,8 +4,8 @@
     Block: x + attn(ln_1(x)), then x + mlp(ln_2(x))
     attn:  q, k, v = c_attn(x); q and k turned by the scheme (RoPE: rope.py's R(m)); softmax(q k^T / sqrt(hs)) v
 
-The scheme comes from positions.py's registry (`pos_emb`); GPTConfig, at the end, declares every setting the model
-reads. Decoding (KV cache, sampling) is generate.py's; this module knows nothing about training.
+The scheme comes from positions.py's registry (`pos_emb`, through scheme_class); GPTConfig, at the end, declares every
+setting the model reads. Decoding (KV cache, sampling) is generate.py's; this module knows nothing about training.
 """
 
 import math
@@ -19,24 +19,6 @@ import positions
 import rope
 from config import AT_LEAST_1, FRACTION, NON_NEGATIVE, POSITIVE, SHARE, declared, one_of, opt, validate, weightless
 from spans import Span
-
-
-def scheme_class(name):
-    """The positional scheme registered as pos_emb=name, or a ValueError listing them. schemes.py is imported here
-    where a run names one of its schemes: its classes join positions.SCHEMES as they are defined."""
-    if name in positions.ELSEWHERE:
-        import schemes  # noqa: F401 (imported for its registrations)
-    if name not in positions.SCHEMES:
-        raise ValueError(f"pos_emb={name!r} is unknown; choose one of {', '.join(positions.NAMES)}")
-    return positions.SCHEMES[name]
-
-
-def all_schemes():
-    """{name: class} of every registered scheme, those of the tables first in their order: what generic tests and
-    the ablation loop over."""
-    import schemes  # noqa: F401 (imported for its registrations)
-
-    return {name: positions.SCHEMES[name] for name in positions.NAMES} | positions.SCHEMES
 
 
 def attention(q, k, v, mask, **kw):
@@ -216,6 +198,24 @@ class GPT(nn.Module):
             ) from None
         self.scheme, self.config = scheme, config
         return self
+
+
+def scheme_class(name):
+    """The positional scheme registered as pos_emb=name, or a ValueError listing them. schemes.py is imported here
+    where a run names one of its schemes: its classes join positions.SCHEMES as they are defined."""
+    if name in positions.ELSEWHERE:
+        import schemes  # noqa: F401 (imported for its registrations)
+    if name not in positions.SCHEMES:
+        raise ValueError(f"pos_emb={name!r} is unknown; choose one of {', '.join(positions.NAMES)}")
+    return positions.SCHEMES[name]
+
+
+def all_schemes():
+    """{name: class} of every registered scheme, those of the tables first in their order: what generic tests and
+    the ablation loop over."""
+    import schemes  # noqa: F401 (imported for its registrations)
+
+    return {name: positions.SCHEMES[name] for name in positions.NAMES} | positions.SCHEMES
 
 
 @dataclass

@@ -10,7 +10,7 @@ A span (spans.py) says at which positions a forward's T queries and S keys sit. 
 @register, its settings as fields of model.GPTConfig (each naming the scheme it applies to) and its tests. The schemes
 of schemes.py are listed in `ELSEWHERE`; model.scheme_class imports that module only when a run names one of them,
 so a plain RoPE run reads none of them, and this module imports nothing of its own but rope.py (and scalings.py,
-where a run names a scaling).
+where a run names a scaling or p-RoPE).
 """
 
 import math
@@ -93,7 +93,7 @@ class Scheme(nn.Module):
         nn.init.normal_(p, mean=0.0, std=0.02)
 
 
-def frequencies(config):
+def rope_frequencies(config):
     """(theta' float64 (rot/2,), attention factor, at_length) that a RoPE model of config turns its pairs by: rope.py's
     theta_i, or, where a scaling or p-RoPE is set, scalings.py's transform of them. at_length is None, or, for a
     theta' that grows with the total length past L0 (dynamic NTK), the function of that length that gives it."""
@@ -118,7 +118,8 @@ class RoPE(Scheme):
         super().__init__(config)
         self.layout = config.rope_layout
         # theta' on the CPU (MPS has no float64), resolved once: the tables and the rotation never ask which scaling
-        self.inv_freq, self.attn_factor, self.at_length = frequencies(config)
+        # made it (dynamic NTK's at_length gives theta' at each length past L0)
+        self.inv_freq, self.attn_factor, self.at_length = rope_frequencies(config)
         self.rot_dim = 2 * len(self.inv_freq)
         self.build_tables(config.block_size, device=None)
 

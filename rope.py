@@ -4,7 +4,8 @@ A head's d dims are cut into d/2 pairs. At position m, pair i is turned by the a
 for each later pair, theta_i = base^(-2(i-1)/d) (eq. 15). Queries and keys are turned, never values, so the score
 of a query at m and a key at n depends on m - n alone (eq. 16). The path from the model: attention calls
 positions.RoPE.rotate, which looks up the tables and calls `apply_rope` below; the deployed context-extension scalings
-(YaRN, dynamic NTK, Llama 3) are scalings.py's, resolved to frequencies once, where the model is built.
+(YaRN, dynamic NTK, Llama 3) are scalings.py's, resolved to frequencies once, where the model is built (dynamic NTK:
+to a function of the length past L0).
 
 Which code runs: `apply_rope` computes the pair formula of `rotate_pairs` (the paper's, written as it) wherever it is
 compiled (a default GPU run) and for the half layout. In eager mode (a default CPU run) it computes the same numbers

@@ -17,7 +17,7 @@ from files import RunLock
 from model import GPT
 from optim import make_optimizer
 from progress import Progress
-from runtime import EveryRankError, setup_runtime
+from runtime import EveryRankError, pick_dtype, setup_runtime
 
 
 class Divergence(EveryRankError):
@@ -132,8 +132,9 @@ def starting_point(train_cfg, model_cfg, meta, out):
 
 
 def one_precision(train_cfg, runtime, ckpt):
-    """A resume computes in the dtype its run recorded (a fresh run in the one runtime resolved): auto continues in
-    it, another dtype is refused. Checkpoints from before the record resolve auto again."""
+    """A resume computes in the dtype its run recorded (a fresh run in the one runtime resolved), on whatever device
+    it now runs (refused where that device cannot: bf16 on a GPU without it): auto continues in it, another dtype is
+    refused. Checkpoints from before the record resolve auto again."""
     saved = ckpt.get("record", {}).get("dtype") if ckpt else None
     if saved is None:
         return
@@ -142,7 +143,10 @@ def one_precision(train_cfg, runtime, ckpt):
             f"cannot resume: the run trains in dtype={saved}, and this command asks for dtype={train_cfg.dtype}; "
             f"drop --dtype or pass --dtype={saved}"
         )
-    runtime.dtype = getattr(torch, saved)
+    dtype = pick_dtype(saved, runtime.device_type)
+    if dtype != runtime.dtype and runtime.master:
+        print(f"dtype: {saved} (the run's own, which a resume keeps)")
+    runtime.dtype = dtype
 
 
 def follow(run, it, progress):

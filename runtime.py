@@ -150,14 +150,16 @@ def cpu_prefers_bf16():
     same machine gives the same answer however loaded it is. Without AVX512-BF16 or AMX, bf16 is emulated and many
     times slower. AMX (Intel, Sapphire Rapids on) and AVX512-BF16 on AMD (Zen 4 on) run it natively and faster,
     while an Intel Xeon with AVX512-BF16 but no AMX was measured slower in bf16 than in float32. SSE4a is an AMD
-    instruction set, on every AMD CPU and on no Intel one."""
+    instruction set, on every AMD CPU and on no Intel one. The CPU's flags are read as they are, so the kernel level
+    torch runs at (ATEN_CPU_CAPABILITY may hold it to AVX2, and bf16 then runs emulated) must be AVX512 too."""
     caps = torch.cpu.get_capabilities()
-    return bool(caps.get("amx_bf16") or (caps.get("avx512_bf16") and caps.get("sse4a")))
+    native = caps.get("amx_bf16") or (caps.get("avx512_bf16") and caps.get("sse4a"))
+    return bool(native) and torch.backends.cpu.get_cpu_capability() == "AVX512"
 
 
 def decode_autocast(device_type, dtype=None):
     """Autocast for generation: on CUDA only, in dtype (default: auto's choice there); batch-1 decoding on CPU
-    gains nothing from bf16, so no dtype is picked there (nor its probe run)."""
+    gains nothing from bf16, so no dtype is picked there."""
     if device_type != "cuda":
         return contextlib.nullcontext()
     return torch.autocast("cuda", dtype=dtype or pick_dtype("auto", "cuda"))

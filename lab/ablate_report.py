@@ -179,12 +179,17 @@ def final_loss(figures):
     return dict(zip(figures["seeds"], figures["final_val_loss"]["values"], strict=True))
 
 
-def loss_past(figures, L0, scaling=AS_TRAINED):
-    """{seed: val loss averaged over the scored lengths past L0} under scaling (default as trained), or {}
-    where it has no such score (learned positions end at L0, or that scaling was not scored)."""
+def scored_past(figures, L0, scaling=AS_TRAINED):
+    """The lengths past L0 at which a scheme's figures hold a loss under scaling (default as trained)."""
     by_length = figures["loss_by_length"].get(scaling) or {}
-    lengths = [L for L, v in by_length.items() if int(L) > L0 and v is not None]
-    if not lengths:
+    return [L for L, v in by_length.items() if int(L) > L0 and v is not None]
+
+
+def loss_past(figures, lengths, scaling=AS_TRAINED):
+    """{seed: val loss averaged over lengths} under scaling (default as trained), or {} where one of them has no
+    score (learned positions end at L0, or that scaling was not scored): both arms of a claim average the same ones."""
+    by_length = figures["loss_by_length"].get(scaling) or {}
+    if not lengths or any(by_length.get(L) is None for L in lengths):
         return {}
     return {
         seed: statistics.fmean(by_length[L]["values"][i] for L in lengths) for i, seed in enumerate(figures["seeds"])
@@ -240,17 +245,21 @@ def verdicts_against(
 
 
 def loss_past_against(schemes, reference, ranking, margin, L0):
-    """verdicts_against on the val loss past L0: each scheme as trained against the reference as deployed past L0,
-    under DEPLOYED where that scaling was scored (else as trained), which the claim id names ("-vs-rope-yarn")."""
+    """verdicts_against on the val loss past L0, averaged over the lengths the reference was scored at there: each
+    scheme as trained against the reference as deployed past L0, under DEPLOYED where that scaling was scored (else as
+    trained), which the claim id names ("-vs-rope-yarn"). Its equivalence margin is the loss claims' at L0."""
     ref = schemes.get(reference)
-    scaling = DEPLOYED if ref is not None and DEPLOYED in ref[ranking]["loss_by_length"] else AS_TRAINED
+    if ref is None:
+        return []
+    scaling = DEPLOYED if scored_past(ref[ranking], L0, DEPLOYED) else AS_TRAINED
+    lengths = scored_past(ref[ranking], L0, scaling)
     return verdicts_against(
         schemes,
         reference,
         ranking,
         margin,
-        values=functools.partial(loss_past, L0=L0),
-        deployed=functools.partial(loss_past, L0=L0, scaling=scaling),
+        values=functools.partial(loss_past, lengths=lengths),
+        deployed=functools.partial(loss_past, lengths=lengths, scaling=scaling),
         claim=LOSS_PAST_CLAIM,
         scaling=scaling,
     )
@@ -660,8 +669,8 @@ def md_loss_past(r):
         f"## Val loss past L0\n\nEach scheme's val loss averaged over the scored lengths past L0 "
         f"({', '.join(map(str, lengths))} tokens), as trained, minus the reference's as deployed there (under YaRN "
         f"where it was scored, as the claim id says), seed by seed: the mean difference with its 95% CI, the paired "
-        f"t-test's p and p Holm-adjusted over the table's own family, as the ranking's. A scheme whose positions end "
-        f"at L0 makes no claim.\n\n"
+        f"t-test's p and p Holm-adjusted over the table's own family, with the equivalence test of the ranking's "
+        f"margin where it can pass. A scheme whose positions end at L0 makes no claim.\n\n"
         + md_table(["scheme", "claim", "rate", "Δ [95% CI]", "p", "p (Holm)", "verdict", "seeds"], rows, text_columns=3)
     )
 

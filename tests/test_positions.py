@@ -311,3 +311,10 @@ def test_a_new_scheme_with_a_setting_of_its_own_is_one_class():
     finally:
         del positions.SCHEMES["toy"]
     assert "toy_gain" not in {f.name for f in fields(GPTConfig)}
+
+
+def test_the_schemes_named_elsewhere_are_those_schemes_py_defines():
+    """positions.ELSEWHERE is what model.scheme_class imports schemes.py for: a scheme defined there and missing from
+    it would pass every test that loops over the registry, yet be unknown to a fresh train.py."""
+    defined = {cls.name for cls in all_schemes().values() if cls.__module__ == "schemes"}
+    assert defined == set(positions.ELSEWHERE)

@@ -16,7 +16,7 @@ import config
 import train
 from conftest import CORPUS, ROOT, TINY
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 RUN = ["--max_iters=2", "--eval_iters=1"]  # appended to a training command, with TINY
 SHORT = ["--max_new_tokens=8"]  # appended to a sampling command
@@ -86,6 +86,7 @@ def how(argv, out):
     return (SHORT if argv[1] == "sample.py" else []), True
 
 
+@pytest.mark.slow
 def test_every_readme_command_runs_in_order_as_written(corpus, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "configs").symlink_to(ROOT / "configs")
@@ -155,6 +156,7 @@ def test_the_file_tree_names_every_module_there_is():
     assert listed == {p.name for p in ROOT.glob("*.py")}
 
 
+@pytest.mark.slow
 def test_the_suites_size_on_the_front_page_is_the_collected_one():
     stated = int(re.search(r"one test per core: (\d[\d,]*) tests", README).group(1).replace(",", ""))
     collected = subprocess.run(

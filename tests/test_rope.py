@@ -23,12 +23,14 @@ def tables(d, positions, base=10000.0):
     return rope.tables(rope.frequencies(d, base), torch.as_tensor(positions))
 
 
-def rotary(head_dim, fraction=1.0, layout="interleaved", scaling="none", factor=1.0, original_len=None, max_len=L0):
-    """positions.RoPE of a one-head model whose heads have head_dim dims, its tables built for max_len positions."""
+def rope_scheme(
+    head_dim, fraction=1.0, layout="interleaved", scaling="none", factor=1.0, original_len=None, block_size=L0
+):
+    """positions.RoPE of a one-head model whose heads have head_dim dims, its tables built for block_size positions."""
     config = GPTConfig(
         n_embd=head_dim,
         n_head=1,
-        block_size=max_len,
+        block_size=block_size,
         original_len=original_len,
         rope_fraction=fraction,
         rope_layout=layout,
@@ -294,7 +296,7 @@ def test_llama3_keeps_high_and_divides_low_frequencies():
 @pytest.mark.parametrize("layout", rope.LAYOUTS)
 def test_partial_rotary_passes_the_rest_through_and_uses_its_own_width(layout):
     torch.manual_seed(4)
-    r = rotary(64, fraction=0.25, layout=layout)
+    r = rope_scheme(64, fraction=0.25, layout=layout)
     assert r.rot_dim == 16
     # the frequency exponent counts the rotated width, not the head size
     assert torch.equal(r.inv_freq, rope.frequencies(16))
@@ -315,7 +317,7 @@ def test_partial_rotary_passes_the_rest_through_and_uses_its_own_width(layout):
 @pytest.mark.parametrize("fraction", [0.3, 0.0, 1.5, -1.0])
 def test_bad_rotary_width_is_a_value_error(fraction):
     with pytest.raises(ValueError, match="rope_fraction"):
-        rotary(64, fraction=fraction)
+        rope_scheme(64, fraction=fraction)
 
 
 # ---- RoPE's tables: precision, offsets, growth ---------------------------------------------------
@@ -328,13 +330,13 @@ def float64_rope(x, positions, d):
 
 
 def test_bf16_module_keeps_float32_tables_and_distinct_positions():
-    fresh = rotary(64, max_len=L0)
+    fresh = rope_scheme(64, block_size=L0)
     for convert in (lambda m: m.to(torch.bfloat16), lambda m: m.half()):
-        r = convert(rotary(64, max_len=L0))
+        r = convert(rope_scheme(64, block_size=L0))
         for name in ("inv_freq", "cos", "sin"):
             # rebuilt, not cast back: bitwise equal to tables never rounded
             assert torch.equal(getattr(r, name), getattr(fresh, name)), name
-    r = rotary(64, max_len=L0).to(torch.bfloat16)
+    r = rope_scheme(64, block_size=L0).to(torch.bfloat16)
     x = torch.randn(1, 1, 1, 64).to(torch.bfloat16)
     assert not torch.equal(shifted(r, x, 256), shifted(r, x, 257))  # a bf16 angle cannot tell them apart
     x = torch.randn(1, 2, 8 * L0, 64).to(torch.bfloat16)
@@ -347,24 +349,24 @@ def test_bf16_module_keeps_float32_tables_and_distinct_positions():
 
 def test_autocast_leaves_tables_and_results_in_float32():
     x = torch.randn(1, 2, 40, 64)
-    expected = shifted(rotary(64, max_len=64), x)
+    expected = shifted(rope_scheme(64, block_size=64), x)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        r = rotary(64, max_len=16)
+        r = rope_scheme(64, block_size=16)
         y = shifted(r, x)  # grows the table under autocast
     assert r.cos.dtype == torch.float32 and y.dtype == torch.float32
     assert torch.equal(y, expected)
 
 
 def test_tables_are_not_in_the_state_dict():
-    assert rotary(64).state_dict() == {}
+    assert rope_scheme(64).state_dict() == {}
 
 
 @pytest.mark.parametrize("layout", rope.LAYOUTS)
 @pytest.mark.parametrize("scaling", ["none", "dynamic", "yarn"])
 def test_offset_equals_slicing_a_longer_sequence(layout, scaling):
     torch.manual_seed(5)
-    r = rotary(
-        32, layout=layout, scaling=scaling, factor=1.0 if scaling == "none" else 2.0, original_len=64, max_len=128
+    r = rope_scheme(
+        32, layout=layout, scaling=scaling, factor=1.0 if scaling == "none" else 2.0, original_len=64, block_size=128
     )
     x = torch.randn(2, 3, 100, 32)
     full = shifted(r, x)
@@ -376,7 +378,7 @@ def test_offset_equals_slicing_a_longer_sequence(layout, scaling):
 
 
 def test_dynamic_rotary_uses_the_current_length():
-    r = rotary(64, scaling="dynamic", factor=2.0, original_len=L0, max_len=L0)
+    r = rope_scheme(64, scaling="dynamic", factor=2.0, original_len=L0, block_size=L0)
     x = torch.randn(1, 1, 1, 64)
     for end in (100, L0, 3 * L0):
         inv_freq, _ = scalings.scaled_frequencies(64, 10000.0, "dynamic", 2.0, L0, seq_len=end)
@@ -385,30 +387,30 @@ def test_dynamic_rotary_uses_the_current_length():
 
 
 def test_table_grows_in_eager_mode_to_a_freshly_built_table():
-    r = rotary(64, max_len=16)
+    r = rope_scheme(64, block_size=16)
     x = torch.randn(1, 2, 8, 64)
     y = shifted(r, x, 40)
     n = r.cos.shape[0]
     assert n >= 48
-    big = rotary(64, max_len=n)
+    big = rope_scheme(64, block_size=n)
     assert torch.equal(r.cos, big.cos) and torch.equal(r.sin, big.sin)
     assert torch.equal(y, shifted(big, x, 40))
 
 
 def test_table_cannot_grow_inside_a_compiled_region(monkeypatch):
-    r = rotary(64, max_len=16)
+    r = rope_scheme(64, block_size=16)
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     with pytest.raises(RuntimeError, match="block_size >= 20"):
         shifted(r, torch.randn(1, 1, 4, 64), 16)
 
 
 def test_a_scaled_rotary_uses_its_scalings_frequencies_and_temperature():
-    r = rotary(64, scaling="yarn", factor=4.0, max_len=L0)
+    r = rope_scheme(64, scaling="yarn", factor=4.0, block_size=L0)
     f, attn = scalings.scaled_frequencies(64, 10000.0, "yarn", 4.0, L0)
     assert torch.equal(r.inv_freq, f) and r.attn_factor == attn > 1
     assert torch.equal(r.cos, rope.tables(f, torch.arange(L0))[0])
     with pytest.raises(ValueError, match="factor=0.5"):
-        rotary(64, scaling="ntk", factor=0.5)
+        rope_scheme(64, scaling="ntk", factor=0.5)
 
 
 # ---- autograd and compile ---------------------------------------------------------------------
@@ -430,7 +432,7 @@ def test_compiled_rotary_matches_eager_forward_and_backward():
     # One full graph covers both layouts, an offset and a partial rotary. The aot_eager backend runs
     # dynamo's capture and AOTAutograd's trace (what rope.py's code decides) without inductor's C++
     # build, which would add tens of seconds on a cold cache.
-    inter, half = rotary(16, max_len=32), rotary(16, fraction=0.5, layout="half", max_len=32)
+    inter, half = rope_scheme(16, block_size=32), rope_scheme(16, fraction=0.5, layout="half", block_size=32)
 
     def f(q):
         return shifted(inter, q) * 2 + shifted(half, q, 3)
@@ -454,11 +456,11 @@ def test_bad_inputs_are_value_errors_naming_the_choices():
     with pytest.raises(ValueError, match="'diag'.*interleaved"):
         rope.apply_rope(torch.randn(2, 8), cos, sin, layout="diag")
     with pytest.raises(ValueError, match="layout='diag'"):
-        rotary(8, layout="diag")
+        rope_scheme(8, layout="diag")
     with pytest.raises(ValueError, match="'xpos'.*yarn"):
         scalings.scaled_frequencies(8, 10000.0, "xpos")
     with pytest.raises(ValueError, match="scaling='xpos'"):
-        rotary(8, scaling="xpos")
+        rope_scheme(8, scaling="xpos")
     for factor in (0.5, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="factor"):
             scalings.scaled_frequencies(8, 10000.0, "linear", factor)

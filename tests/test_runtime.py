@@ -23,29 +23,35 @@ AMD = {"sse4a": True}  # the flag that tells an AMD CPU from an Intel one
 
 
 @pytest.mark.parametrize(
-    "caps, expected",
+    "caps, level, expected",
     [
-        ({"avx512_bf16": True, "amx_bf16": False, **AMD}, torch.bfloat16),  # AMD Zen 4 on: native bf16
-        ({"avx512_bf16": True, "amx_bf16": True}, torch.bfloat16),  # Intel with AMX
-        ({"avx512_bf16": False, "amx_bf16": True}, torch.bfloat16),
-        ({"avx512_bf16": True, "amx_bf16": False}, torch.float32),  # Intel's AVX512-BF16 without AMX: slower
-        ({"avx512_bf16": False, "amx_bf16": False, "avx2": True, **AMD}, torch.float32),  # emulated
-        ({}, torch.float32),  # a CPU torch reports nothing of
+        ({"avx512_bf16": True, "amx_bf16": False, **AMD}, "AVX512", torch.bfloat16),  # AMD Zen 4 on: native bf16
+        ({"avx512_bf16": True, "amx_bf16": True}, "AVX512", torch.bfloat16),  # Intel with AMX
+        ({"avx512_bf16": False, "amx_bf16": True}, "AVX512", torch.bfloat16),
+        ({"avx512_bf16": True, "amx_bf16": False}, "AVX512", torch.float32),  # Intel's AVX512-BF16 without AMX
+        ({"avx512_bf16": True, "amx_bf16": False, **AMD}, "AVX2", torch.float32),  # kernels held to AVX2: emulated
+        ({"avx512_bf16": False, "amx_bf16": False, "avx2": True, **AMD}, "AVX2", torch.float32),  # emulated
+        ({}, "DEFAULT", torch.float32),  # a CPU torch reports nothing of
     ],
 )
-def test_auto_dtype_on_cpu_is_bfloat16_only_on_cpus_with_native_fast_bf16(monkeypatch, caps, expected):
+def test_auto_dtype_on_cpu_is_bfloat16_only_on_cpus_with_native_fast_bf16(monkeypatch, caps, level, expected):
     monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: caps)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: level)
     assert runtime.pick_dtype("auto", "cpu") == expected
     assert runtime.pick_dtype("float32", "cpu") == torch.float32  # an explicit choice is kept
     assert runtime.pick_dtype("auto", "mps") == torch.float32
 
 
-def test_auto_dtype_does_not_change_with_the_load(monkeypatch):
-    """The rule reads the CPU alone: a matmul that takes 100x longer (a loaded machine) changes nothing."""
-    answer = runtime.pick_dtype("auto", "cpu")
+@pytest.mark.parametrize("caps", [{"avx512_bf16": True, **AMD}, {"amx_bf16": True}])
+def test_auto_dtype_does_not_change_with_the_load(monkeypatch, caps):
+    """The rule reads the CPU alone, where bf16 is native too: auto never times a matmul, so a loaded machine (matmuls
+    many times slower) picks as an idle one."""
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: caps)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
     slow = torch.Tensor.__matmul__
     monkeypatch.setattr(torch.Tensor, "__matmul__", lambda a, b: pytest.fail("auto timed a matmul") or slow(a, b))
-    assert all(runtime.pick_dtype("auto", "cpu") == answer for _ in range(3))
+    monkeypatch.setattr(torch, "matmul", lambda *a, **k: pytest.fail("auto timed a matmul"))
+    assert all(runtime.pick_dtype("auto", "cpu") == torch.bfloat16 for _ in range(3))
 
 
 @pytest.mark.parametrize("another_rank_chose_float32, expected", [(True, torch.float32), (False, torch.bfloat16)])
