@@ -157,10 +157,28 @@ class AblateConfig(ProbeSettings, SweepSettings):
     sample_prompt: str = opt("ROMEO:", "prompt of the one sample per scheme")
     sample_tokens: int = opt(200, "tokens per sample (0: no samples)", check=config.NON_NEGATIVE)
     sample_temperature: float = opt(0.8, "sampling temperature of the samples (0: greedy)", check=config.NON_NEGATIVE)
+    parts: int = opt(1, "machines the test seeds are dealt out to, seed by seed in turn", check=config.POSITIVE)
+    part: int = opt(
+        0,
+        "the part this machine runs, 1 to parts (each also runs the selection seeds); its runs stay in out_dir/runs "
+        "for merging, and the command rerun without part in a folder that holds every part's runs writes the report "
+        "(0: every seed, and the report)",
+        check=config.NON_NEGATIVE,
+    )
+    keep_checkpoints: bool = opt(
+        True, "keep each finished run's ckpt.pt and best.pt (false: its JSON records alone, what the report reads)"
+    )
 
     def __post_init__(self):
         ProbeSettings.__post_init__(self)
         config.validate(self)
+        if self.part > self.parts:
+            raise ValueError(f"part={self.part} is past parts={self.parts}; choose 1 to {self.parts}, or 0 for all")
+
+    def part_seeds(self, seeds, part=None):
+        """The test seeds of a part (default this machine's): every parts-th from its place; part 0: all."""
+        part = self.part if part is None else part
+        return seeds[part - 1 :: self.parts] if part else seeds
 
 
 # ----------------------------------------------------------------------------- the grid
@@ -336,7 +354,11 @@ def finish_run(plan, job):
         "inside": first,
         "probe_lengths": None if plan.probe is None else plan.probe.lengths,
     }
-    return summary, evaluated(out / "eval.json", lambda: evaluate(plan, job, sampled, first), settings)
+    evaluation = evaluated(out / "eval.json", lambda: evaluate(plan, job, sampled, first), settings)
+    if not plan.settings.keep_checkpoints:  # the run's JSON records hold all the report reads
+        for name in ("ckpt.pt", "best.pt"):
+            (out / name).unlink(missing_ok=True)
+    return summary, evaluation
 
 
 def evaluate(plan, job, sampled, first):
@@ -704,18 +726,45 @@ def print_estimate(plan, statuses):
     )
 
 
+def print_parts(plan, sweeps):
+    """Each part's test seeds and runs, and its estimated wall time here (its selection runs counted whole)."""
+    settings = plan.settings
+    if settings.parts == 1:
+        return
+    rate = calibrate(plan)
+    flops = {name: sum(run_flops(cfg, plan)) for name, cfg in plan.grid.items()}
+    selection = sum(flops[name] * len(rates) * settings.selection_seeds for name, rates in sweeps.items())
+    for part in range(1, settings.parts + 1):
+        seeds = settings.part_seeds(plan.seeds, part)
+        minutes = (selection + len(seeds) * sum(flops.values())) / rate / 60 / settings.workers
+        print(
+            f"part {part} of {settings.parts} (--part={part}): test seeds {', '.join(map(str, seeds))}, "
+            f"{len(seeds) * len(plan.grid)} runs and the selection runs: about {minutes:.0f} min wall here"
+        )
+
+
 def ablate(plan):
     t0 = time.perf_counter()
     # a selection run of each scheme that sweeps its rate, and every test seed at the shared rate
     sweeps = {name: plan.scales for name in plan.grid if len(plan.scales_of(name)) > 1}
-    shared = [(name, 1, seed) for seed in plan.seeds for name in plan.grid]
+    settings, seeds = plan.settings, plan.settings.part_seeds(plan.seeds)
+    shared = [(name, 1, seed) for seed in seeds for name in plan.grid]
     statuses = {job: status(plan, job) for job in plan.first_launch(sweeps, shared)}
     print_plan(plan, statuses)
-    if plan.settings.dry_run:
+    if settings.dry_run:
         print_estimate(plan, statuses)
+        print_parts(plan, sweeps)
         plan.dry_run(sweeps, after=shared)
     with RunLock(plan.out, "ablation"):  # each run's folder is locked by its training too
-        done, sweeps, best = plan.sweep_and_test(list(plan.grid), sweeps, after=shared)
+        screen = (lambda done: ([], settings.selection(), seeds)) if settings.part else None
+        done, sweeps, best = plan.sweep_and_test(list(plan.grid), sweeps, after=shared, screen=screen)
+        if settings.part:
+            print(
+                f"part {settings.part} of {settings.parts} done, seeds {', '.join(map(str, seeds))}: copy every "
+                f"part's {plan.out / 'runs'} into one folder's runs/ and run this command there without part for "
+                "the report"
+            )
+            return
         results = summarize(plan, done, sweeps, best)
         plots = ablate_report.write_plots(results, plan.out)
         ablate_report.write_csv(plan.out / "results.csv", plan, done)

@@ -4,6 +4,7 @@ import csv
 import importlib.util
 import json
 import os
+import shutil
 import signal
 from dataclasses import replace
 
@@ -406,28 +407,61 @@ def test_drope_recalibrates_on_a_schedule_of_its_own_when_given_a_peak():
     ]  # without a peak of its own: the run's schedule goes on
 
 
+QUICK_SHRUNK = [
+    "configs/ablate_quick_cpu.toml",
+    *TINY,
+    "--workers=1",
+    "--max_iters=2",
+    "--eval_interval=2",
+    "--eval_tokens=128",
+    "--probe_slots=4",
+    "--recall_pairs=2",
+    "--recall_fewest=1",
+    "--probe_pairs=2",
+    "--sample_tokens=4",
+]
+TIMINGS = ("wall_s", "environment", "train_s", "eval_s", "tokens_per_s")
+
+
+def untimed(x):
+    """results.json without its timings, which no two runs share."""
+    if isinstance(x, dict):
+        return {k: untimed(v) for k, v in x.items() if k not in TIMINGS}
+    return [untimed(v) for v in x] if isinstance(x, list) else x
+
+
+@pytest.mark.slow
+def test_a_grid_run_in_parts_on_machines_that_share_nothing_reports_as_one_run(data_dir, tmp_path, capsys):
+    """Three test seeds dealt to two parts, each in a folder of its own, keeping compact records (no checkpoint):
+    their runs merged into one folder give the report a one-machine run gives, timings aside."""
+    grid = [*QUICK_SHRUNK, "--seeds=3", f"--data_dir={data_dir}"]
+    code, out, _ = ablate_main(capsys, *grid, "--parts=2", "--dry_run=true", f"--out_dir={tmp_path / 'dry'}")
+    assert code == 0 and "part 1 of 2 (--part=1): test seeds 1337, 1339, 4 runs" in out
+    assert "part 2 of 2 (--part=2): test seeds 1338, 2 runs" in out
+    code, _, err = ablate_main(capsys, *grid, f"--out_dir={tmp_path / 'one'}")
+    assert code == 0, err
+    merged = tmp_path / "merged" / "runs"
+    for part in (1, 2):
+        folder = tmp_path / f"part{part}"
+        code, out, err = ablate_main(
+            capsys, *grid, "--parts=2", f"--part={part}", "--keep_checkpoints=false", f"--out_dir={folder}"
+        )
+        assert code == 0 and f"part {part} of 2 done" in out, err
+        assert not (folder / "results.json").exists() and not list(folder.rglob("*.pt"))
+        shutil.copytree(folder / "runs", merged, dirs_exist_ok=True)  # what a user carries from each machine
+    assert sorted(p.name for p in merged.iterdir()) == sorted(p.name for p in (tmp_path / "one" / "runs").iterdir())
+    code, _, err = ablate_main(capsys, *grid, f"--out_dir={merged.parent}")
+    assert code == 0, err
+    one, both = (json.loads((tmp_path / d / "results.json").read_text()) for d in ("one", "merged"))
+    assert untimed(both) == untimed(one)
+
+
 @pytest.mark.slow
 def test_the_quick_config_runs_shrunk_and_its_results_open_with_every_verdict(data_dir, tmp_path, capsys):
     """configs/ablate_quick_cpu.toml's own schemes and settings, on a tiny model, few steps and two seeds: results.md
     opens with the verdicts of its four claims, loss at L0 and past it, learning order and retrieval past L0."""
     out = tmp_path / "abl"
-    code, _, err = ablate_main(
-        capsys,
-        "configs/ablate_quick_cpu.toml",
-        *TINY,
-        "--seeds=2",
-        "--workers=1",
-        "--max_iters=2",
-        "--eval_interval=2",
-        "--eval_tokens=128",
-        "--probe_slots=4",
-        "--recall_pairs=2",
-        "--recall_fewest=1",
-        "--probe_pairs=2",
-        "--sample_tokens=0",
-        f"--data_dir={data_dir}",
-        f"--out_dir={out}",
-    )
+    code, _, err = ablate_main(capsys, *QUICK_SHRUNK, "--seeds=2", f"--data_dir={data_dir}", f"--out_dir={out}")
     assert code == 0, err
     res = json.loads((out / "results.json").read_text())
     assert list(res["schemes"]) == ["rope", "sinusoidal"] and res["settings"]["ablate"]["rope_scalings"] == "yarn"
