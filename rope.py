@@ -2,15 +2,11 @@
 
 A head's d dims are cut into d/2 pairs. At position m, pair i is turned by the angle m * theta_i, a slower turn
 for each later pair, theta_i = base^(-2(i-1)/d) (eq. 15). Queries and keys are turned, never values, so the score
-of a query at m and a key at n depends on m - n alone (eq. 16). The path from the model: attention calls
-positions.RoPE.rotate, which looks up the tables and calls `apply_rope` below; the deployed context-extension scalings
-(YaRN, dynamic NTK, Llama 3) are scalings.py's, resolved to frequencies once, where the model is built (dynamic NTK:
-to a function of the length past L0).
-
-Which code runs: `apply_rope` computes the pair formula of `rotate_pairs` (the paper's, written as it) wherever it is
-compiled (a default GPU run) and for the half layout. In eager mode (a default CPU run) it computes the same numbers
-for the interleaved layout as one complex product per pair, (a + ib)(cos + i sin), in `_ComplexPairs`: one kernel
-each way where the pair formula takes several. bench.py's train_step reports the rotation's share of a step.
+of a query at m and a key at n depends on m - n alone (eq. 16). Attention calls positions.RoPE.rotate, which calls
+`apply_rope` below; scalings.py's scalings (YaRN, dynamic NTK, Llama 3) are resolved to frequencies where the model
+is built. Which code runs: compiled (a default GPU run) and in the half layout, the pair formula of `rotate_pairs`;
+eager in the interleaved layout (a default CPU run), the same numbers as one complex product per pair,
+(a + ib)(cos + i sin), in `_ComplexPairs`, one kernel each way (bench.py's train_step gives its share of a step).
 
 Conventions:
 * Sign. Each pair (a, b) is multiplied by RoFormer's R(m) = [[cos, -sin], [sin, cos]] (eq. 15):
