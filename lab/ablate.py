@@ -712,9 +712,8 @@ def print_plan(plan, statuses):
     )
 
 
-def print_estimate(plan, statuses):
-    """Minutes of training and evaluation left, from FLOPs and a short measurement of this machine as it is now."""
-    rate = calibrate(plan)
+def print_estimate(plan, statuses, rate):
+    """Minutes of training and evaluation left, from FLOPs and rate, the FLOP/s a worker reached here just now."""
     flops = {name: run_flops(cfg, plan) for name, cfg in plan.grid.items()}
     left = [flops[name] for (name, _, _), st in statuses.items() if st != "finished"]  # resumed runs counted whole
     train_min, eval_min = (sum(f[i] for f in left) / rate / 60 for i in (0, 1))
@@ -726,12 +725,11 @@ def print_estimate(plan, statuses):
     )
 
 
-def print_parts(plan, sweeps):
-    """Each part's test seeds and runs, and its estimated wall time here (its selection runs counted whole)."""
+def print_parts(plan, sweeps, rate):
+    """Each part's test seeds and runs, and its estimated wall time at rate (its selection runs counted whole)."""
     settings = plan.settings
     if settings.parts == 1:
         return
-    rate = calibrate(plan)
     flops = {name: sum(run_flops(cfg, plan)) for name, cfg in plan.grid.items()}
     selection = sum(flops[name] * len(rates) * settings.selection_seeds for name, rates in sweeps.items())
     for part in range(1, settings.parts + 1):
@@ -752,8 +750,9 @@ def ablate(plan):
     statuses = {job: status(plan, job) for job in plan.first_launch(sweeps, shared)}
     print_plan(plan, statuses)
     if settings.dry_run:
-        print_estimate(plan, statuses)
-        print_parts(plan, sweeps)
+        rate = calibrate(plan)
+        print_estimate(plan, statuses, rate)
+        print_parts(plan, sweeps, rate)
         plan.dry_run(sweeps, after=shared)
     with RunLock(plan.out, "ablation"):  # each run's folder is locked by its training too
         screen = (lambda done: ([], settings.selection(), seeds)) if settings.part else None

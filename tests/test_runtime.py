@@ -169,11 +169,13 @@ def test_bfloat16_on_a_gpu_without_it_is_refused_in_one_line(monkeypatch):
 
 # Every scheme, and RoPE under every scaling, in each precision: the smallest model that still has two heads, so a
 # scheme's bias or table passes through every op it takes in training, checkpointing, resuming and sampling.
-PRECISION_RUNS = [[f"--pos_emb={name}"] for name in all_schemes()] + [
-    ["--pos_emb=rope", f"--rope_scaling={name}", "--rope_scaling_factor=2"]
-    for name in scalings.SCALINGS
-    if name != scalings.NO_SCALING
-]
+SCALED = [f"--rope_scaling={name}" for name in scalings.SCALINGS if name != scalings.NO_SCALING]
+QUICKSTART_RECIPE = ["--optimizer=muon", "--muon_split_qkv=true", "--qk_norm=true"]  # auto runs it in bf16 there
+PRECISION_RUNS = (
+    [[f"--pos_emb={name}"] for name in all_schemes()]
+    + [["--pos_emb=rope", scaling, "--rope_scaling_factor=2"] for scaling in SCALED]
+    + [QUICKSTART_RECIPE]
+)
 SMALLEST = ["--n_layer=1", "--n_embd=16", "--block_size=16", "--batch_size=2", "--eval_iters=1", "--eval_interval=1"]
 
 
