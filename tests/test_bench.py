@@ -32,8 +32,11 @@ def test_every_bench_reports_finite_positive_figures_with_their_spread(records):
         assert r["device"] == "cpu" and r["repeats"] == 3, r
         assert 0 < r["ms_min"] <= r["ms_median"] <= r["ms_max"], r
         for key, value in r.items():
-            if isinstance(value, float):
+            if isinstance(value, float) and key != "rotation_share":
                 assert math.isfinite(value) and value > 0, (key, r)
+    # a difference of two medians: at the quick shape the rotation costs about as much as the noise, either side of 0
+    (eager,) = [r for r in only(records, "train_step") if not r["compiled"]]
+    assert -1 < eager["rotation_share"] < 1, eager
 
 
 def test_variants_cover_the_contract(records):
