@@ -40,7 +40,6 @@ import scalings
 import train
 from checkpoint import load_checkpoint
 from config import opt
-from data.loader import Batch
 from data.recall import Recall
 from data.tokenizer import tokenizer_from_meta
 from files import RunLock
@@ -60,12 +59,11 @@ from lab.grid import (
     train_run,
     train_settings,
 )
-from lab.pool import Interrupted, worker_threads
+from lab.pool import Interrupted
 from lab.report import regime_rows
 from lab.retrieval import GOOD, THRESHOLDS, Probe, ProbeSettings, readout_errors
 from lab.sweep import Plan as SweepPlan, SweepSettings, tool_main
 from model import GPT, GPTConfig, scheme_class
-from optim import make_optimizer
 from runtime import decode_autocast, run_record
 
 REFERENCE = "rope"  # the scheme every other one is compared against, seed by seed
@@ -157,28 +155,10 @@ class AblateConfig(ProbeSettings, SweepSettings):
     sample_prompt: str = opt("ROMEO:", "prompt of the one sample per scheme")
     sample_tokens: int = opt(200, "tokens per sample (0: no samples)", check=config.NON_NEGATIVE)
     sample_temperature: float = opt(0.8, "sampling temperature of the samples (0: greedy)", check=config.NON_NEGATIVE)
-    parts: int = opt(1, "machines the test seeds are dealt out to, seed by seed in turn", check=config.POSITIVE)
-    part: int = opt(
-        0,
-        "the part this machine runs, 1 to parts (each also runs the selection seeds); its runs stay in out_dir/runs "
-        "for merging, and the command rerun without part in a folder that holds every part's runs writes the report "
-        "(0: every seed, and the report)",
-        check=config.NON_NEGATIVE,
-    )
-    keep_checkpoints: bool = opt(
-        True, "keep each finished run's ckpt.pt and best.pt (false: its JSON records alone, what the report reads)"
-    )
 
     def __post_init__(self):
         ProbeSettings.__post_init__(self)
-        config.validate(self)
-        if self.part > self.parts:
-            raise ValueError(f"part={self.part} is past parts={self.parts}; choose 1 to {self.parts}, or 0 for all")
-
-    def part_seeds(self, seeds, part=None):
-        """The test seeds of a part (default this machine's): every parts-th from its place; part 0: all."""
-        part = self.part if part is None else part
-        return seeds[part - 1 :: self.parts] if part else seeds
+        SweepSettings.__post_init__(self)
 
 
 # ----------------------------------------------------------------------------- the grid
@@ -355,9 +335,7 @@ def finish_run(plan, job):
         "probe_lengths": None if plan.probe is None else plan.probe.lengths,
     }
     evaluation = evaluated(out / "eval.json", lambda: evaluate(plan, job, sampled, first), settings)
-    if not plan.settings.keep_checkpoints:  # the run's JSON records hold all the report reads
-        for name in ("ckpt.pt", "best.pt"):
-            (out / name).unlink(missing_ok=True)
+    plan.release(job)
     return summary, evaluation
 
 
@@ -623,28 +601,6 @@ class Plan(SweepPlan):
         return f"{arm_name(name, scale)} seed {seed}"
 
 
-def calibrate(plan):
-    """Training FLOP/s reached here and now by one of the grid's workers: the median of a few timed steps of the
-    first scheme on random tokens, on the threads each worker gets."""
-    cfg, train_cfg, runtime = next(iter(plan.grid.values())), plan.train_cfg, plan.runtime
-    torch.manual_seed(0)
-    model = GPT(cfg).to(runtime.device)
-    optimizer, scaler = make_optimizer(model, train_cfg, runtime)
-    x = torch.randint(cfg.vocab_size, (train_cfg.batch_size, cfg.block_size), device=runtime.device)
-    times, threads = [], torch.get_num_threads()
-    torch.set_num_threads(worker_threads(plan.settings.workers))
-    try:
-        for _ in range(10):
-            t0 = time.perf_counter()
-            train.train_step(
-                model, optimizer, scaler, [Batch(x, x)], train_cfg.learning_rate, train_cfg.grad_clip, runtime
-            )[0].item()
-            times.append(time.perf_counter() - t0)
-    finally:
-        torch.set_num_threads(threads)
-    return model.flops_per_token(cfg.block_size) * x.numel() / statistics.median(times[3:])  # the first warm up
-
-
 def eval_steps(train_cfg):
     """The steps at which a run evaluates (and ends a stage): every eval_interval, and max_iters."""
     return sorted(
@@ -750,7 +706,7 @@ def ablate(plan):
     statuses = {job: status(plan, job) for job in plan.first_launch(sweeps, shared)}
     print_plan(plan, statuses)
     if settings.dry_run:
-        rate = calibrate(plan)
+        rate = plan.calibrate(next(iter(plan.grid.values())))
         print_estimate(plan, statuses, rate)
         print_parts(plan, sweeps, rate)
         plan.dry_run(sweeps, after=shared)
@@ -758,11 +714,7 @@ def ablate(plan):
         screen = (lambda done: ([], settings.selection(), seeds)) if settings.part else None
         done, sweeps, best = plan.sweep_and_test(list(plan.grid), sweeps, after=shared, screen=screen)
         if settings.part:
-            print(
-                f"part {settings.part} of {settings.parts} done, seeds {', '.join(map(str, seeds))}: copy every "
-                f"part's {plan.out / 'runs'} into one folder's runs/ and run this command there without part for "
-                "the report"
-            )
+            plan.part_done(seeds, ["runs"])
             return
         results = summarize(plan, done, sweeps, best)
         plots = ablate_report.write_plots(results, plan.out)

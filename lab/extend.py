@@ -35,6 +35,9 @@ the verdicts their tests allow.
    seeds, sets every test seed's rate. One rate is every arm's, chosen by no seed: no selection seed is screened.
 5. Claims: the papers' claims as paired tests over the test seeds (lab/stats.py), each once, one Holm family.
 
+A grid may run in parts on machines that share nothing (--parts=N --part=K, its candidates dealt out seed by seed
+in turn, each part with the selection seeds): copy the parts' run folders into one out_dir and rerun the command
+there without part, which reads the inclusion rule in order as one run does, trains what no part did and reports.
 out_dir receives base/, sweep/ and finetune/ run folders (one train.py run each, with its evaluations),
 results.json, results.md and, with matplotlib, the plots. Rerunning the same command resumes. Settings:
 ExtendConfig (here, with the probe's and the launcher's), GPTConfig, TrainConfig and BatchConfig; `python -m
@@ -177,7 +180,7 @@ class ExtendConfig(ProbeSettings, SweepSettings):
 
     def __post_init__(self):
         ProbeSettings.__post_init__(self)
-        config.validate(self)
+        SweepSettings.__post_init__(self)
         steps = numbers("finetune_steps", self.finetune_steps, int, 1, "100,200,400")
         if self.plateau_span % self.finetune_eval or any(st % self.finetune_eval for st in steps):
             raise ValueError(
@@ -364,8 +367,11 @@ class Lab(Plan):
 
     def run(self, job):
         """The figures of one run, kept in its folder's result.json once it is complete, so a rerun reads them."""
-        work = (lambda: base_run(self, *job[1:])) if job[0] == "base" else lambda: finetune_run(self, *job[1:])
-        return evaluated(self.folder(job) / "result.json", work, self.reads(job))
+        if job[0] == "base":  # its checkpoint is released once every fine-tune that starts from it is done
+            return evaluated(self.folder(job) / "result.json", lambda: base_run(self, *job[1:]), self.reads(job))
+        result = evaluated(self.folder(job) / "result.json", lambda: finetune_run(self, *job[1:]), self.reads(job))
+        self.release(job)
+        return result
 
     def reads(self, job):
         """The lab settings the figures of job's run read beyond its run folder's own (lab/grid.evaluated records
@@ -395,6 +401,12 @@ class Lab(Plan):
         else:
             out, model_cfg, train_cfg, batch_cfg = self.finetune(*job[1:])
             check_run(out, train_settings(model_cfg, train_cfg, batch_cfg), grown=("train.max_iters",))
+            base = Path(train_cfg.init_from)
+            if self.pending(job) and (base / self.marker).is_file() and not (base / "ckpt.pt").is_file():
+                raise ValueError(
+                    f"{out} is left to train and its base model {base} kept no checkpoint (keep_checkpoints=false): "
+                    f"delete {base} to train it again here, or rerun the part that trained it"
+                )
         check_records(out, rebuilt=[self.marker])
 
     def needs(self, job):
@@ -576,13 +588,18 @@ def screening(lab, done):
     """Which seeds the base models in done decide, by the rule fixed in the settings: for each role, {"screened": the
     seeds whose base models are wanted, "passed", "included"}. A role's candidates are screened in order as far as
     still needed (its seeds passed and undecided fewer than it wants); a seed is included once it passed and every
-    seed before it is decided. Raises ValueError once screen_most seeds of a role were decided with fewer passing
-    than it needs."""
+    seed before it is decided. A part (settings.part) screens every parts-th test candidate from its place, for its
+    share of the seeds; the parts' runs merged are read in order as one run's, and a seed that no part screened
+    before the last one included is screened then. Raises ValueError once screen_most seeds of a role were decided
+    with fewer passing than it needs."""
     extend_cfg, found = lab.settings, {}
     wants = {"selection": extend_cfg.selection_seeds if lab.sweeps_rates else 0, "test": extend_cfg.seeds}
     for role, wanted in wants.items():
+        candidates = extend_cfg.candidates(role, lab.train_cfg)
+        if role == "test":  # every part screens all the selection seeds
+            candidates, wanted = extend_cfg.part_seeds(candidates), len(extend_cfg.part_seeds(range(wanted)))
         screened, passed, included, undecided = [], [], [], 0
-        for seed in extend_cfg.candidates(role, lab.train_cfg):
+        for seed in candidates:
             if len(passed) + undecided >= wanted:
                 break
             screened.append(seed)
@@ -593,9 +610,10 @@ def screening(lab, done):
                 passed.append(seed)
                 if not undecided:  # every seed before it decided
                     included.append(seed)
-        if len(passed) < wanted and not undecided and len(screened) == extend_cfg.screen_most:
+        if len(passed) < wanted and not undecided and len(screened) == len(candidates):
+            share = f", part {extend_cfg.part} of {extend_cfg.parts}" if role == "test" and extend_cfg.part else ""
             raise ValueError(
-                f"{len(passed)} of the {extend_cfg.screen_most} {role} seeds screened (screen_most) passed the gate "
+                f"{len(passed)} of the {len(screened)} {role} seeds screened (screen_most{share}) passed the gate "
                 f"({', '.join(map(str, screened))}); {wanted} needed: raise screen_most, or max_iters for the base "
                 f"models to learn in"
             )
@@ -617,6 +635,59 @@ def selection_seeds(lab, found):
     return included if len(included) == lab.settings.selection_seeds else None
 
 
+def run_flops(lab, job, base_steps):
+    """The FLOPs of job's training and scoring, a base model's trained to base_steps: what a dry run's estimate
+    counts (flops_per_token counts a forward and its backward, a forward alone a third)."""
+    settings, probe, L0 = lab.settings, lab.probe, lab.L0
+    if job[0] == "base":
+        _, model_cfg, train_cfg = lab.base(*job[1:])
+        fpt = GPT(model_cfg).flops_per_token(L0)
+        checks = -(-base_steps // settings.base_check) + bool(settings.base_decay)
+        read = (len(probe.windows[L0][0]) + len(probe.slots[L0])) * L0 + settings.eval_tokens
+        return (base_steps * train_cfg.batch_size * L0 + checks * read / 3) * fpt
+    _, model_cfg, train_cfg, _ = lab.finetune(*job[1:])
+    fpt, s, steps = GPT(model_cfg).flops_per_token, job[3], lab.steps
+    target, past = round(s * L0), round(2 * s * L0)
+    read = (len(steps) + 1) * sum(settings.eval_tokens * fpt(L) for L in (L0, target, past))
+    read += steps[-1] // settings.finetune_eval * settings.eval_tokens * fpt(L0)  # the L0 curve
+    if not lab.sweeping(job[4]):  # the probe, in windows of s L0 at each score and of 2s L0 at the last
+        read += (len(steps) + 1) * len(probe.windows[target][0]) * target * fpt(target)
+        read += len(probe.windows[past][0]) * past * fpt(past)
+    return train_cfg.max_iters * train_cfg.batch_size * model_cfg.block_size * fpt(model_cfg.block_size) + read / 3
+
+
+def print_parts(lab, arms, sweeps):
+    """Each part's share of the test seeds and its estimated wall time here, from the FLOP/s a training step reaches
+    on a worker's threads: its seeds' base models and fine-tunes, with the selection seeds' and their sweeps, which
+    every part runs, from every base model passing at its first check to every one passing at its ceiling."""
+    settings, rate = lab.settings, lab.calibrate(replace(lab.model_cfg, rope_base=lab.bases[0]))
+    test, sel = lab.train_cfg.seed, settings.selection_seed
+    lr = lab.lrs[0]
+
+    def minutes(seeds, base_steps):
+        bases = len(lab.bases) * run_flops(lab, ("base", lab.bases[0], test), base_steps)
+        tests = seeds * (bases + sum(run_flops(lab, lab.job(arm, lr, test), None) for arm in arms))
+        sweeping = sum(len(rates) * run_flops(lab, lab.job(arm, lr, sel), None) for arm, rates in sweeps.items())
+        selection = (bases + sweeping) * settings.selection_seeds if sweeps else 0
+        return (tests + selection) / rate / 60 / settings.workers
+
+    def rounded(x):
+        return f"{x:.0f}" if x >= 10 else f"{x:.2g}"
+
+    first, ceiling = settings.base_check + settings.base_decay, lab.train_cfg.max_iters + settings.base_decay
+    candidates = settings.candidates("test", lab.train_cfg)
+    for part in range(1, settings.parts + 1) if settings.parts > 1 else [0]:
+        seeds = len(settings.part_seeds(range(settings.seeds), part))
+        which = f"part {part} of {settings.parts} (--part={part})" if part else "the whole lab"
+        print(
+            f"{which}: the first {seeds} of seeds {', '.join(map(str, settings.part_seeds(candidates, part)))} whose "
+            f"base models pass, about {rounded(minutes(seeds, first))} to {rounded(minutes(seeds, ceiling))} min wall "
+            "here, every base "
+            "model passing at its first check or at its ceiling (a base model that fails adds its own time), from "
+            f"FLOPs at the {rate / 1e9:.1f} GFLOP/s a training step reached here just now"
+        )
+
+
 def run_lab(lab):
     t0 = time.perf_counter()
     arms = [(b, m, s) for b in lab.bases for s in lab.factors for m in lab.methods]
@@ -630,10 +701,18 @@ def run_lab(lab):
             most=len(candidates) * len(lab.bases) - len(bases),
             when="as each base model fails the gate",
         )
+        if lab.settings.launcher == "local":
+            print_parts(lab, arms, sweeps)
         lab.dry_run(sweeps, screening=[Launch("screening", bases), more], arms=arms)
     with RunLock(lab.out, "context-extension lab"):
         done, sweeps, rates = lab.sweep_and_test(arms, sweeps, screen=lambda done: screened_jobs(lab, done))
+        for job in done:
+            if job[0] == "base":
+                lab.release(job)
         found = screening(lab, done)
+        if lab.settings.part:
+            lab.part_done(found["test"]["included"], ["base", "sweep", "finetune"])
+            return
         chosen = lab.included(selection_seeds(lab, found), found["test"]["included"])
         memory = {
             f"{m} x{s:g}": activation_bytes(*lab.finetune(lab.bases[0], m, s, chosen.seeds[0], lab.lrs[0])[1:], lab)

@@ -10,17 +10,22 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import torch
+
 import config
 import train
 from config import opt
 from data.batches import BatchConfig
+from data.loader import Batch
 from data.tokenizer import load_meta
 from files import atomic_write
 from lab.evaluation import eval_runtime, eval_sets
 from lab.grid import SeedSettings, write_json
 from lab.launch import DryRun, Launch, LaunchSettings, command, launch_plan, run_jobs
+from lab.pool import worker_threads
 from lab.report import NO_PLOTS
-from model import GPTConfig
+from model import GPT, GPTConfig
+from optim import make_optimizer
 from runtime import Runtime
 
 MORE_RATES = 2  # rates a sweep may add beyond its edges, where its best keeps landing there
@@ -45,6 +50,27 @@ class SweepSettings(SeedSettings, LaunchSettings):
     eval_tokens: int = opt(
         16384, "validation tokens per context length, in fixed windows of that length", check=config.POSITIVE
     )
+    parts: int = opt(1, "machines the test seeds are dealt out to, seed by seed in turn", check=config.POSITIVE)
+    part: int = opt(
+        0,
+        "the part this machine runs, 1 to parts, each with the selection seeds; its run folders stay in out_dir: "
+        "copied from every part into one out_dir, the command rerun there without part trains what no part did "
+        "(a seed the inclusion rule reads that no part screened) and writes the report (0: every seed, and the report)",
+        check=config.NON_NEGATIVE,
+    )
+    keep_checkpoints: bool = opt(
+        True, "keep each finished run's checkpoints (false: its JSON records alone, what the report reads)"
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.part > self.parts:
+            raise ValueError(f"part={self.part} is past parts={self.parts}; choose 1 to {self.parts}, or 0 for all")
+
+    def part_seeds(self, seeds, part=None):
+        """The seeds of a part (default this machine's): every parts-th from its place; part 0: all."""
+        part = self.part if part is None else part
+        return seeds[part - 1 :: self.parts] if part else seeds
 
     def selection(self):
         """The seeds each arm's sweep runs on."""
@@ -210,6 +236,42 @@ class Plan:
         launches = [each for each in launches if each.jobs or each.most]
         print(launch_plan(launches, self.settings, self.needs, self.pending, self.label, self.desc))
         raise DryRun
+
+    def release(self, job):
+        """Delete job's checkpoints where keep_checkpoints is false: its JSON records hold all the report reads."""
+        if not self.settings.keep_checkpoints:
+            for name in ("ckpt.pt", "best.pt"):
+                (self.folder(job) / name).unlink(missing_ok=True)
+
+    def part_done(self, seeds, folders):
+        """Say that this machine's part is done and how the parts become one report."""
+        settings = self.settings
+        print(
+            f"part {settings.part} of {settings.parts} done, test seeds {', '.join(map(str, seeds))}: copy every "
+            f"part's {', '.join(str(self.out / f) for f in folders)} into one out_dir and run this command there "
+            "without part: it trains what no part did, if anything, and writes the report"
+        )
+
+    def calibrate(self, model_cfg):
+        """Training FLOP/s reached here and now by one of the workers: the median of a few timed steps of a model of
+        model_cfg on random tokens, on the threads each worker gets (what a dry run's estimate divides by)."""
+        train_cfg, runtime = self.train_cfg, self.runtime
+        torch.manual_seed(0)
+        model = GPT(model_cfg).to(runtime.device)
+        optimizer, scaler = make_optimizer(model, train_cfg, runtime)
+        x = torch.randint(model_cfg.vocab_size, (train_cfg.batch_size, model_cfg.block_size), device=runtime.device)
+        times, threads = [], torch.get_num_threads()
+        torch.set_num_threads(worker_threads(self.settings.workers))
+        try:
+            for _ in range(10):
+                t0 = time.perf_counter()
+                train.train_step(
+                    model, optimizer, scaler, [Batch(x, x)], train_cfg.learning_rate, train_cfg.grad_clip, runtime
+                )[0].item()
+                times.append(time.perf_counter() - t0)
+        finally:
+            torch.set_num_threads(threads)
+        return model.flops_per_token(model_cfg.block_size) * x.numel() / statistics.median(times[3:])  # 3 warm up
 
     def write_results(self, results, plots, markdown, t0, also=()):
         """Write results.json (with the command's wall seconds since t0) and results.md (markdown(results, plots)),

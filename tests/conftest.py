@@ -187,3 +187,13 @@ class _Filling:
 
     def __exit__(self, *exc):
         self.f.close()
+
+
+TIMINGS = ("wall_s", "environment", "train_s", "eval_s", "tokens_per_s")
+
+
+def untimed(x):
+    """results.json without its timings, which no two runs share."""
+    if isinstance(x, dict):
+        return {k: untimed(v) for k, v in x.items() if k not in TIMINGS}
+    return [untimed(v) for v in x] if isinstance(x, list) else x

@@ -15,7 +15,7 @@ import files
 import schemes
 import train
 from checkpoint import load_checkpoint, model_from_checkpoint
-from conftest import TINY, run, same_tensors
+from conftest import TINY, run, same_tensors, untimed
 from lab import ablate, ablate_report
 from lab.sweep import MORE_RATES
 from model import GPTConfig
@@ -420,14 +420,6 @@ QUICK_SHRUNK = [
     "--probe_pairs=2",
     "--sample_tokens=4",
 ]
-TIMINGS = ("wall_s", "environment", "train_s", "eval_s", "tokens_per_s")
-
-
-def untimed(x):
-    """results.json without its timings, which no two runs share."""
-    if isinstance(x, dict):
-        return {k: untimed(v) for k, v in x.items() if k not in TIMINGS}
-    return [untimed(v) for v in x] if isinstance(x, list) else x
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ import pytest
 
 import train
 from checkpoint import load_checkpoint
-from conftest import TINY, run, same_tensors
+from conftest import TINY, run, same_tensors, untimed
 from lab import extend, extend_report, sweep
 
 # L0 = 32: RoPE (base 200), every base passing the gate (0) at its first probe (step 2) and decayed 2 steps; 2 test
@@ -240,6 +240,7 @@ def extend_main(capsys, *args):
     return code, capsys.readouterr().err
 
 
+PART = r"(.+) whose base models pass, about ([\d.e-]+) to ([\d.e-]+) min wall here, every base model passing"
 DRY = ["--dry_run", "--methods=none,pose", "--finetune_lrs=1e-3,3e-3"]  # 2 arms, each swept over 2 rates
 
 
@@ -247,6 +248,10 @@ def test_a_dry_run_prints_the_screening_and_every_launch_with_its_job_count(data
     extend.main([*LAB, f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'ext'}", *DRY, "--workers=2"])
     lines = capsys.readouterr().out.splitlines()
     # the bases first (the 2 selection seeds' and 2 test seeds'), then up to 12 seeds a role in all, 4 of them listed
+    assert lines.pop(0).startswith(
+        "the whole lab: the first 2 of seeds 1337, 1338, 1339, 1340, 1341, 1342, 1343, 1344, 1345, 1346, 1347, 1348 "
+        "whose base models pass, about "
+    )
     assert lines[:2] == [
         "dry run, screening: 4 runs here, 2 at a time: rope-b200 seed 1000, rope-b200 seed 1001, rope-b200 seed 1337, "
         "rope-b200 seed 1338",
@@ -267,12 +272,21 @@ def test_a_dry_run_prints_the_screening_and_every_launch_with_its_job_count(data
     assert len(lines) == 5 and not (tmp_path / "ext").exists()
     # one rate: no sweep and no selection seed; the test seeds' fine-tunes wait for their seed alone
     extend.main([*LAB, f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'ext'}", *DRY[:2], "--finetune_lrs=1e-3"])
-    lines = capsys.readouterr().out.splitlines()
+    lines = capsys.readouterr().out.splitlines()[1:]
     assert lines[0] == "dry run, screening: 2 runs here, 1 at a time: rope-b200 seed 1337, rope-b200 seed 1338"
     assert lines[2].startswith(
         "then at most 4 runs, as each test seed passes the screening: test seeds 1337, 1338 of 2 arms"
     )
     assert len(lines) == 3 and not (tmp_path / "ext").exists()
+    # in parts: each its share of the candidates and the seeds, its time from FLOPs with the selection seeds' sweeps
+    extend.main([*LAB, f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'ext'}", *DRY, "--parts=2", "--seeds=3"])
+    parts = [m for line in capsys.readouterr().out.splitlines() if (m := re.match(PART, line))]
+    assert [m[1] for m in parts] == [
+        "part 1 of 2 (--part=1): the first 2 of seeds 1337, 1339, 1341, 1343, 1345, 1347",
+        "part 2 of 2 (--part=2): the first 1 of seeds 1338, 1340, 1342, 1344, 1346, 1348",
+    ]
+    (one, one_most), (two, two_most) = ((float(m[2]), float(m[3])) for m in parts)
+    assert 0 < two < one < one_most and two < two_most  # a seed's base models at their ceiling take longer
 
 
 def test_a_slurm_dry_run_shows_every_launch_of_the_local_one_with_the_resources_and_hours_it_requests(
@@ -471,6 +485,56 @@ class Screened:
 def bases(passed):
     """done for base models: {seed: whether it passed}."""
     return {("base", 200.0, seed): {"passed": ok} for seed, ok in passed.items()}
+
+
+@pytest.mark.slow
+def test_a_lab_run_in_parts_on_machines_that_share_nothing_includes_the_seeds_and_reports_as_one_run(
+    data_dir, tmp_path, capsys, monkeypatch
+):
+    """Seed 1338's base model fails the gate. One machine screens 1337, 1338 and 1339 and includes 1337 and 1339. In
+    two parts, each in a folder of its own and keeping no checkpoint, part 1 screens 1337, part 2 1338 and then 1340.
+    Merged, the rule reads the seeds in order as one run does: it trains 1339, which no part screened, and leaves
+    1340 out; the report equals the one machine's, timings aside."""
+    probed = extend.probed
+
+    def gated(lab, out, step):
+        scores = probed(lab, out, step)
+        return scores | {"slot": {j: 0.0 if out.name.endswith("seed1338") else 1.0 for j in scores["slot"]}}
+
+    monkeypatch.setattr(extend, "probed", gated)
+    args = [*LAB, "--base_gate=0.5", "--methods=none,linear", "--finetune_steps=2", f"--data_dir={data_dir}"]
+    extend.main([*args, f"--out_dir={tmp_path / 'one'}"])
+    capsys.readouterr()
+    merged = tmp_path / "merged"
+    for part, seeds in ((1, "1337"), (2, "1340")):
+        folder = tmp_path / f"part{part}"
+        extend.main([*args, "--parts=2", f"--part={part}", "--keep_checkpoints=false", f"--out_dir={folder}"])
+        assert f"part {part} of 2 done, test seeds {seeds}:" in capsys.readouterr().out
+        assert not (folder / "results.json").exists() and not list(folder.rglob("*.pt"))
+        shutil.copytree(folder, merged, dirs_exist_ok=True)  # what a user carries from each machine
+    assert (merged / "base" / "rope-b200-seed1340").is_dir() and not (merged / "base" / "rope-b200-seed1339").exists()
+    extend.main([*args, f"--out_dir={merged}"])
+    one, both = (json.loads((tmp_path / d / "results.json").read_text()) for d in ("one", "merged"))
+    assert both["screening"]["test"] == {
+        "screened": [1337, 1338, 1339],
+        "passed": [1337, 1339],
+        "included": [1337, 1339],
+    }
+    assert untimed(both) == untimed(one)
+
+
+def test_a_fine_tune_left_to_train_whose_base_kept_no_checkpoint_is_refused_in_one_line(data_dir, tmp_path):
+    labs = []  # the plan extend.main would run with these settings
+    sweep.tool_main("", extend.ExtendConfig, extend.Lab.make, labs.append)(
+        [*LAB, f"--data_dir={data_dir}", f"--out_dir={tmp_path}"]
+    )
+    lab = labs[0]
+    job = lab.job((200.0, "none", 2.0), 3e-3, 1337)
+    base = lab.folder(("base", 200.0, 1337))
+    base.mkdir(parents=True)
+    (base / lab.marker).write_text("{}")
+    with pytest.raises(ValueError, match=f"kept no checkpoint \\(keep_checkpoints=false\\): delete {base}"):
+        lab.check(job)
 
 
 def test_seeds_are_screened_in_order_as_far_as_needed_and_included_once_every_earlier_one_is_decided():
