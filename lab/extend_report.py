@@ -384,29 +384,35 @@ def can_pass(c, family):
 
 
 def judge(claims):
-    """Every claim judged in one Holm family (stats.verdicts), a "same" claim's equivalence test only where it can
-    pass at these seeds in that family (the family shrinks as such tests leave it, so this is decided to a fixed
-    point); the others keep their CI against the margin, verdict UNTESTED. A band claim whose arms both sit at the
-    band's floor (`retrieval.above_floor`) is no test of the methods: it leaves the family, verdict AT_FLOOR. Each
-    claim gains "power": the smallest difference its seeds detect with 80% power at Holm's strictest level for the
-    family, at the spread seen (None without spread), and for a "same" claim "equivalence_spread": the largest spread
-    at which its test could pass."""
+    """Every claim judged in one Holm family (stats.verdicts). A "same" claim always gives its test of lying beyond
+    the margin, and its equivalence test only where that can pass at these seeds in that family (the family shrinks
+    as such tests leave it, so this is decided to a fixed point); one without it, whose difference is not shown to
+    lie beyond the margin either, keeps its CI against the margin, verdict UNTESTED. A band claim whose arms both
+    sit at the band's floor (`retrieval.above_floor`) is no test of the methods: it leaves the family, verdict
+    AT_FLOOR. Each claim gains "power": the smallest difference its seeds detect with 80% power at Holm's strictest
+    level for the family, at the spread seen (None without spread), and for a "same" claim "equivalence_spread":
+    the largest spread at which its equivalence test could pass."""
     same = [i for i, c in enumerate(claims) if c["expect"] == "same"]
     floored = {i for i, c in enumerate(claims) if c.get("at_floor")}
-    differences = sum(len(c["diffs"]) >= 2 for i, c in enumerate(claims) if c["expect"] != "same" and i not in floored)
+    differences = sum(len(c["diffs"]) >= 2 for i, c in enumerate(claims) if i not in floored)  # paired or beyond
     tested = same
     while len(kept := [i for i in tested if can_pass(claims[i], differences + len(tested))]) < len(tested):
         tested = kept
-    judged = verdicts([c for i, c in enumerate(claims) if (i not in same or i in tested) and i not in floored])
+    judged = verdicts(
+        [
+            c | ({"tost": False} if i in same and i not in tested else {})
+            for i, c in enumerate(claims)
+            if i not in floored
+        ]
+    )
     family = judged[0]["family"] if judged else 0
     out = iter(judged)
 
     def verdict(i, c):
         if i in floored:
             return untested(c, family, AT_FLOOR)
-        if i in same and i not in tested:
-            return untested(c, family, UNTESTED)
-        return next(out)
+        c = next(out)
+        return c | {"verdict": UNTESTED} if i in same and i not in tested and c["verdict"] == "inconclusive" else c
 
     return [annotated(verdict(i, c), family) for i, c in enumerate(claims)]
 
@@ -416,8 +422,10 @@ def untested(c, family, verdict):
         c,
         test=paired_test(c["diffs"]),
         equivalence_p=None,
+        beyond_p=None,
         p_holm=None,
         equivalence_p_holm=None,
+        beyond_p_holm=None,
         family=family,
         verdict=verdict,
         detectable=None,
@@ -790,19 +798,26 @@ def pct(x):
     return f"{100 * x:.0f}%"
 
 
+def p_text(p):
+    return "—" if p is None else f"{p:.2g}"
+
+
 def md_claims(r):
     claims, rows = r["claims"], []
     for c in claims:
         t, same = c["test"], c["expect"] == "same"
         ci = "—" if t["ci"] is None else f"[{t['ci'][0]:+.3f}, {t['ci'][1]:+.3f}]"
-        if c["verdict"] == UNTESTED:
-            test, p, holm = f"none: CI against ±{c['margin']:g}", None, None
-        elif c["verdict"] == AT_FLOOR:
-            test, p, holm = "none: no arm above the band's floor", None, None
-        elif same:
-            test, p, holm = f"TOST ±{c['margin']:g}", c["equivalence_p"], c["equivalence_p_holm"]
+        if c["verdict"] == AT_FLOOR:
+            tests = [("none: no arm above the band's floor", None, None)]
+        elif same:  # its equivalence test where it could pass, and its test of lying beyond the margin
+            tost = [(f"TOST ±{c['margin']:g}", c["equivalence_p"], c["equivalence_p_holm"])]
+            tests = tost * (c["equivalence_p"] is not None) + [
+                (f"beyond ±{c['margin']:g}", c["beyond_p"], c["beyond_p_holm"])
+            ]
         else:
-            test, p, holm = t["test"] or "—", t["p"], c["p_holm"]
+            tests = [(t["test"] or "—", t["p"], c["p_holm"])]
+        columns = zip(*((name, p_text(p), p_text(holm)) for name, p, holm in tests), strict=True)
+        test, p, holm = (" / ".join(column) for column in columns)
         power = ("—" if c["power"] is None else f"{c['power']:.3g}") + (
             f" (TOST can pass below sd {c['equivalence_spread']:.3g})" if same and c["equivalence_spread"] else ""
         )
@@ -813,8 +828,8 @@ def md_claims(r):
                 f"{t['mean']:+.3f}",
                 ci,
                 test,
-                "—" if p is None else f"{p:.2g}",
-                "—" if holm is None else f"{holm:.2g}",
+                p,
+                holm,
                 f"**{c['verdict']}**",
                 len(c["diffs"]),
                 "—" if c["sd"] is None else f"{c['sd']:.3g}",
@@ -828,11 +843,14 @@ def md_claims(r):
         "accuracy as a share), read after the same steps for every arm (step 0 for the claims about no "
         "fine-tuning): their mean, the 95% CI (unadjusted), the test (the paired t-test; the exact sign test "
         'where every seed gives the same difference; for a "same" claim its equivalence test, TOST within '
-        f'±{SAME_MARGIN} nats) and its p, and p Holm-adjusted over one family of {family} tests. "holds" needs '
-        'p (Holm) < 0.05 on the expected side, "does not hold" on the other; a "same" claim holds when '
-        'equivalence is shown. A "same" claim\'s equivalence test runs only where it could pass with these '
-        "seeds and the spread they show (stats.equivalence_can_pass, in this family); elsewhere its CI is shown "
-        f'against the margin ("{UNTESTED}"), and no verdict says "no difference". A band claim in which neither '
+        f"±{SAME_MARGIN} nats, and its test of lying beyond that margin: twice the one-sided p against the "
+        f"margin's edge on the mean's side, below 0.05 where the CI lies wholly beyond it) and its p, and p "
+        f'Holm-adjusted over one family of {family} tests. "holds" needs p (Holm) < 0.05 on the expected side, '
+        '"does not hold" on the other; a "same" claim holds when equivalence is shown and does not hold when its '
+        'difference is shown to lie beyond the margin. A "same" claim\'s equivalence test runs only where it could '
+        "pass with these seeds and the spread they show (stats.equivalence_can_pass, in this family); where it "
+        f'cannot and no difference beyond the margin is shown, its CI stands against the margin ("{UNTESTED}"), '
+        'and no verdict says "no difference". A band claim in which neither '
         "arm's hits, pooled over the seeds, have an interval above the band's floor compares two copiers: it "
         f'leaves the family ("{AT_FLOOR}"). The last columns: the spread '
         f"of the per-seed differences, and the smallest mean difference these seeds detect with {POWER:.0%} power "

@@ -11,9 +11,10 @@ before it is read: adding seeds because a p came out near alpha (optional stoppi
                                      "ci": [lo, hi] (95% = 1 - ALPHA, unadjusted; None where t is undefined),
                                      "t" (None where undefined), "p" (two-sided; None under 2 seeds; never 0)}
   equivalence_test(diffs, margin)   p of the mean lying inside (-margin, +margin) (TOST); None under 2 seeds
+  beyond_test(diffs, margin)        p of the mean lying beyond +-margin, on its mean's side; None under 2 seeds
   holm(ps)                          Holm-adjusted ps, same order; None stays None and is not counted
-  verdicts(claims, alpha)           the claims with "test", "equivalence_p", "p_holm", "equivalence_p_holm",
-                                    "family" and "verdict" added (see verdicts)
+  verdicts(claims, alpha)           the claims with "test", "equivalence_p", "beyond_p", "p_holm",
+                                    "equivalence_p_holm", "beyond_p_holm", "family" and "verdict" added
   detectable(diffs, family, alpha)  the smallest |mean difference| these seeds could show, or None
 
 Planning, before a table is run (the paired t at Holm's strictest step, alpha / family, two-sided; the spread sd of
@@ -93,6 +94,23 @@ def equivalence_test(diffs, margin):
     return float(max(above, below))
 
 
+def beyond_test(diffs, margin):
+    """p of the mean difference lying beyond +-margin, on the side its mean lies: twice the one-sided p of the
+    t-test against that side's edge (twice, because the data chose the side), so p < alpha exactly where the
+    (1 - alpha) CI lies wholly beyond the margin. With no spread, the exact version: the sign test against that
+    edge, 2 * 0.5**n where every difference lies beyond it, else 1. None under 2 seeds."""
+    if not margin > 0:
+        raise ValueError(f"margin={margin} must be > 0")
+    n = len(diffs)
+    if n < 2:
+        return None
+    mean = statistics.fmean(diffs)
+    if statistics.stdev(diffs) == 0:
+        return min(1.0, 2 * 0.5**n) if abs(diffs[0]) > margin else 1.0
+    side = "greater" if mean > 0 else "less"
+    return float(min(1.0, 2 * stats.ttest_1samp(diffs, math.copysign(margin, mean), alternative=side).pvalue))
+
+
 def holm(ps):
     """Holm's step-down adjustment of the p-values ps (a family of tests, in any order; None stays None and is
     not counted): the k-th smallest is multiplied by (m - k + 1), kept monotone and at most 1. Rejecting where the
@@ -110,25 +128,30 @@ def verdicts(claims, alpha=ALPHA):
     (|A - B| within "margin"), "margin": optional for "lower"/"higher", required for "same"}.
 
     One Holm family per table, of the tests that decide a verdict: a "lower"/"higher" claim gives its paired test
-    and, with a margin, its equivalence test too; a "same" claim gives only its equivalence test (its paired test
-    is shown, with "p_holm" None). Tests with p None (under 2 seeds) are not counted. Verdicts, at alpha after Holm:
+    and, with a margin, its equivalence test too; a "same" claim gives its test of lying beyond the margin
+    (beyond_test) and its equivalence test, unless "tost" is False (where it cannot pass at these seeds); its
+    paired test is shown, with "p_holm" None. Tests with p None (under 2 seeds) are not counted. Verdicts, at alpha
+    after Holm:
       holds          the difference is on the expected side, or equivalence shown for "same";
-      does not hold  the difference is on the other side, or equivalence shown where a difference was expected;
-      inconclusive   neither (for "same": equivalence not shown, since no test of a difference is in the family).
-    Returns new dicts: each claim with "test" (paired_test), "equivalence_p" (None without a margin), "p_holm",
-    "equivalence_p_holm", "family" (the number of tests in the table's Holm family, the same on every claim),
-    "verdict" and "detectable" (the smallest difference its seeds could settle in this family)."""
-    out = [judged(c) for c in claims]
+      does not hold  the difference is on the other side, equivalence shown where a difference was expected, or
+                     for "same" the difference shown to lie beyond the margin;
+      inconclusive   neither.
+    Returns new dicts: each claim with "test" (paired_test), "equivalence_p" (None without a margin), "beyond_p"
+    (None but for "same"), "p_holm", "equivalence_p_holm", "beyond_p_holm", "family" (the number of tests in the
+    table's Holm family, the same on every claim), "verdict" and "detectable" (the smallest difference its seeds
+    could settle in this family)."""
+    out, n = [judged(c) for c in claims], len(claims)
     differences = [None if c["expect"] == "same" else c["test"]["p"] for c in out]
-    adjusted = holm(differences + [c["equivalence_p"] for c in out])
+    adjusted = holm(differences + [c["equivalence_p"] for c in out] + [c["beyond_p"] for c in out])
     family = sum(p is not None for p in adjusted)
-    for c, p, q in zip(out, adjusted[: len(out)], adjusted[len(out) :], strict=True):
-        differs, same = p is not None and p < alpha, q is not None and q < alpha
+    for c, p, q, b in zip(out, adjusted[:n], adjusted[n : 2 * n], adjusted[2 * n :], strict=True):
+        differs, same, beyond = (x is not None and x < alpha for x in (p, q, b))
         c |= {
             "p_holm": p,
             "equivalence_p_holm": q,
+            "beyond_p_holm": b,
             "family": family,
-            "verdict": verdict(c["expect"], c["test"]["mean"], differs, same),
+            "verdict": verdict(c["expect"], c["test"]["mean"], differs, same, beyond),
             "detectable": detectable(c["diffs"], family, alpha) if family else None,
         }
     return out
@@ -141,14 +164,16 @@ def judged(claim):
         raise ValueError(f"expect={expect!r} must be one of {EXPECT}")
     if expect == "same" and margin is None:
         raise ValueError("expect='same' needs a margin > 0")
-    equivalence = None if margin is None else equivalence_test(claim["diffs"], margin)
-    return dict(claim, test=paired_test(claim["diffs"]), equivalence_p=equivalence)
+    tost = margin is not None and claim.get("tost", True)
+    equivalence = equivalence_test(claim["diffs"], margin) if tost else None
+    beyond = beyond_test(claim["diffs"], margin) if expect == "same" else None
+    return dict(claim, test=paired_test(claim["diffs"]), equivalence_p=equivalence, beyond_p=beyond)
 
 
-def verdict(expect, mean, differs, same):
+def verdict(expect, mean, differs, same, beyond=False):
     """The verdict from the claim's side, its mean and which of its tests rejected (see verdicts)."""
     if expect == "same":
-        return "holds" if same else "inconclusive"
+        return "holds" if same else "does not hold" if beyond else "inconclusive"
     if differs:
         return "holds" if ("lower" if mean < 0 else "higher") == expect else "does not hold"
     return "does not hold" if same else "inconclusive"

@@ -91,6 +91,28 @@ def test_equivalence_without_spread_is_the_exact_sign_version():
         stats.equivalence_test([0.1, 0.2], 0)
 
 
+@pytest.mark.parametrize(
+    "diffs, margin", [([0.031, 0.025, 0.036], 0.02), ([-0.3, -0.1, -0.2], 0.05), ([0.031, 0.029, 0.0305], 0.02)]
+)
+def test_beyond_the_margin_is_twice_the_one_sided_p_against_the_edge_on_the_means_side(diffs, margin):
+    mean, se = mean_se(diffs)
+    df, edge = len(diffs) - 1, math.copysign(margin, mean)
+    one_sided = 1 - t_cdf((mean - edge) / se, df) if mean > 0 else t_cdf((mean - edge) / se, df)
+    assert stats.beyond_test(diffs, margin) == pytest.approx(min(1, 2 * one_sided), abs=1e-12)
+    # p < 0.05 exactly where the 95% interval lies wholly beyond the margin's edge
+    lo, hi = stats.paired_test(diffs)["ci"]
+    assert (stats.beyond_test(diffs, margin) < 0.05) == (lo > margin or hi < -margin)
+
+
+def test_beyond_the_margin_inside_it_or_without_spread():
+    assert stats.beyond_test([0.001, -0.002, 0.0015], 0.01) == 1.0  # mean inside: the one-sided p is above 1/2
+    assert stats.beyond_test([0.03] * 5, 0.02) == 2 * 0.5**5  # every seed beyond the edge: the sign test
+    assert stats.beyond_test([0.01] * 5, 0.02) == 1.0
+    assert stats.beyond_test([0.03], 0.02) is None
+    with pytest.raises(ValueError, match="margin=0"):
+        stats.beyond_test([0.1, 0.2], 0)
+
+
 def test_holm_matches_its_step_down_rule_and_keeps_none():
     adjusted = stats.holm([0.01, None, 0.04, 0.03, 0.005])
     # sorted: 0.005 x 4, 0.01 x 3, 0.03 x 2, 0.04 x 1, each at least the one before
@@ -109,18 +131,23 @@ def test_the_holm_family_is_every_deciding_test_of_the_table():
         {"diffs": LOSS, "expect": "higher", "margin": None},
         {"diffs": NOISE, "expect": "lower"},
         {"diffs": FLAT, "expect": "lower", "margin": 0.01},  # its difference test and its equivalence test
-        {"diffs": FLAT, "expect": "same", "margin": 0.01},  # its equivalence test only
+        {"diffs": FLAT, "expect": "same", "margin": 0.01},  # its equivalence test and its test of lying beyond
         {"diffs": [-0.5], "expect": "lower"},  # one seed: no test, not counted
+        {"diffs": WIN, "expect": "same", "margin": 0.01, "tost": False},  # its test of lying beyond alone
     ]
     out = stats.verdicts(claims)
-    assert [c["family"] for c in out] == [6] * 6
+    assert [c["family"] for c in out] == [8] * 7
     ps = [c["test"]["p"] for c in out[:4]] + [out[3]["equivalence_p"], out[4]["equivalence_p"]]
-    assert [c["p_holm"] for c in out] == pytest.approx(stats.holm(ps)[:4] + [None, None])
-    assert [c["equivalence_p_holm"] for c in out] == pytest.approx([None] * 3 + stats.holm(ps)[4:] + [None])
-    adjusted = [p for c in out for p in (c["p_holm"], c["equivalence_p_holm"]) if p is not None]
-    assert min(adjusted) == pytest.approx(6 * min(ps))  # the smallest p pays for the whole family
+    ps += [out[4]["beyond_p"], out[6]["beyond_p"]]
+    adjusted = stats.holm(ps)
+    assert [c["p_holm"] for c in out] == pytest.approx(adjusted[:4] + [None] * 3)
+    assert [c["equivalence_p_holm"] for c in out] == pytest.approx([None] * 3 + adjusted[4:6] + [None] * 2)
+    assert [c["beyond_p_holm"] for c in out] == pytest.approx([None] * 4 + [adjusted[6], None, adjusted[7]])
+    assert out[6]["equivalence_p"] is None and out[3]["beyond_p"] is None
+    every = [p for c in out for p in (c["p_holm"], c["equivalence_p_holm"], c["beyond_p_holm"]) if p is not None]
+    assert min(every) == pytest.approx(8 * min(ps))  # the smallest p pays for the whole family
     assert out[4]["test"]["p"] is not None  # a "same" claim's paired test is shown, not judged
-    assert [c["detectable"] for c in out] == [stats.detectable(c["diffs"], 6) for c in claims]  # in this family
+    assert [c["detectable"] for c in out] == [stats.detectable(c["diffs"], 8) for c in claims]  # in this family
 
 
 def test_each_verdict_branch():
@@ -132,7 +159,8 @@ def test_each_verdict_branch():
         ({"diffs": FLAT, "expect": "lower", "margin": 0.01}, "does not hold"),  # equivalence where a gap was expected
         ({"diffs": FLAT, "expect": "higher", "margin": 0.001}, "inconclusive"),  # too tight a margin to show
         ({"diffs": FLAT, "expect": "same", "margin": 0.01}, "holds"),
-        ({"diffs": WIN, "expect": "same", "margin": 0.01}, "inconclusive"),  # no difference test in the family
+        ({"diffs": WIN, "expect": "same", "margin": 0.01}, "does not hold"),  # shown to lie beyond the margin
+        ({"diffs": NOISE, "expect": "same", "margin": 0.01}, "inconclusive"),  # neither inside nor beyond shown
     ]
     out = stats.verdicts([c for c, _ in claims])
     assert [c["verdict"] for c in out] == [v for _, v in claims]
