@@ -676,11 +676,11 @@ def print_parts(lab, arms, sweeps):
 
     first, ceiling = settings.base_check + settings.base_decay, lab.train_cfg.max_iters + settings.base_decay
     candidates = settings.candidates("test", lab.train_cfg)
-    for part in range(1, settings.parts + 1) if settings.parts > 1 else [0]:
+    for part in range(1, settings.parts + 1):
         seeds = len(settings.part_seeds(range(settings.seeds), part))
-        which = f"part {part} of {settings.parts} (--part={part})" if part else "the whole lab"
         print(
-            f"{which}: the first {seeds} of seeds {', '.join(map(str, settings.part_seeds(candidates, part)))} whose "
+            f"part {part} of {settings.parts} (--part={part}): the first {seeds} of seeds "
+            f"{', '.join(map(str, settings.part_seeds(candidates, part)))} whose "
             f"base models pass, about {rounded(minutes(seeds, first))} to {rounded(minutes(seeds, ceiling))} min wall "
             "here, every base "
             "model passing at its first check or at its ceiling (a base model that fails adds its own time), from "
@@ -701,7 +701,7 @@ def run_lab(lab):
             most=len(candidates) * len(lab.bases) - len(bases),
             when="as each base model fails the gate",
         )
-        if lab.settings.launcher == "local":
+        if lab.settings.parts > 1:  # the estimate times a training step here: none for one part, which may be a GPU's
             print_parts(lab, arms, sweeps)
         lab.dry_run(sweeps, screening=[Launch("screening", bases), more], arms=arms)
     with RunLock(lab.out, "context-extension lab"):

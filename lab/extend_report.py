@@ -41,7 +41,8 @@ PI_TABLE4 = {
 }
 CONTEXT_WORTH = 0.05  # nats: context past L0 worth less than this leaves the loss claims reading short-range damage
 UNTESTED = "CI against the margin"  # a "same" claim whose equivalence test cannot pass at these seeds
-AT_FLOOR = "not read: both arms at their floor"  # a band claim in which no arm's pooled accuracy clears the floor
+AT_FLOOR = "not read: the comparator at its floor"  # a band claim whose arm b's pooled accuracy does not clear it
+FLOOR = "floor"  # a band claim's arm b that is the band's floor itself: arm a's accuracy above what no key reading gets
 
 
 def key(b, method, s):
@@ -215,7 +216,8 @@ class Claim:
     expect: str  # "lower", "higher" or "same"
     sentence: str
     untuned: bool = False
-    margin: float | None = None  # a "same" claim's, in nats
+    margin: float | None = None  # a "same" claim's, in nats, set against the arms it compares
+    b_step: str | None = None  # the step b is read at where not a's: "0" reads direct fine-tuning's, the base model
 
 
 DIRECT, PI, NTK, YARN = (
@@ -265,24 +267,26 @@ CLAIMS = (
         sentence="(c) after {read} steps, YaRN has a lower loss than PI at {near} tokens {at}",
     ),
     Claim(
-        "yarn-loss-below-pi-past-sL0",
+        "yarn-2s-loss-below-yarn-past-sL0",
         a=YARN_2S,
-        b=PI,
+        b=YARN,
         figure="loss",
         at="2sL0",
         expect="lower",
-        sentence="(d) after {read} steps at {near} tokens, YaRN set for 2s has a lower loss than PI at {far} tokens, "
-        "past the fine-tuned length and inside YaRN's factor {at}",
+        sentence="(d) after {read} steps at {near} tokens, YaRN set for 2s has a lower loss than YaRN set for s at "
+        "{far} tokens, past the fine-tuned length and inside its factor {at}",
     ),
     Claim(
-        "pi-L0-loss-same-as-direct",
+        "pi-L0-loss-same-as-base",
         a=PI,
         b=DIRECT,
         figure="loss",
         at="L0",
         expect="same",
-        sentence="(e) after {read} steps, PI's loss at L0 = {L0} is within {margin} nats of direct fine-tuning's {at}",
+        sentence="(e) after {read} steps, PI's loss at L0 = {L0} is within {margin} nats of the base model's, the "
+        "cost on the original window that PI's Table 2 reads {at}",
         margin=SAME_MARGIN,
+        b_step="0",
     ),
     Claim(
         "pi-retrieves-more-than-direct",
@@ -295,14 +299,24 @@ CLAIMS = (
         "{at}",
     ),
     Claim(
-        "yarn-retrieves-more-than-pi-past-sL0",
+        "yarn-2s-retrieves-more-than-yarn-past-sL0",
         a=YARN_2S,
-        b=PI,
+        b=YARN,
         figure="band",
         at="sL0 to 2sL0",
         expect="higher",
-        sentence="(g) after {read} steps at {near} tokens, YaRN set for 2s retrieves more than PI from s L0 to 2s L0, "
-        "past the fine-tuned length and inside YaRN's factor (band accuracy) {at}",
+        sentence="(g) after {read} steps at {near} tokens, YaRN set for 2s retrieves more than YaRN set for s from "
+        "s L0 to 2s L0, past the fine-tuned length and inside its factor (band accuracy) {at}",
+    ),
+    Claim(
+        "yarn-2s-retrieves-above-floor-past-sL0",
+        a=YARN_2S,
+        b=FLOOR,
+        figure="band",
+        at="sL0 to 2sL0",
+        expect="higher",
+        sentence="(g) after {read} steps at {near} tokens, YaRN set for 2s retrieves above the band's floor from s L0 "
+        "to 2s L0, past the fine-tuned length (band accuracy minus the floor) {at}",
     ),
     Claim(
         "pose-loss-same-as-pi",
@@ -331,8 +345,9 @@ CLAIMS = (
 
 def claims(r):
     """Every claim of CLAIMS for every base and factor, in that order, as per-seed differences A - B with the side
-    expected: {"id", "claim" (its sentence), "diffs", "expect", "margin", "at_floor": a band claim neither arm of
-    which retrieves above the band's floor over the test seeds, `retrieval.above_floor`}. A claim whose methods the
+    expected: {"id", "claim" (its sentence), "diffs", "expect", "margin", "at_floor": a band claim whose comparator
+    b does not retrieve above the band's floor over the test seeds, `retrieval.above_floor`: no arm is set against
+    one that reads no key, the floor itself aside}. A claim whose methods the
     lab did not run, or that lacks a figure (a band without distances), is left out."""
     L0, read, out = r["block_size"], str(r["read_step"]), []
     for base in r["bases"]:
@@ -342,12 +357,17 @@ def claims(r):
             words = {"near": near, "far": far, "L0": L0, "read": read, "at": f"(base {base:g}, s = {s:g})"}
             for c in CLAIMS:
                 step = "0" if c.untuned else read
-                arms = [r["finetune"].get(key(base, m, s)) for m in (c.a, c.b)]
-                a, b = (seed_figures(arm, c, step, lengths) for arm in arms)
+                a_arm = r["finetune"].get(key(base, c.a, s))
+                b_arm = a_arm if c.b == FLOOR else r["finetune"].get(key(base, c.b, s))
+                a = seed_figures(a_arm, c, step, lengths)
+                b = seed_figures(b_arm, c, c.b_step or step, lengths, floor=c.b == FLOOR)
                 if a is not None and b is not None and None not in a + b:
-                    floored = c.figure == "band" and not any(
-                        above_floor([run["scores"][step]["bands"][c.at] for run in arm["runs"].values()])
-                        for arm in arms
+                    floored = (
+                        c.figure == "band"
+                        and c.b != FLOOR
+                        and not above_floor(
+                            [run["scores"][c.b_step or step]["bands"][c.at] for run in b_arm["runs"].values()]
+                        )
                     )
                     out.append(
                         {
@@ -362,15 +382,15 @@ def claims(r):
     return out
 
 
-def seed_figures(arm, c, step, lengths):
-    """Claim c's figure of an arm on each test seed at step (lengths: c.at's in tokens); None where the lab did not
-    run the arm, a seed's None where it has no such band."""
+def seed_figures(arm, c, step, lengths, floor=False):
+    """Claim c's figure of an arm on each test seed at step (lengths: c.at's in tokens), or where floor its band's
+    floor; None where the lab did not run the arm, a seed's None where it has no such band."""
     if arm is None:
         return None
     scores = [run["scores"][step] for run in arm["runs"].values()]
     if c.figure == "loss":
         return [sc["loss"][lengths[c.at]] for sc in scores]
-    return [sc["bands"][c.at] and sc["bands"][c.at]["accuracy"] for sc in scores]
+    return [sc["bands"][c.at] and sc["bands"][c.at]["floor" if floor else "accuracy"] for sc in scores]
 
 
 def can_pass(c, family):
@@ -387,9 +407,10 @@ def judge(claims):
     """Every claim judged in one Holm family (stats.verdicts). A "same" claim always gives its test of lying beyond
     the margin, and its equivalence test only where that can pass at these seeds in that family (the family shrinks
     as such tests leave it, so this is decided to a fixed point); one without it, whose difference is not shown to
-    lie beyond the margin either, keeps its CI against the margin, verdict UNTESTED. A band claim whose arms both
-    sit at the band's floor (`retrieval.above_floor`) is no test of the methods: it leaves the family, verdict
-    AT_FLOOR. Each claim gains "power": the smallest difference its seeds detect with 80% power at Holm's strictest
+    lie beyond the margin either, keeps its CI against the margin, verdict UNTESTED. A band claim whose comparator
+    sits at the band's floor (`retrieval.above_floor`) sets an arm against one that reads no key: it leaves the
+    family, verdict AT_FLOOR (a claim against the floor itself says whether the arm reads at all). Each claim
+    gains "power": the smallest difference its seeds detect with 80% power at Holm's strictest
     level for the family, at the spread seen (None without spread), and for a "same" claim "equivalence_spread":
     the largest spread at which its equivalence test could pass."""
     same = [i for i, c in enumerate(claims) if c["expect"] == "same"]
@@ -808,7 +829,7 @@ def md_claims(r):
         t, same = c["test"], c["expect"] == "same"
         ci = "—" if t["ci"] is None else f"[{t['ci'][0]:+.3f}, {t['ci'][1]:+.3f}]"
         if c["verdict"] == AT_FLOOR:
-            tests = [("none: no arm above the band's floor", None, None)]
+            tests = [("none: the comparator not above the band's floor", None, None)]
         elif same:  # its equivalence test where it could pass, and its test of lying beyond the margin
             tost = [(f"TOST ±{c['margin']:g}", c["equivalence_p"], c["equivalence_p_holm"])]
             tests = tost * (c["equivalence_p"] is not None) + [
@@ -850,9 +871,10 @@ def md_claims(r):
         'difference is shown to lie beyond the margin. A "same" claim\'s equivalence test runs only where it could '
         "pass with these seeds and the spread they show (stats.equivalence_can_pass, in this family); where it "
         f'cannot and no difference beyond the margin is shown, its CI stands against the margin ("{UNTESTED}"), '
-        'and no verdict says "no difference". A band claim in which neither '
-        "arm's hits, pooled over the seeds, have an interval above the band's floor compares two copiers: it "
-        f'leaves the family ("{AT_FLOOR}"). The last columns: the spread '
+        'and no verdict says "no difference". A band claim whose comparator\'s hits, pooled over the seeds, have no '
+        "interval above the band's floor sets an arm against one that reads no key: it leaves the family "
+        f'("{AT_FLOOR}"); a claim against the floor itself (band accuracy minus the floor, per seed) says whether '
+        "an arm reads at all. The last columns: the spread "
         f"of the per-seed differences, and the smallest mean difference these seeds detect with {POWER:.0%} power "
         f"after Holm (at its strictest level, {ALPHA:g} / {family}), at that spread (stats.smallest_effect).\n\n"
         + md_table(
