@@ -159,13 +159,15 @@ class Worker:
 def serve(conn, run, make, settings, threads):
     """A worker's life: its context, then job after job from conn (None ends it), each answered ("done", result);
     a stop is answered ("interrupted", text), an error ("failed", the exception), and the worker ends."""
-    signal.signal(signal.SIGTERM, interrupt)  # the main process's request to stop; train's loop takes it first
-    torch.set_num_threads(threads)
-    # a worker draws no progress bar, so tqdm's lock need not be a semaphore, which a killed worker would leave to
-    # multiprocessing's resource tracker to clean up, with a warning
-    tqdm.set_lock(threading.RLock())
-    threading.Thread(target=stop_with_parent, daemon=True).start()
     try:
+        # the main process's request to stop (train's loop takes it first), set inside the try: one that comes
+        # before the worker is ready is answered as a stop, not raised past it (exit status 1, which reads as a death)
+        signal.signal(signal.SIGTERM, interrupt)
+        torch.set_num_threads(threads)
+        # a worker draws no progress bar, so tqdm's lock need not be a semaphore, which a killed worker would leave
+        # to multiprocessing's resource tracker to clean up, with a warning
+        tqdm.set_lock(threading.RLock())
+        threading.Thread(target=stop_with_parent, daemon=True).start()
         context = make(*settings)
         while (job := conn.recv()) is not None:
             result = run(context, job)
