@@ -308,11 +308,20 @@ def staged_training(plan, job):
 
 def retrieval_counts(plan, model):
     """{str(W): the probe's cells in windows of W tokens (Probe.counts), None past the scheme's reach}, the model as
-    trained."""
-    reaches = scheme_class(model.config.pos_emb).extrapolates
-    return {
-        str(W): plan.probe.counts(model, W, plan.runtime) if reaches or W <= model.config.block_size else None
+    trained; and a model that takes a RoPE scaling, where the scalings scored hold the deployed one
+    (ablate_report.DEPLOYED), under it past L0 (factor W / L0, read zero-shot), else None: (as trained, deployed)."""
+    L0, reaches = model.config.block_size, scheme_class(model.config.pos_emb).extrapolates
+    trained = {
+        str(W): plan.probe.counts(model, W, plan.runtime) if reaches or W <= L0 else None for W in plan.probe.lengths
+    }
+    if not (model.config.takes("rope_scaling") and ablate_report.DEPLOYED in plan.scalings):
+        return trained, None
+    return trained, {
+        str(W): plan.probe.counts(
+            model.reconfigure(rope_scaling=ablate_report.DEPLOYED, rope_scaling_factor=W / L0), W, plan.runtime
+        )
         for W in plan.probe.lengths
+        if W > L0
     }
 
 
@@ -333,6 +342,7 @@ def finish_run(plan, job):
         else None,
         "inside": first,
         "probe_lengths": None if plan.probe is None else plan.probe.lengths,
+        "probe_deployed": plan.probe is not None and ablate_report.DEPLOYED in plan.scalings,
     }
     evaluation = evaluated(out / "eval.json", lambda: evaluate(plan, job, sampled, first), settings)
     plan.release(job)
@@ -356,13 +366,14 @@ def evaluate(plan, job, sampled, first):
         if first
         else {}
     )
-    retrieval = retrieval_counts(plan, model) if plan.probe else None
+    retrieval, deployed = retrieval_counts(plan, model) if plan.probe else (None, None)
     loss, position = extrapolate(model, plan.windows, plan.scalings, plan.runtime)
     return {
         "loss": loss,
         "position": position,
         "sample": sample,
         "retrieval": retrieval,
+        "retrieval_deployed": deployed,
         **inside,
         "eval_s": time.perf_counter() - t0,
     }

@@ -67,7 +67,7 @@ def seed_figures(run, scores, L0, gate, per, reference):
     be recomputed from them), its bands, k_max at each threshold with `per` distances pooled, and its effective
     length at reference (None past the scheme's reach)."""
     slots = run.get("slots") or {}
-    windows = scores.get("retrieval") or {}
+    windows, deployed = scores.get("retrieval") or {}, scores.get("retrieval_deployed")
     longest = max(map(int, windows), default=0)
     s = longest / (2 * L0)  # the bands inside L0, L0 to s L0 and s L0 to 2s L0 = the longest window
 
@@ -80,6 +80,8 @@ def seed_figures(run, scores, L0, gate, per, reference):
         "slots": slots,
         "learning": steps_to_learn(slots, gate) if slots else None,
         "windows": {W: None if c is None else read(c) for W, c in windows.items()},
+        # RoPE's windows past L0 under the deployed scaling, read zero-shot: the comparator that answers there
+        "deployed": None if deployed is None else {W: read(c) for W, c in deployed.items()},
     }
 
 
@@ -322,37 +324,43 @@ def retrieval_against(schemes, reference, ranking):
     """Each scheme's whole answers in the first band past L0 (L0 to s L0, its longest window) minus the reference's,
     seed by seed over the seeds on which both learned retrieval by the ceiling, the inclusion rule fixed before any
     run: a model that never learned the task has no retrieval to carry past L0, so its band would measure the task
-    and not the scheme. Where neither arm retrieves above the band's floor over those seeds (`above_floor`), the
-    difference is one between copiers: no test, as the extension lab's band claims. stats.verdicts over the table,
-    "higher" expected (the scheme retrieves more); each claim carries "seeds", those compared, and "means", the two
-    arms' mean accuracy over them; one with no test carries "untested", why."""
+    and not the scheme. Against the reference as trained, and where its deployed scaling was probed, under it
+    (DEPLOYED, read zero-shot; the claim id names it, "-vs-rope-yarn"). Where the reference does not retrieve above
+    the band's floor over those seeds (`above_floor`), the claim would set a scheme against one that reads no key:
+    no test, as the extension lab's band claims. stats.verdicts over every claim, one family, "higher" expected (the
+    scheme retrieves more); each claim carries "seeds", those compared, and "means", the two arms' mean accuracy
+    over them; one with no test carries "untested", why."""
     ref = schemes.get(reference)
     if ref is None or ref[ranking]["learning"] is None or ref[ranking]["retrieval"] is None:
         return []
-    ref_past = past_L0(ref[ranking])
+    comparators = [(reference, past_L0(ref[ranking]))]
+    if any(f.get("deployed") for f in ref[ranking]["per_seed"]):  # probed under the deployed scaling
+        comparators.append((f"{reference}-{DEPLOYED}", past_L0(ref[ranking], deployed=True)))
     claims = []
-    for name, x in schemes.items():
-        if name != reference and x[ranking]["retrieval"] is not None:
-            mine = past_L0(x[ranking])
-            common = sorted(mine.keys() & ref_past.keys())
-            arms = [[arm[s] for s in common] for arm in (mine, ref_past)]
-            if not common:
-                untested = why_untested(x[ranking])
-            elif not any(above_floor(bands) for bands in arms):
-                untested = "both arms at their floor"
-            else:
-                untested = None
-            claims.append(
-                {
-                    "id": PAST_CLAIM.format(scheme=name, reference=reference),
-                    "scheme": name,
-                    "seeds": common,
-                    "means": [statistics.fmean(b["accuracy"] for b in bands) if common else None for bands in arms],
-                    "diffs": [m["accuracy"] - r["accuracy"] for m, r in zip(*arms, strict=True)],
-                    "expect": "higher",
-                }
-                | ({"verdict": None, "untested": untested} if untested else {})
-            )
+    for against, ref_past in comparators:
+        for name, x in schemes.items():
+            if name != reference and x[ranking]["retrieval"] is not None:
+                mine = past_L0(x[ranking])
+                common = sorted(mine.keys() & ref_past.keys())
+                arms = [[arm[s] for s in common] for arm in (mine, ref_past)]
+                if not common:
+                    untested = why_untested(x[ranking])
+                elif not above_floor(arms[1]):
+                    untested = "the comparator at its floor"
+                else:
+                    untested = None
+                claims.append(
+                    {
+                        "id": PAST_CLAIM.format(scheme=name, reference=against),
+                        "scheme": name,
+                        "against": against,
+                        "seeds": common,
+                        "means": [statistics.fmean(b["accuracy"] for b in bands) if common else None for bands in arms],
+                        "diffs": [m["accuracy"] - r["accuracy"] for m, r in zip(*arms, strict=True)],
+                        "expect": "higher",
+                    }
+                    | ({"verdict": None, "untested": untested} if untested else {})
+                )
     tested = iter(verdicts([c for c in claims if "untested" not in c]))
     return [c if "untested" in c else next(tested) for c in claims]
 
@@ -364,12 +372,13 @@ def why_untested(figures):
     return "no seed where both learned" if reaches else "no window past L0"
 
 
-def past_L0(figures):
+def past_L0(figures, deployed=False):
     """{seed: its band from L0 to s L0 ({"hits", "trials", "accuracy", "floor", ...})} over the seeds that learned
-    retrieval and have that band."""
+    retrieval and have that band; where deployed, read under the deployed scaling ({} where it was not probed)."""
     out = {}
     for f in figures["per_seed"]:
-        band = longest_window(f)["bands"][BEYOND[0]]
+        windows = f.get("deployed") if deployed else f["windows"]
+        band = longest_window({"windows": windows})["bands"][BEYOND[0]] if windows else None
         if f["learning"]["learned"] and band is not None:
             out[f["seed"]] = band
     return out
@@ -492,7 +501,11 @@ def md_verdicts(r):
                 f"{c['earlier']} seeds, after on {c['later']}, tied on {c['ties']}, p (Holm) {fmt(c['p_holm'])}"
             )
         for c in retrieval:
-            verdict = f"no test: {c['untested']}" if c["verdict"] is None else PAST_WORDS[c["verdict"]].format(ref=ref)
+            verdict = (
+                f"no test: {c['untested']}"
+                if c["verdict"] is None
+                else PAST_WORDS[c["verdict"]].format(ref=c["against"])
+            )
             figure = "" if c["verdict"] is None else f"; {difference(c['test'], '.3f')}, p (Holm) {fmt(c['p_holm'])}"
             lines.append(f"- retrieval past L0, `{c['id']}`: {verdict}{figure}")
         lines.append("")
@@ -749,13 +762,15 @@ def md_past(r):
                     c["id"],
                     ", ".join(map(str, c["seeds"])) or "none",
                     "—" if not c["seeds"] else f"{c['means'][0]:.2f}",
-                    "—" if not c["seeds"] else f"{c['means'][1]:.2f}",
+                    "—" if not c["seeds"] else f"{c['means'][1]:.2f} ({c['against']})",
                     "—"
                     if test is None or test["ci"] is None
                     else f"{test['mean']:+.3f} [{test['ci'][0]:+.3f}, {test['ci'][1]:+.3f}]",
                     fmt(None if test is None else test["p"]),
                     fmt(c.get("p_holm")),
-                    f"no test: {c['untested']}" if c["verdict"] is None else PAST_WORDS[c["verdict"]].format(ref=ref),
+                    f"no test: {c['untested']}"
+                    if c["verdict"] is None
+                    else PAST_WORDS[c["verdict"]].format(ref=c["against"]),
                 ]
             )
         family = next((c["family"] for c in claims if "family" in c), 0)
@@ -768,8 +783,8 @@ def md_past(r):
                     "claim",
                     "seeds where both learned",
                     "scheme",
-                    ref,
-                    f"Δ vs {ref} [95% CI]",
+                    "comparator",
+                    "Δ [95% CI]",
                     "p",
                     "p (Holm)",
                     "verdict",
@@ -777,17 +792,19 @@ def md_past(r):
                 rows,
                 text_columns=3,
             )
-            + f"\n\nOne Holm family of {family} test{'' if family == 1 else 's'} (two seeds or more to compare, one "
-            f"arm above its floor)."
+            + f"\n\nOne Holm family of {family} test{'' if family == 1 else 's'} (two seeds or more to compare, the "
+            f"comparator above its floor)."
         )
     if not parts:
         return ""
     return (
         f"## Retrieval past L0 among the seeds that learned\n\nWhole answers from L0 to the middle of the longest "
-        f"window (the first band past L0), each scheme minus {ref} seed by seed, over the seeds on which both "
-        f"learned retrieval by the ceiling (the inclusion rule fixed before the run: a model that never learned the "
-        f"task has no retrieval to carry past L0), tested only where one arm's answers pooled over those seeds have "
-        f"a 95% interval above the band's floor (a difference between copiers says nothing of either scheme); the "
+        f"window (the first band past L0), each scheme minus {ref} seed by seed, {ref} as trained and, where probed, "
+        f"under {DEPLOYED} (factor W / L0, read zero-shot: the scaling deployed models extend with), over the seeds "
+        f"on which both learned retrieval by the ceiling (the inclusion rule fixed before the run: a model that never "
+        f"learned the task has no retrieval to carry past L0), tested only where the comparator's answers pooled over "
+        f"those seeds have a 95% interval above the band's floor (against one that reads no key, a difference says "
+        f"nothing of the scheme); the "
         f"mean difference with its 95% CI (unadjusted), the paired t-test's p (the exact sign test where every seed "
         f'gives the same difference) and p Holm-adjusted over the table. "more" or "less" needs p (Holm) < 0.05.\n\n'
         + "\n\n".join(parts)

@@ -12,8 +12,8 @@ the verdicts their tests allow.
    a model that has not passed by max_iters fails.
 2. Inclusion, a rule fixed before any method touches a base model: the test seeds are the first `seeds` seeds from
    `seed` on, in order, whose base models (one per RoPE base) pass the gate and still pass it after the decay; where
-   rates are swept, the selection seeds are the first `selection_seeds` that pass from `selection_seed` on, and each
-   arm's rate is the one with the lowest loss averaged over them. Bases are launched only as far as still needed, in
+   rates are swept, the selection seeds are the first `selection_seeds` that pass from `selection_seed` on, and they
+   choose each arm's rate (4). Bases are launched only as far as still needed, in
    order, `screen_most` seeds a role at the most (then the lab refuses). Every run starts as soon as a worker is free
    and what it needs is known (the sweeps once every selection seed passed, a test seed's fine-tunes once it is
    included and its arm's rate chosen), so no worker waits for a round to end.
@@ -30,9 +30,12 @@ the verdicts their tests allow.
    them: loss at L0, s L0 and 2s L0, and the probe's counts (trials, hits by distance) in windows of s L0 (the
    target), at the last also of 2s L0 (past it). Where its L0 loss levelled off (measured every `finetune_eval`
    steps) is a secondary reading.
-4. Rates: each method and factor fine-tunes the selection seeds at each of `finetune_lrs`, widened by one more rate
-   where the best is at the sweep's edge; the lowest loss at s L0 at the read step, averaged over the selection
-   seeds, sets every test seed's rate. One rate is every arm's, chosen by no seed: no selection seed is screened.
+4. Rates, by a rule fixed before the sweep runs: each method and factor fine-tunes the selection seeds at each of
+   `finetune_lrs`, and its test seeds fine-tune at the highest rate at which the selection seeds keep, averaged over
+   them, `finetune_keep` of their base models' retrieval inside L0 at every read step (the rate that adapts fastest
+   without the forgetting that would turn the zero-shot readings into measures of it); the sweep widens by one
+   more rate upward where its highest keeps it, downward where none does. One rate is every arm's, chosen by no
+   seed: no selection seed is screened.
 5. Claims: the papers' claims as paired tests over the test seeds (lab/stats.py), each once, one Holm family.
 
 A grid may run in parts on machines that share nothing (--parts=N --part=K, its candidates dealt out seed by seed
@@ -48,6 +51,7 @@ if not __package__:  # typed as a path, the import path holds lab/ and not the p
     raise SystemExit("run it as a module, from the project's folder: python -m lab.extend CONFIG [--key=value ...]")
 
 import functools
+import statistics
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -148,6 +152,13 @@ class ExtendConfig(ProbeSettings, SweepSettings):
         "fine-tuning peak rates, swept on the selection seeds where there are several, every arm's where there is one "
         "(Muon's, where it trains, scaled alike from its pre-training peak)",
         check=number_list(float, 1e-12, "3e-4,1e-3,3e-3"),
+    )
+    finetune_keep: float = opt(
+        0.9,
+        "the rate rule, fixed before the sweep runs: each arm fine-tunes at the highest of finetune_lrs at which the "
+        "selection seeds keep, averaged over them, at least this share of their base models' retrieval inside L0 "
+        "at every read step (the sweep widening upward where the highest keeps it, downward where none does)",
+        check=config.SHARE,
     )
     finetune_rows: str = opt(
         TEXT_ROWS,
@@ -362,7 +373,7 @@ class Lab(Plan):
         return self.out / kind / f"rope-b{b:g}-{method}-x{s:g}-lr{lr:g}-seed{seed}", model_cfg, train_cfg, batch_cfg
 
     def sweeping(self, seed):
-        """Whether seed is a selection seed's (it only chooses rates: its fine-tunes are scored on loss alone)."""
+        """Whether seed is a selection seed's (it only chooses rates: its fine-tunes are probed at s L0 alone)."""
         return seed in self.settings.candidates("selection", self.train_cfg)
 
     def run(self, job):
@@ -379,7 +390,7 @@ class Lab(Plan):
         if job[0] == "base":
             return scoring(self) | {"max_iters": self.train_cfg.max_iters}
         extend_cfg = self.settings
-        return scoring(self, not self.sweeping(job[4])) | {
+        return scoring(self) | {
             "finetune_steps": self.steps,
             "plateau_span": extend_cfg.plateau_span,
             "plateau_tol": extend_cfg.plateau_tol,
@@ -422,9 +433,17 @@ class Lab(Plan):
     def job(self, arm, lr, seed):
         return ("finetune", *arm, seed, lr)
 
-    def loss(self, run, arm):
-        """A fine-tune's loss at s L0 at the read step."""
-        return run["scores"][str(self.steps[-1])]["loss"][str(round(arm[2] * self.L0))]
+    def pick(self, arm, tried, runs):
+        """The rate rule (ExtendConfig.finetune_keep): the highest rate kept, widening upward where it is the highest
+        tried, downward where none is."""
+        kept = [rate for rate in tried if self.kept(arm, runs[rate]) >= self.settings.finetune_keep]
+        return (kept[-1], kept[-1] == tried[-1]) if kept else (tried[0], True)
+
+    def kept(self, arm, runs):
+        """The least, over the read steps, of the share of their base models' retrieval inside L0 that the
+        fine-tunes ({job: result}, one a selection seed) keep, averaged over them."""
+        shares = [extend_report.kept(run, self.run(("base", arm[0], job[4])), self.L0) for job, run in runs.items()]
+        return min(statistics.fmean(share[str(st)] for share in shares) for st in self.steps)
 
 
 # ----------------------------------------------------------------------------- evaluation
@@ -518,16 +537,17 @@ def finetune_run(lab, b, method, s, seed, lr):
     the read steps, measuring the L0 loss after each stage, scored at step 0 (the base model with the scaling
     alone) and at each read step: {"l0_curve": {step: loss}, "plateau": where the L0 loss levelled off (None: not
     within these steps), "scores": {step: ...}, "lr", "train_s", "tokens"}. The selection seeds' runs, which only
-    choose a rate, are scored on loss alone."""
+    choose a rate, are probed at s L0 after training alone."""
     out, model_cfg, train_cfg, batch_cfg = lab.finetune(b, method, s, seed, lr)
     base_out, L0, extend_cfg = lab.base(b, seed)[0], lab.L0, lab.settings
-    lengths, probing = [L0, round(s * L0), round(2 * s * L0)], not lab.sweeping(seed)
+    lengths, testing = [L0, round(s * L0), round(2 * s * L0)], not lab.sweeping(seed)
 
     def windows(step):
         """The probe's windows at step: the target s L0 (PI's passkey test spreads its distances over the target
-        window), and at the read step 2s L0 too, past it (the probe's dearest windows, which only claims read)."""
-        if not probing:
-            return {}
+        window), and at the read step 2s L0 too, past it (the probe's dearest windows, which only claims read); a
+        selection seed's, which only the rate rule reads, at s L0 after training alone."""
+        if not testing:
+            return {"target": lengths[1]} if step else {}
         return {"target": lengths[1]} | ({"past": lengths[2]} if step == lab.steps[-1] else {})
 
     def scores(where, step=None, **changes):
@@ -538,10 +558,10 @@ def finetune_run(lab, b, method, s, seed, lr):
         worth = (
             {"context": context_value(model, lab.windows[lengths[1]], L0, lab.runtime)} if step == lab.steps[-1] else {}
         )
-        return {"loss": {str(L): loss_at(model, lab, L) for L in lengths}} | worth | (found if probing else {})
+        return {"loss": {str(L): loss_at(model, lab, L) for L in lengths}} | worth | found
 
     def made_with(step):
-        return scoring(lab, probing) | {"windows": windows(step)}
+        return scoring(lab) | {"windows": windows(step)}
 
     scaled = {"rope_scaling": model_cfg.rope_scaling, "rope_scaling_factor": model_cfg.rope_scaling_factor}
     done = {"0": evaluated(out / "step0.json", lambda: scores(base_out, **scaled), made_with(None))}
@@ -650,9 +670,10 @@ def run_flops(lab, job, base_steps):
     target, past = round(s * L0), round(2 * s * L0)
     read = (len(steps) + 1) * sum(settings.eval_tokens * fpt(L) for L in (L0, target, past))
     read += steps[-1] // settings.finetune_eval * settings.eval_tokens * fpt(L0)  # the L0 curve
-    if not lab.sweeping(job[4]):  # the probe, in windows of s L0 at each score and of 2s L0 at the last
-        read += (len(steps) + 1) * len(probe.windows[target][0]) * target * fpt(target)
-        read += len(probe.windows[past][0]) * past * fpt(past)
+    # the probe, in windows of s L0 at each score and of 2s L0 at the last; a selection seed's at s L0 after training
+    testing = not lab.sweeping(job[4])
+    read += (len(steps) + testing) * len(probe.windows[target][0]) * target * fpt(target)
+    read += testing * len(probe.windows[past][0]) * past * fpt(past)
     return train_cfg.max_iters * train_cfg.batch_size * model_cfg.block_size * fpt(model_cfg.block_size) + read / 3
 
 
@@ -672,7 +693,7 @@ def print_parts(lab, arms, sweeps):
         return (tests + selection) / rate / 60 / settings.workers
 
     def rounded(x):
-        return f"{x:.0f}" if x >= 10 else f"{x:.2g}"
+        return f"{x:.0f}" if x >= 10 else f"{x:.3g}"  # 3 digits: a tiny grid's parts differ by a few percent
 
     first, ceiling = settings.base_check + settings.base_decay, lab.train_cfg.max_iters + settings.base_decay
     candidates = settings.candidates("test", lab.train_cfg)

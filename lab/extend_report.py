@@ -12,6 +12,7 @@ from lab.retrieval import (
     BANDS,
     THRESHOLDS,
     above_floor,
+    band,
     distance_plots,
     papers_reach,
     readout as read_cells,
@@ -74,8 +75,12 @@ def lab_results(lab, done, sweeps, rates, screening):
                 }
                 by_seed = {
                     str(sel): {
-                        f"{lr:g}": done["finetune", *arm, sel, lr]["scores"][str(read)]["loss"][at]
+                        f"{lr:g}": {
+                            "kept": kept(run, done["base", b, sel], L0),
+                            "loss": run["scores"][str(read)]["loss"][at],
+                        }
                         for lr in sweeps.get(arm, [])
+                        for run in [done["finetune", *arm, sel, lr]]
                     }
                     for sel in sels or []
                 }
@@ -84,10 +89,9 @@ def lab_results(lab, done, sweeps, rates, screening):
                     "method": m,
                     "factor": s,
                     "lr": rates[arm],
-                    # each rate's loss averaged over the selection seeds, which chose the best; each seed's beside it
-                    "sweep": {
-                        lr: statistics.fmean(s[lr] for s in by_seed.values()) for lr in next(iter(by_seed.values()), {})
-                    },
+                    # each rate's share of retrieval kept inside L0 (the rule's reading) and loss at s L0 at the read
+                    # step, averaged over the selection seeds; each seed's beside it
+                    "sweep": {lr: swept([s[lr] for s in by_seed.values()]) for lr in next(iter(by_seed.values()), {})},
                     "sweep_by_seed": by_seed,
                     "runs": runs,
                     "by_step": by_step(runs, [0, *lab.steps], s, L0),
@@ -108,6 +112,7 @@ def lab_results(lab, done, sweeps, rates, screening):
         "reference": reference,
         "elimination": lab.probe.elimination,
         "base_gate": lab.settings.base_gate,
+        "finetune_keep": lab.settings.finetune_keep,
         "regime": regime_rows([(f"this config (base {b:g})", lab.model_cfg.head_dim, b, L0) for b in lab.bases]),
         "base": base,
         "finetune": finetune,
@@ -126,6 +131,29 @@ def base_readout(run, L0, per):
         return {"inside L0": got["bands"]["inside L0"], "kmax": got["reach"]}
 
     return run | {"curve": {st: c | at_L0(c["counts"]["cells"]) for st, c in run["curve"].items()}}
+
+
+def swept(seeds):
+    """A rate's sweep figures averaged over the selection seeds: the share kept at each read step and its least (what
+    the rate rule reads), and the loss."""
+    at = {st: statistics.fmean(s["kept"][st] for s in seeds) for st in seeds[0]["kept"]}
+    return {"kept": at, "least kept": min(at.values()), "loss": statistics.fmean(s["loss"] for s in seeds)}
+
+
+def kept(finetune, base, L0):
+    """{read step: the share of its base model's retrieval inside L0 (at its last probe, in windows of L0) that a
+    fine-tune keeps inside L0 (in windows of s L0)}: the rate rule's reading (lab/extend.py). A base that retrieves
+    nothing there (only in tests: an included base passed the gate) has nothing to lose: it keeps all."""
+
+    def inside(cells):
+        return band(cells, 0, L0)["accuracy"]
+
+    before = inside(base["curve"][str(base["steps"])]["counts"]["cells"])
+    return {
+        st: inside(sc["retrieval"]["target"]["cells"]) / before if before else 1.0
+        for st, sc in finetune["scores"].items()
+        if "target" in sc.get("retrieval", {}) and st != "0"
+    }
 
 
 def readout(run, L0, s, per, reference):
@@ -645,25 +673,39 @@ def md_rates(r):
     if not r["selection_seeds"]:
         rates = ", ".join(sorted({f"{x['lr']:g}" for x in r["finetune"].values()}))
         return f"## Fine-tuning rate\n\nOne rate for every arm, {rates}, fixed in the config: no seed chose it."
+    keep = r["finetune_keep"]
+
+    def highest_kept(shares):
+        return max((lr for lr, share in shares.items() if share >= keep), key=float, default="none")
+
     rows = [
         [
             f"{x['base']:g}",
             f"{x['factor']:g}",
             x["method"],
-            ", ".join(f"{lr}: {loss:.4f}" for lr, loss in x["sweep"].items()),
+            ", ".join(f"{lr}: {100 * f['least kept']:.1f}% / {f['loss']:.4f}" for lr, f in x["sweep"].items()),
             f"{x['lr']:g}",
-            ", ".join(min(losses, key=losses.get) for losses in x["sweep_by_seed"].values()),
+            ", ".join(
+                highest_kept({lr: min(f["kept"].values()) for lr, f in rates.items()})
+                for rates in x["sweep_by_seed"].values()
+            ),
         ]
         for x in r["finetune"].values()
     ]
     sels = ", ".join(map(str, r["selection_seeds"]))
     return (
-        f"## Fine-tuning rates, chosen on seeds {sels}\n\nLoss at s L0 after {r['read_step']} steps of the "
-        f"selection seeds' fine-tunes at each rate, averaged over them (the sweep widened where its best lay at an "
-        f"edge; results.json keeps each seed's under `sweep_by_seed`); the lowest sets every test seed's rate. The "
-        f"last column is the rate each selection seed would have chosen alone: where they differ, one seed would "
-        f"have decided it.\n\n"
-        + md_table(["base", "s", "method", "rate: loss at s L0", "chosen", "each seed's best"], rows, text_columns=4)
+        f"## Fine-tuning rates, chosen on seeds {sels}\n\nThe rule, fixed before the sweep ran: each arm's test "
+        f"seeds fine-tune at the highest rate at which the selection seeds keep, averaged over them, at least "
+        f"{pct(keep)} of their base models' retrieval inside L0 at every read step (the least of those steps' shares "
+        f"below; the sweep widened upward where its highest rate kept it, downward where none did, and where none "
+        f"did the lowest stands). Beside it each rate's loss at s L0 after {r['read_step']} steps, averaged over "
+        f"the seeds (results.json keeps each seed's and each step's under `sweep_by_seed`). The last column is the "
+        f"rate each selection seed would have chosen alone: where they differ, one seed would have decided it.\n\n"
+        + md_table(
+            ["base", "s", "method", "rate: least kept / loss at s L0", "chosen", "each seed's pick"],
+            rows,
+            text_columns=4,
+        )
     )
 
 

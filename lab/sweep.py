@@ -176,8 +176,8 @@ class Plan:
 
     def sweep_and_test(self, arms, sweeps, after=(), screen=None):
         """Everything in one launch that grows as results come in, so that no worker waits for a round to end: each
-        arm of sweeps ({arm: its rates}) trained on the selection seeds at each rate, and where its best rate (the
-        lowest loss averaged over those seeds) lies at an edge one more rate beyond it (MORE_RATES at the most), as
+        arm of sweeps ({arm: its rates}) trained on the selection seeds at each rate, and where its best rate (`pick`)
+        lies at an edge the rule widens one more rate beyond it (MORE_RATES at the most), as
         soon as the arm's runs so far are done; the jobs after; each arm of arms training every test seed at its best
         rate (unswept where it does not sweep) once that rate is chosen. screen(done), where given, decides the seeds
         as results come in: (the jobs it wants first, the selection seeds (None while undecided), the test seeds
@@ -192,8 +192,8 @@ class Plan:
             for a, tried in sweeps.items() if sels is not None else ():  # no sweep before its seeds passed
                 runs = {rate: [self.job(a, rate, sel) for sel in sels] for rate in tried}
                 if a not in rates and all(job in done for each in runs.values() for job in each):
-                    best = min(tried, key=lambda rate: statistics.fmean(self.loss(done[j], a) for j in runs[rate]))
-                    if beyond := widen(tried, best, most):
+                    best, beyond = self.pick(a, tried, {rate: {j: done[j] for j in js} for rate, js in runs.items()})
+                    if beyond := beyond and widen(tried, best, most):
                         bisect.insort(tried, beyond)
                     else:
                         rates[a] = best
@@ -201,6 +201,12 @@ class Plan:
             return [*jobs, *after, *(self.job(a, rates[a], seed) for a in arms if a in rates for seed in seeds)]
 
         return self.launch(wanted), sweeps, rates
+
+    def pick(self, arm, tried, runs):
+        """The rate arm's sweep chooses from its selection seeds' runs ({rate: {job: result}}, tried in order), and
+        whether the sweep widens past the edge it lies on: (rate, widens). Here the rule every tool states: the lowest
+        loss averaged over the seeds, widened wherever it lies at an edge."""
+        return min(tried, key=lambda rate: statistics.fmean(self.loss(r, arm) for r in runs[rate].values())), True
 
     def dry_run(self, sweeps, after=(), screening=(), arms=None):
         """Print every launch sweep_and_test would make, each with its job count and what it waits for, after the

@@ -115,7 +115,14 @@ def test_grid_writes_every_output_and_a_rerun_skips_finished_runs(data_dir, tmp_
     assert rope["threads"] == [1] and res["selection_seeds"] is None  # one shared rate: no selection runs
     # one shared rate: no ranking at each scheme's own, kept once (the same runs), and the report reads it from there
     assert set(res["verdicts"]) == set(res["learning_order"]) == set(res["retrieval_past_L0"]) == {"shared"}
-    assert [c["id"] for c in res["retrieval_past_L0"]["shared"]] == ["learned-retrieves-past-L0-vs-rope"]
+    # past L0 against RoPE as trained and under YaRN, read zero-shot in the windows past L0 alone
+    assert [c["id"] for c in res["retrieval_past_L0"]["shared"]] == [
+        "learned-retrieves-past-L0-vs-rope",
+        "learned-retrieves-past-L0-vs-rope-yarn",
+    ]
+    assert [list(f["deployed"]) for f in rope["per_seed"]] == [["64"]] * 2 and learned["per_seed"][0][
+        "deployed"
+    ] is None
     assert all("tuned" not in x for x in res["schemes"].values())
     # the paired test uses both seeds
     (claim,) = res["verdicts"]["shared"]

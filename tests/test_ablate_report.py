@@ -88,9 +88,10 @@ def band(accuracy, trials=200):
     return {"accuracy": accuracy, "hits": round(accuracy * trials), "trials": trials, "floor": 0.18}
 
 
-def past(seeds, learned, accuracy):
+def past(seeds, learned, accuracy, deployed=None):
     """A scheme's figures with one 512-token window whose first band past L0 holds accuracy, seed by seed (None:
-    the scheme has no band past L0, as learned positions, whose longest window is L0)."""
+    the scheme has no band past L0, as learned positions, whose longest window is L0), and where given the same
+    window read under the deployed scaling."""
     per_seed = [
         {
             "seed": s,
@@ -100,45 +101,59 @@ def past(seeds, learned, accuracy):
                 "512": None if a is None else {"bands": {"L0 to sL0": band(a)}},
                 "1024": None,
             },
+            "deployed": None if deployed is None else {"512": {"bands": {"L0 to sL0": band(deployed[i])}}},
         }
-        for s, ok, a in zip(seeds, learned, accuracy, strict=True)
+        for i, (s, ok, a) in enumerate(zip(seeds, learned, accuracy, strict=True))
     ]
     return {"shared": {"seeds": seeds, "learning": {}, "retrieval": {}, "per_seed": per_seed}}
 
 
-def test_retrieval_past_L0_is_compared_on_the_seeds_where_both_learned_by_a_paired_test_over_the_table():
+def test_retrieval_past_L0_is_compared_on_the_seeds_where_both_learned_against_a_comparator_that_answers():
     from scipy import stats
 
     seeds = [1, 2, 3, 4, 5]
     schemes = {
-        "rope": past(seeds, [True, True, True, False, True], [0.20, 0.25, 0.22, 0.9, 0.21]),
+        # as trained, at its floor past L0; under YaRN above it
+        "rope": past(seeds, [True, True, True, False, True], [0.01, 0.02, 0.0, 0.9, 0.01], [0.4, 0.5, 0.42, 0.9, 0.41]),
         "alibi": past(seeds, [True, False, True, True, True], [0.80, 0.1, 0.85, 0.1, 0.90]),
         "none": past(seeds, [False] * 5, [0.1] * 5),  # never learned: nothing to compare, no test
         "learned": past(seeds, [True] * 5, [None] * 5),  # learned, but has no window past L0: no test either
-        # learned, and so did rope, but both answer below the floor past L0: a difference between copiers, no test
         "sinusoidal": past(seeds, [True, False, True, True, True], [0.01, 0.02, 0.0, 0.03, 0.01]),
     }
-    alibi, none, learned, sinusoidal = ablate_report.retrieval_against(schemes, "rope", "shared")
+    claims = ablate_report.retrieval_against(schemes, "rope", "shared")
+    assert [c["id"] for c in claims] == [
+        f"{name}-retrieves-past-L0-vs-{against}"
+        for against in ("rope", "rope-yarn")
+        for name in ("alibi", "none", "learned", "sinusoidal")
+    ]
+    alibi, none, learned, sinusoidal = claims[4:]
+    # against RoPE as trained, which reads no key past L0, nothing is tested
+    assert all(c["verdict"] is None and "test" not in c for c in claims[:4])
+    assert claims[0]["untested"] == claims[3]["untested"] == "the comparator at its floor"
     # seed 2: alibi did not learn; seed 4: rope did not; the rest are paired
-    assert alibi["id"] == "alibi-retrieves-past-L0-vs-rope" and alibi["seeds"] == [1, 3, 5]
-    diffs = [0.80 - 0.20, 0.85 - 0.22, 0.90 - 0.21]
-    assert alibi["diffs"] == pytest.approx(diffs) and alibi["means"] == pytest.approx([0.85, 0.21])
+    assert alibi["id"] == "alibi-retrieves-past-L0-vs-rope-yarn" and alibi["seeds"] == [1, 3, 5]
+    diffs = [0.80 - 0.40, 0.85 - 0.42, 0.90 - 0.41]
+    assert alibi["diffs"] == pytest.approx(diffs) and alibi["means"] == pytest.approx([0.85, 0.41])
     assert alibi["test"]["p"] == pytest.approx(stats.ttest_1samp(diffs, 0).pvalue)
-    assert alibi["family"] == 1 and alibi["p_holm"] == pytest.approx(alibi["test"]["p"])
-    assert alibi["verdict"] == "holds"  # more past L0, as the claim expects
+    low = [0.01 - 0.40, 0.0 - 0.42, 0.01 - 0.41]
+    assert sinusoidal["diffs"] == pytest.approx(low)
+    ps = sorted([alibi["test"]["p"], sinusoidal["test"]["p"]])
+    holm = {ps[0]: 2 * ps[0], ps[1]: max(2 * ps[0], ps[1])}  # Holm over the family of two, by hand
+    assert alibi["family"] == sinusoidal["family"] == 2
+    assert alibi["p_holm"] == pytest.approx(holm[alibi["test"]["p"]])
+    assert alibi["verdict"] == "holds" and sinusoidal["verdict"] == "does not hold"
     assert none["seeds"] == [] and none["verdict"] is None and "test" not in none
     assert learned["seeds"] == [] and learned["verdict"] is None and "test" not in learned
-    assert sinusoidal["seeds"] == [1, 3, 5] and sinusoidal["verdict"] is None and "test" not in sinusoidal
-    assert sinusoidal["untested"] == "both arms at their floor"
     # the floor test, against scipy's exact (Clopper-Pearson) interval of the answers pooled over seeds 1, 3, 5
 
     def pooled_low(accuracies):
         return stats.binomtest(sum(round(a * 200) for a in accuracies), 600).proportion_ci().low
 
-    assert pooled_low([0.20, 0.22, 0.21]) < 0.18 < pooled_low([0.80, 0.85, 0.90])  # rope at its floor, alibi above
-    everything = [alibi, none, learned, sinusoidal]
-    words = ablate_report.md_past({"reference": "rope", "retrieval_past_L0": {"shared": everything}})
-    assert "| alibi | alibi-retrieves-past-L0-vs-rope | 1, 3, 5 | 0.85 | 0.21 |" in words
+    assert pooled_low([0.01, 0.0, 0.01]) < 0.18 < pooled_low([0.40, 0.42, 0.41])  # rope at its floor, under YaRN above
+    words = ablate_report.md_past({"reference": "rope", "retrieval_past_L0": {"shared": claims}})
+    assert "| alibi | alibi-retrieves-past-L0-vs-rope-yarn | 1, 3, 5 | 0.85 | 0.41 (rope-yarn) |" in words
+    assert "| alibi | alibi-retrieves-past-L0-vs-rope | 1, 3, 5 | 0.85 | 0.01 (rope) |" in words
+    assert "no test: the comparator at its floor |" in words
     assert (
         "| none | none-retrieves-past-L0-vs-rope | none | — | — | — | — | — | no test: no seed where both learned |"
         in words
@@ -147,7 +162,7 @@ def test_retrieval_past_L0_is_compared_on_the_seeds_where_both_learned_by_a_pair
         "| learned | learned-retrieves-past-L0-vs-rope | none | — | — | — | — | — | no test: no window past L0 |"
         in words
     )
-    assert "retrieves more than rope" in words
+    assert "retrieves more than rope-yarn" in words and "retrieves less than rope-yarn" in words
 
 
 def test_the_guides_first_ablation_quotes_its_committed_results():

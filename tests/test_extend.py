@@ -6,6 +6,7 @@ stated Holm family; resume by rerun."""
 import json
 import re
 import shutil
+import statistics
 
 import pytest
 
@@ -594,6 +595,7 @@ def test_each_run_starts_once_what_it_needs_is_known_not_when_a_round_ends():
         seeds, unswept = None, 1
         job = staticmethod(lambda arm, lr, seed: ("finetune", *arm, seed, lr))
         loss = staticmethod(lambda run, arm: run["loss"])
+        pick = classmethod(sweep.Plan.pick)  # the rule by loss every sweeping tool has (the extension's is below)
 
         @staticmethod
         def launch(wanted):
@@ -635,24 +637,26 @@ def test_each_run_starts_once_what_it_needs_is_known_not_when_a_round_ends():
     assert sweeps == {none: [1e-4, 2e-4, 4e-4, 8e-4], pi: [1e-4, 2e-4, 4e-4]} and rates == {none: 4e-4, pi: 2e-4}
 
 
-def test_rates_are_chosen_on_the_loss_averaged_over_the_selection_seeds_once_as_many_passed():
-    """Two selection seeds that disagree: seed 1000 alone would choose 1e-4, seed 1002 alone 2e-4; their mean
-    chooses 2e-4. Seed 1001 fails the gate, so 1002 is screened in its place, and no sweep starts before it passed."""
-    losses = {
-        (1000, 1e-4): 2.0,
-        (1000, 2e-4): 2.1,
-        (1000, 4e-4): 2.3,
-        (1002, 1e-4): 2.6,
-        (1002, 2e-4): 2.2,
-        (1002, 4e-4): 2.4,
-    }  # the means 2.3, 2.15 and 2.35: the best inside, no widening
+def test_rates_are_chosen_by_the_retrieval_kept_averaged_over_the_selection_seeds_once_as_many_passed():
+    """Two selection seeds that disagree: seed 1000 alone would choose 2e-4 (the highest rate keeping 90% of its
+    base's retrieval), seed 1002 alone 1e-4; their mean keeps 90% up to 2e-4. Seed 1001 fails the gate, so 1002 is
+    screened in its place, and no sweep starts before it passed."""
+    shares = {
+        (1000, 1e-4): 0.99,
+        (1000, 2e-4): 0.95,
+        (1000, 4e-4): 0.80,
+        (1002, 1e-4): 0.97,
+        (1002, 2e-4): 0.86,
+        (1002, 4e-4): 0.70,
+    }  # the means 0.98, 0.905 and 0.75: the highest kept inside the sweep, no widening
     arm = (200.0, "linear", 2.0)
 
     class Lab(Screened):
         settings = extend.ExtendConfig(seeds=1, screen_most=3, selection_seeds=2)
         seeds, unswept = None, 1
         job = staticmethod(lambda arm, lr, seed: ("finetune", *arm, seed, lr))
-        loss = staticmethod(lambda run, arm: run["loss"])
+        kept = staticmethod(lambda arm, runs: statistics.fmean(run["kept"] for run in runs.values()))
+        pick = classmethod(extend.Lab.pick)
 
         @staticmethod
         def launch(wanted):
@@ -663,7 +667,7 @@ def test_rates_are_chosen_on_the_loss_averaged_over_the_selection_seeds_once_as_
                         done[job] = {"passed": job[-1] != 1001}
                     else:
                         assert ("base", 200.0, 1002) in done, "a sweep started before its second seed passed"
-                        done[job] = {"loss": losses.get(job[-2:])}  # a test seed's: none read
+                        done[job] = {"kept": shares.get(job[-2:])}  # a test seed's: none read
             return done
 
     found = extend.screening(Lab, bases({1000: True, 1001: False}))
@@ -675,6 +679,68 @@ def test_rates_are_chosen_on_the_loss_averaged_over_the_selection_seeds_once_as_
     )
     assert rates == {arm: 2e-4} and sweeps == {arm: [1e-4, 2e-4, 4e-4]}
     assert {job[-2] for job in done if job[0] == "finetune"} == {1000, 1002, 1337}
+
+
+@pytest.mark.parametrize(
+    "kept, widened, chosen",
+    [
+        ({1e-4: 0.99, 2e-4: 0.95, 4e-4: 0.92, 8e-4: 0.91}, [1e-4, 2e-4, 4e-4, 8e-4], 8e-4),  # upward, to the most
+        ({1e-4: 0.99, 2e-4: 0.95, 4e-4: 0.5}, [1e-4, 2e-4, 4e-4], 2e-4),  # ... and one that does not
+        ({1e-4: 0.99, 2e-4: 0.5}, [1e-4, 2e-4], 1e-4),  # the lowest kept, the next not: no widening down
+        ({1e-4: 0.8, 2e-4: 0.5, 5e-5: 0.95}, [5e-5, 1e-4, 2e-4], 5e-5),  # none kept: one more downward
+        ({1e-4: 0.8, 2e-4: 0.5, 5e-5: 0.85, 2.5e-5: 0.89}, [2.5e-5, 5e-5, 1e-4, 2e-4], 2.5e-5),  # none at the most
+    ],
+)
+def test_the_rate_rule_takes_the_highest_rate_that_keeps_the_share_and_widens_past_an_edge_it_reaches(
+    kept, widened, chosen
+):
+    arm = (200.0, "none", 2.0)
+
+    class Lab(Screened):
+        seeds, unswept = [1337], 1
+        job = staticmethod(lambda arm, lr, seed: ("finetune", *arm, seed, lr))
+        kept = staticmethod(lambda arm, runs: next(iter(runs.values()))["kept"])
+        pick = classmethod(extend.Lab.pick)
+
+        @staticmethod
+        def launch(wanted):
+            done = {}
+            while todo := [j for j in wanted(done) if j not in done]:
+                done |= {job: {"passed": True} if job[0] == "base" else {"kept": kept.get(job[-1])} for job in todo}
+            return done
+
+    _, sweeps, rates = sweep.Plan.sweep_and_test(
+        Lab, [arm], {arm: [1e-4, 2e-4]}, screen=lambda done: extend.screened_jobs(Lab, done)
+    )
+    assert sweeps == {arm: widened} and rates == {arm: chosen}
+
+
+def test_the_share_kept_is_the_fine_tunes_accuracy_inside_L0_over_the_base_models_at_its_last_probe():
+    """Counted by hand: the base's last probe (step 300, after the decay) hits 18 of 20 inside L0 = 8; the fine-tune
+    hits 9 of 12 there at step 2 and 16 of 20 at step 4; its distances past L0 and its step 0 take no part."""
+
+    def cell(trials, hits):
+        return {"trials": trials, "hits": hits, "blind": {"rank 1": 0.1}}
+
+    base = {
+        "steps": 300,
+        "curve": {
+            "250": {"counts": {"cells": {"4": cell(10, 1)}}},
+            "300": {"counts": {"cells": {"4": cell(10, 9), "8": cell(10, 9)}}},
+        },
+    }
+
+    def target(*cells):
+        return {"retrieval": {"target": {"cells": {k: cell(t, h) for k, t, h in cells}}}}
+
+    finetune = {
+        "scores": {
+            "0": target(("4", 10, 0)),
+            "2": target(("4", 6, 6), ("8", 6, 3), ("12", 6, 0)),
+            "4": target(("4", 10, 10), ("8", 10, 6), ("16", 10, 10)),
+        }
+    }
+    assert extend_report.kept(finetune, base, 8) == pytest.approx({"2": (9 / 12) / 0.9, "4": (16 / 20) / 0.9})
 
 
 COMMITTED = ("extend_pi", "extend_wide", "extend", "extend_l256")
