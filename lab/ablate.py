@@ -342,6 +342,8 @@ def finish_run(plan, job):
         else None,
         "inside": first,
         "probe_lengths": None if plan.probe is None else plan.probe.lengths,
+        # what scalings and the probe imply, recorded so that an evaluation made before RoPE was probed under its
+        # deployed scaling is made again rather than read without it
         "probe_deployed": plan.probe is not None and ablate_report.DEPLOYED in plan.scalings,
     }
     evaluation = evaluated(out / "eval.json", lambda: evaluate(plan, job, sampled, first), settings)

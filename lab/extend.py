@@ -51,7 +51,6 @@ if not __package__:  # typed as a path, the import path holds lab/ and not the p
     raise SystemExit("run it as a module, from the project's folder: python -m lab.extend CONFIG [--key=value ...]")
 
 import functools
-import statistics
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -433,17 +432,17 @@ class Lab(Plan):
     def job(self, arm, lr, seed):
         return ("finetune", *arm, seed, lr)
 
-    def pick(self, arm, tried, runs):
+    def pick(self, arm, tried, runs, done):
         """The rate rule (ExtendConfig.finetune_keep): the highest rate kept, widening upward where it is the highest
         tried, downward where none is."""
-        kept = [rate for rate in tried if self.kept(arm, runs[rate]) >= self.settings.finetune_keep]
+        kept = [rate for rate in tried if self.kept(runs[rate], done) >= self.settings.finetune_keep]
         return (kept[-1], kept[-1] == tried[-1]) if kept else (tried[0], True)
 
-    def kept(self, arm, runs):
-        """The least, over the read steps, of the share of their base models' retrieval inside L0 that the
-        fine-tunes ({job: result}, one a selection seed) keep, averaged over them."""
-        shares = [extend_report.kept(run, self.run(("base", arm[0], job[4])), self.L0) for job, run in runs.items()]
-        return min(statistics.fmean(share[str(st)] for share in shares) for st in self.steps)
+    def kept(self, runs, done):
+        """The least, over the read steps, of the share of their base models' retrieval inside L0 (their runs in
+        done) that fine-tunes ({job: result}, one a selection seed) keep, averaged over them."""
+        shares = [extend_report.kept(run, done[self.needs(job)], self.L0) for job, run in runs.items()]
+        return min(extend_report.mean_kept(shares).values())
 
 
 # ----------------------------------------------------------------------------- evaluation

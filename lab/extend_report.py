@@ -133,10 +133,15 @@ def base_readout(run, L0, per):
     return run | {"curve": {st: c | at_L0(c["counts"]["cells"]) for st, c in run["curve"].items()}}
 
 
+def mean_kept(shares):
+    """{read step: the share kept (`kept`) averaged over the seeds}: its least is what the rate rule reads."""
+    return {st: statistics.fmean(share[st] for share in shares) for st in shares[0]}
+
+
 def swept(seeds):
     """A rate's sweep figures averaged over the selection seeds: the share kept at each read step and its least (what
     the rate rule reads), and the loss."""
-    at = {st: statistics.fmean(s["kept"][st] for s in seeds) for st in seeds[0]["kept"]}
+    at = mean_kept([s["kept"] for s in seeds])
     return {"kept": at, "least kept": min(at.values()), "loss": statistics.fmean(s["loss"] for s in seeds)}
 
 

@@ -192,8 +192,10 @@ class Plan:
             for a, tried in sweeps.items() if sels is not None else ():  # no sweep before its seeds passed
                 runs = {rate: [self.job(a, rate, sel) for sel in sels] for rate in tried}
                 if a not in rates and all(job in done for each in runs.values() for job in each):
-                    best, beyond = self.pick(a, tried, {rate: {j: done[j] for j in js} for rate, js in runs.items()})
-                    if beyond := beyond and widen(tried, best, most):
+                    best, widens = self.pick(
+                        a, tried, {rate: {j: done[j] for j in js} for rate, js in runs.items()}, done
+                    )
+                    if widens and (beyond := widen(tried, best, most)):
                         bisect.insort(tried, beyond)
                     else:
                         rates[a] = best
@@ -202,10 +204,10 @@ class Plan:
 
         return self.launch(wanted), sweeps, rates
 
-    def pick(self, arm, tried, runs):
-        """The rate arm's sweep chooses from its selection seeds' runs ({rate: {job: result}}, tried in order), and
-        whether the sweep widens past the edge it lies on: (rate, widens). Here the rule every tool states: the lowest
-        loss averaged over the seeds, widened wherever it lies at an edge."""
+    def pick(self, arm, tried, runs, done):
+        """The rate arm's sweep chooses from its selection seeds' runs ({rate: {job: result}}, tried in order; done
+        holds every result so far), and whether the sweep widens past the edge it lies on: (rate, widens). Here the
+        rule every tool states: the lowest loss averaged over the seeds, widened wherever it lies at an edge."""
         return min(tried, key=lambda rate: statistics.fmean(self.loss(r, arm) for r in runs[rate].values())), True
 
     def dry_run(self, sweeps, after=(), screening=(), arms=None):

@@ -512,7 +512,9 @@ def test_a_lab_run_in_parts_on_machines_that_share_nothing_includes_the_seeds_an
     """Seed 1338's base model fails the gate. One machine screens 1337, 1338 and 1339 and includes 1337 and 1339. In
     two parts, each in a folder of its own and keeping no checkpoint, part 1 screens 1337, part 2 1338 and then 1340.
     Merged, the rule reads the seeds in order as one run does: it trains 1339, which no part screened, and leaves
-    1340 out; the report equals the one machine's, timings aside."""
+    1340 out; the report equals the one machine's, timings aside. Under bf16 autocast, what dtype=auto runs on a CPU
+    with native bf16 (asked for here, where auto is float32), with rates swept on a selection seed that every part
+    trains: the rate rule read from each part's own sweep."""
     probed = extend.probed
 
     def gated(lab, out, step):
@@ -520,7 +522,8 @@ def test_a_lab_run_in_parts_on_machines_that_share_nothing_includes_the_seeds_an
         return scores | {"slot": {j: 0.0 if out.name.endswith("seed1338") else 1.0 for j in scores["slot"]}}
 
     monkeypatch.setattr(extend, "probed", gated)
-    args = [*LAB, "--base_gate=0.5", "--methods=none,linear", "--finetune_steps=2", f"--data_dir={data_dir}"]
+    args = [*LAB, "--base_gate=0.5", "--finetune_steps=2", f"--data_dir={data_dir}"]
+    args += ["--methods=linear", "--dtype=bfloat16", "--finetune_lrs=1e-3,3e-3", "--selection_seeds=1"]
     extend.main([*args, f"--out_dir={tmp_path / 'one'}"])
     capsys.readouterr()
     merged = tmp_path / "merged"
@@ -539,6 +542,10 @@ def test_a_lab_run_in_parts_on_machines_that_share_nothing_includes_the_seeds_an
         "included": [1337, 1339],
     }
     assert untimed(both) == untimed(one)
+    assert {json.loads(c.read_text())["dtype"] for c in merged.rglob("config.json")} == {"bfloat16"}
+    assert both["selection_seeds"] == [1000]
+    for arm in both["finetune"].values():  # each arm's rate one its sweep tried (widened as the rule read it)
+        assert {"0.001", "0.003"} <= set(arm["sweep"]) and f"{arm['lr']:g}" in arm["sweep"]
 
 
 def test_a_fine_tune_left_to_train_whose_base_kept_no_checkpoint_is_refused_in_one_line(data_dir, tmp_path):
@@ -655,7 +662,7 @@ def test_rates_are_chosen_by_the_retrieval_kept_averaged_over_the_selection_seed
         settings = extend.ExtendConfig(seeds=1, screen_most=3, selection_seeds=2)
         seeds, unswept = None, 1
         job = staticmethod(lambda arm, lr, seed: ("finetune", *arm, seed, lr))
-        kept = staticmethod(lambda arm, runs: statistics.fmean(run["kept"] for run in runs.values()))
+        kept = staticmethod(lambda runs, done: statistics.fmean(run["kept"] for run in runs.values()))
         pick = classmethod(extend.Lab.pick)
 
         @staticmethod
@@ -699,7 +706,7 @@ def test_the_rate_rule_takes_the_highest_rate_that_keeps_the_share_and_widens_pa
     class Lab(Screened):
         seeds, unswept = [1337], 1
         job = staticmethod(lambda arm, lr, seed: ("finetune", *arm, seed, lr))
-        kept = staticmethod(lambda arm, runs: next(iter(runs.values()))["kept"])
+        kept = staticmethod(lambda runs, done: next(iter(runs.values()))["kept"])
         pick = classmethod(extend.Lab.pick)
 
         @staticmethod
